@@ -1,0 +1,837 @@
+//! Step budgets: values, where they come from, profiles, and the precedence that resolves them.
+//!
+//! Precedence, highest first (a level's `max_steps` spelling beats its legacy `max_turns` one):
+//!
+//! 1. the command line: `--max-steps`, else the legacy `--max-turns`;
+//! 2. the environment: `STEPGUARD_MAX_STEPS`, else the legacy `STEPGUARD_MAX_TURNS`;
+//! 3. `task_types.T.max_steps`;
+//! 4. global `max_steps` (`defaults.max_steps` is the same level);
+//! 5. `task_types.T.max_turns`;
+//! 6. global `max_turns` (`defaults.max_turns` is the same level);
+//! 7. the selected profile's budget, else the default, [`DEFAULT_MAX_STEPS`].
+//!
+//! When a profile is selected and a budget is also set explicitly (levels 1–6), the explicit
+//! budget is an upper bound: the effective budget is `min(explicit, profile)`.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// The budget used when nothing else sets one.
+pub const DEFAULT_MAX_STEPS: u32 = 50;
+
+/// The largest finite budget accepted; anything above is almost certainly a typo.
+///
+/// Use `unlimited` for observe-only runs instead of a huge number.
+pub const MAX_STEPS_CEILING: u32 = 100_000;
+
+/// The exact deprecation text emitted when a legacy `max_turns` setting decides the budget.
+pub const MAX_TURNS_DEPRECATION: &str = "`max_turns` is deprecated; use `max_steps`.";
+
+/// The profiles every stepguard knows, with their built-in budgets.
+///
+/// * `smoke` (5): enough for an agent to start, act once or twice and answer; for checking wiring.
+/// * `strict` (15): a small, reviewable change; runs that need more should say so explicitly.
+/// * `fast` (30): ordinary tasks, stopped well before a runaway gets expensive.
+/// * `yolo` (250): long autonomous runs; still a hard ceiling, because nothing in stepguard is
+///   silently unlimited (say `unlimited` for that).
+pub const BUILTIN_PROFILES: &[(&str, u32)] =
+    &[("smoke", 5), ("strict", 15), ("fast", 30), ("yolo", 250)];
+
+/// A step limit: at most N steps, or no limit at all.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum StepLimit {
+    /// At most this many steps may happen; step N+1 beginning is over budget.
+    Limited(u32),
+    /// No limit: the run is observed and counted but never stopped for its step count.
+    Unlimited,
+}
+
+impl StepLimit {
+    /// Returns the finite limit, or `None` when unlimited.
+    pub const fn get(self) -> Option<u32> {
+        match self {
+            StepLimit::Limited(n) => Some(n),
+            StepLimit::Unlimited => None,
+        }
+    }
+
+    /// Returns the tighter of two limits.
+    pub fn min(self, other: StepLimit) -> StepLimit {
+        match (self, other) {
+            (StepLimit::Limited(a), StepLimit::Limited(b)) => StepLimit::Limited(a.min(b)),
+            (StepLimit::Limited(a), StepLimit::Unlimited)
+            | (StepLimit::Unlimited, StepLimit::Limited(a)) => StepLimit::Limited(a),
+            (StepLimit::Unlimited, StepLimit::Unlimited) => StepLimit::Unlimited,
+        }
+    }
+
+    /// Validates a raw value from any source (flag, env, file) into a limit.
+    pub fn from_raw(raw: &RawValue) -> Result<StepLimit, InvalidLimit> {
+        match raw {
+            RawValue::Integer(n) => Self::from_integer(*n),
+            RawValue::Text(s) => {
+                let t = s.trim();
+                if t.eq_ignore_ascii_case("unlimited") {
+                    return Ok(StepLimit::Unlimited);
+                }
+                match t.parse::<i64>() {
+                    Ok(n) => Self::from_integer(n),
+                    Err(_) if t.parse::<f64>().is_ok() => Err(InvalidLimit::NotWhole(s.clone())),
+                    Err(_) => Err(InvalidLimit::NotANumber(s.clone())),
+                }
+            }
+            RawValue::Float(f) => Err(InvalidLimit::NotWhole(f.to_string())),
+            RawValue::Other(kind) => Err(InvalidLimit::WrongType(kind.clone())),
+        }
+    }
+
+    fn from_integer(n: i64) -> Result<StepLimit, InvalidLimit> {
+        if n < 0 {
+            Err(InvalidLimit::Negative(n))
+        } else if n == 0 {
+            Err(InvalidLimit::Zero)
+        } else if n > i64::from(MAX_STEPS_CEILING) {
+            Err(InvalidLimit::AboveCeiling(n))
+        } else {
+            // In range 1..=MAX_STEPS_CEILING, so the conversion cannot fail.
+            Ok(StepLimit::Limited(
+                u32::try_from(n).unwrap_or(MAX_STEPS_CEILING),
+            ))
+        }
+    }
+}
+
+impl fmt::Display for StepLimit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StepLimit::Limited(n) => write!(f, "{n}"),
+            StepLimit::Unlimited => f.write_str("unlimited"),
+        }
+    }
+}
+
+impl Serialize for StepLimit {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            StepLimit::Limited(n) => s.serialize_u32(*n),
+            StepLimit::Unlimited => s.serialize_none(),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for StepLimit {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok(match Option::<u32>::deserialize(d)? {
+            Some(n) => StepLimit::Limited(n),
+            None => StepLimit::Unlimited,
+        })
+    }
+}
+
+/// Why a budget value was refused.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum InvalidLimit {
+    /// Zero steps would stop every run before it starts.
+    #[error(
+        "0 is not a valid budget; use a whole number from 1 to {MAX_STEPS_CEILING}, or \"unlimited\""
+    )]
+    Zero,
+    /// Negative budgets mean nothing.
+    #[error("{0} is negative; use a whole number from 1 to {MAX_STEPS_CEILING}, or \"unlimited\"")]
+    Negative(i64),
+    /// Above the documented ceiling.
+    #[error("{0} is above the ceiling of {MAX_STEPS_CEILING}; use \"unlimited\" for no limit")]
+    AboveCeiling(i64),
+    /// A fractional number.
+    #[error("{0:?} is not a whole number")]
+    NotWhole(String),
+    /// Text that is not a number nor `unlimited`.
+    #[error(
+        "{0:?} is not a number; use a whole number from 1 to {MAX_STEPS_CEILING}, or \"unlimited\""
+    )]
+    NotANumber(String),
+    /// A value of the wrong type (a table, an array, a boolean …).
+    #[error("expected a whole number or \"unlimited\", found {0}")]
+    WrongType(String),
+}
+
+/// A value as it arrived from a flag, an environment variable or a config file, before validation.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RawValue {
+    /// An integer (TOML integer).
+    Integer(i64),
+    /// A float (TOML float): always refused, kept to say so precisely.
+    Float(f64),
+    /// Text (flags, env vars, TOML strings such as `"unlimited"`).
+    Text(String),
+    /// Anything else, named by its type (e.g. `"a boolean"`).
+    Other(String),
+}
+
+/// Where a setting came from, precise enough to point a user at it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// A command-line flag such as `--max-steps`.
+    Flag(String),
+    /// An environment variable such as `STEPGUARD_MAX_STEPS`.
+    Env(String),
+    /// A key in a config file, e.g. `task_types.review.max_steps` in `/repo/stepguard.toml`.
+    File {
+        /// Path of the config file, as displayed.
+        path: String,
+        /// Dotted key path inside the file.
+        key: String,
+    },
+}
+
+impl Origin {
+    /// Returns the short source label used in `config --json`, e.g. `env STEPGUARD_MAX_STEPS`.
+    pub fn label(&self) -> String {
+        match self {
+            Origin::Flag(flag) => flag.clone(),
+            Origin::Env(var) => format!("env {var}"),
+            Origin::File { key, .. } => key.clone(),
+        }
+    }
+
+    /// Returns the config file path, when the setting came from a file.
+    pub fn file(&self) -> Option<&str> {
+        match self {
+            Origin::File { path, .. } => Some(path),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Origin::Flag(flag) => f.write_str(flag),
+            Origin::Env(var) => write!(f, "env {var}"),
+            Origin::File { path, key } => write!(f, "{path}: {key}"),
+        }
+    }
+}
+
+/// A raw value together with where it came from.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Setting {
+    /// The unvalidated value.
+    pub value: RawValue,
+    /// Where it was set.
+    pub origin: Origin,
+}
+
+impl Setting {
+    /// Creates a setting from a flag or env value given as text.
+    pub fn text(value: impl Into<String>, origin: Origin) -> Self {
+        Setting {
+            value: RawValue::Text(value.into()),
+            origin,
+        }
+    }
+
+    /// Validates the value into a step limit, naming the origin on failure.
+    pub fn limit(&self) -> Result<StepLimit, BudgetError> {
+        StepLimit::from_raw(&self.value).map_err(|reason| BudgetError::InvalidValue {
+            origin: self.origin.clone(),
+            reason,
+        })
+    }
+}
+
+/// Budget keys that may appear at one level: the current spelling and the legacy one.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LevelSettings {
+    /// `max_steps` at this level.
+    pub max_steps: Option<Setting>,
+    /// The legacy `max_turns` at this level.
+    pub max_turns: Option<Setting>,
+}
+
+/// A `[profiles.NAME]` table from a config file.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ProfileSettings {
+    /// The profile's budget, overriding the built-in one.
+    pub max_steps: Option<Setting>,
+}
+
+/// Everything the config files in effect say, merged, each value remembering its file and key.
+///
+/// Produced by the `stepguard-config` crate (which does the I/O); consumed by [`resolve`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ConfigModel {
+    /// Global `max_steps` / `max_turns` (top level or `[defaults]`).
+    pub global: LevelSettings,
+    /// `[task_types.T]` tables.
+    pub task_types: BTreeMap<String, LevelSettings>,
+    /// `[profiles.NAME]` tables.
+    pub profiles: BTreeMap<String, ProfileSettings>,
+    /// Top-level `profile = "…"`.
+    pub profile: Option<(String, Origin)>,
+    /// Provider-scoped options, e.g. `[codex] max_steps_unit = "actionable"`, kept opaque.
+    pub providers: BTreeMap<String, BTreeMap<String, (serde_json::Value, Origin)>>,
+}
+
+/// The inputs of one budget resolution: flags, env and the merged config, plus the run's scope.
+#[derive(Clone, Debug)]
+pub struct BudgetRequest<'a> {
+    /// `--max-steps` / `--max-turns` from the command line.
+    pub flags: LevelSettings,
+    /// `STEPGUARD_MAX_STEPS` / `STEPGUARD_MAX_TURNS` from the environment.
+    pub env: LevelSettings,
+    /// `--profile` (or `STEPGUARD_PROFILE`), which beats the config's `profile`.
+    pub profile: Option<(String, Origin)>,
+    /// The task type of the run, if any.
+    pub task_type: Option<&'a str>,
+    /// The merged config files.
+    pub config: &'a ConfigModel,
+}
+
+impl<'a> BudgetRequest<'a> {
+    /// Creates a request with no flags, env, profile or task type over `config`.
+    pub fn new(config: &'a ConfigModel) -> Self {
+        BudgetRequest {
+            flags: LevelSettings::default(),
+            env: LevelSettings::default(),
+            profile: None,
+            task_type: None,
+            config,
+        }
+    }
+}
+
+/// The effective budget of a run and where it came from.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ResolvedBudget {
+    /// The effective limit (`null` in JSON when unlimited).
+    pub max_steps: StepLimit,
+    /// Short label of the deciding source: `--max-steps`, `env STEPGUARD_MAX_STEPS`,
+    /// `task_types.review.max_steps`, `profile strict`, `default`, …
+    pub source: String,
+    /// The config file that decided, when it was a file.
+    pub source_file: Option<String>,
+    /// The selected profile, if any.
+    pub profile: Option<String>,
+    /// The explicit budget before the profile bound applied, when both existed.
+    pub explicit_max_steps: Option<StepLimit>,
+    /// Warnings for the user (deprecations), each naming its origin.
+    pub warnings: Vec<String>,
+}
+
+/// A budget that could not be resolved.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum BudgetError {
+    /// A value is present but invalid.
+    #[error("invalid budget at {origin}: {reason}")]
+    InvalidValue {
+        /// Where the bad value was set.
+        origin: Origin,
+        /// What is wrong with it.
+        #[source]
+        reason: InvalidLimit,
+    },
+    /// A profile name that is neither built in nor defined in `[profiles.NAME]`.
+    #[error("unknown profile `{name}` (from {origin}); known profiles: {known}")]
+    UnknownProfile {
+        /// The name asked for.
+        name: String,
+        /// Where it was asked for.
+        origin: Origin,
+        /// Comma-separated known names.
+        known: String,
+    },
+}
+
+/// Returns the built-in budget of a profile, if `name` is one.
+pub fn builtin_profile(name: &str) -> Option<u32> {
+    BUILTIN_PROFILES
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, b)| *b)
+}
+
+/// Resolves the effective budget of a run.
+///
+/// Every candidate relevant to the run is validated, not only the winner, so a typo in a lower
+/// level never lies in wait until the level above it is removed.
+pub fn resolve(req: &BudgetRequest<'_>) -> Result<ResolvedBudget, BudgetError> {
+    let empty = LevelSettings::default();
+    let task = req
+        .task_type
+        .and_then(|t| req.config.task_types.get(t))
+        .unwrap_or(&empty);
+    // (setting, is_legacy) in precedence order.
+    let candidates: [(Option<&Setting>, bool); 8] = [
+        (req.flags.max_steps.as_ref(), false),
+        (req.flags.max_turns.as_ref(), true),
+        (req.env.max_steps.as_ref(), false),
+        (req.env.max_turns.as_ref(), true),
+        (task.max_steps.as_ref(), false),
+        (req.config.global.max_steps.as_ref(), false),
+        (task.max_turns.as_ref(), true),
+        (req.config.global.max_turns.as_ref(), true),
+    ];
+    let mut explicit: Option<(StepLimit, &Setting, bool)> = None;
+    for (setting, legacy) in candidates {
+        let Some(setting) = setting else { continue };
+        let limit = setting.limit()?;
+        if explicit.is_none() {
+            explicit = Some((limit, setting, legacy));
+        }
+    }
+
+    let profile = match req.profile.as_ref().or(req.config.profile.as_ref()) {
+        Some((name, origin)) => Some(profile_budget(name, origin, req.config)?),
+        None => None,
+    };
+
+    let mut warnings = Vec::new();
+    if let Some((_, setting, true)) = explicit {
+        warnings.push(format!("{}: {MAX_TURNS_DEPRECATION}", setting.origin));
+    }
+
+    let (max_steps, source, source_file) = match (explicit, &profile) {
+        (Some((limit, setting, _)), Some((_, plimit, plabel, pfile))) => {
+            if limit.min(*plimit) == limit {
+                (
+                    limit,
+                    setting.origin.label(),
+                    setting.origin.file().map(str::to_owned),
+                )
+            } else {
+                (*plimit, plabel.clone(), pfile.clone())
+            }
+        }
+        (Some((limit, setting, _)), None) => (
+            limit,
+            setting.origin.label(),
+            setting.origin.file().map(str::to_owned),
+        ),
+        (None, Some((_, plimit, plabel, pfile))) => (*plimit, plabel.clone(), pfile.clone()),
+        (None, None) => (
+            StepLimit::Limited(DEFAULT_MAX_STEPS),
+            "default".to_owned(),
+            None,
+        ),
+    };
+    Ok(ResolvedBudget {
+        max_steps,
+        source,
+        source_file,
+        explicit_max_steps: explicit.filter(|_| profile.is_some()).map(|(l, _, _)| l),
+        profile: profile.map(|(name, ..)| name),
+        warnings,
+    })
+}
+
+/// Returns (name, budget, source label, source file) of the selected profile.
+fn profile_budget(
+    name: &str,
+    origin: &Origin,
+    config: &ConfigModel,
+) -> Result<(String, StepLimit, String, Option<String>), BudgetError> {
+    if let Some(setting) = config.profiles.get(name).and_then(|p| p.max_steps.as_ref()) {
+        let limit = setting.limit()?;
+        return Ok((
+            name.to_owned(),
+            limit,
+            setting.origin.label(),
+            setting.origin.file().map(str::to_owned),
+        ));
+    }
+    match builtin_profile(name) {
+        Some(b) => Ok((
+            name.to_owned(),
+            StepLimit::Limited(b),
+            format!("profile {name}"),
+            None,
+        )),
+        None => {
+            let mut known: Vec<&str> = BUILTIN_PROFILES.iter().map(|(n, _)| *n).collect();
+            known.extend(config.profiles.keys().map(String::as_str));
+            known.sort_unstable();
+            known.dedup();
+            Err(BudgetError::UnknownProfile {
+                name: name.to_owned(),
+                origin: origin.clone(),
+                known: known.join(", "),
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(key: &str) -> Origin {
+        Origin::File {
+            path: "/p/stepguard.toml".into(),
+            key: key.into(),
+        }
+    }
+
+    fn int(n: i64, origin: Origin) -> Option<Setting> {
+        Some(Setting {
+            value: RawValue::Integer(n),
+            origin,
+        })
+    }
+
+    /// Builds a request where precedence level `i` (0-based, 8 levels) is set to `100 + i`.
+    fn with_levels(levels: &[usize]) -> (LevelSettings, LevelSettings, ConfigModel) {
+        let mut flags = LevelSettings::default();
+        let mut env = LevelSettings::default();
+        let mut config = ConfigModel::default();
+        let mut task = LevelSettings::default();
+        for &i in levels {
+            let v = 100 + i as i64;
+            match i {
+                0 => flags.max_steps = int(v, Origin::Flag("--max-steps".into())),
+                1 => flags.max_turns = int(v, Origin::Flag("--max-turns".into())),
+                2 => env.max_steps = int(v, Origin::Env("STEPGUARD_MAX_STEPS".into())),
+                3 => env.max_turns = int(v, Origin::Env("STEPGUARD_MAX_TURNS".into())),
+                4 => task.max_steps = int(v, file("task_types.review.max_steps")),
+                5 => config.global.max_steps = int(v, file("max_steps")),
+                6 => task.max_turns = int(v, file("task_types.review.max_turns")),
+                7 => config.global.max_turns = int(v, file("defaults.max_turns")),
+                _ => unreachable!(),
+            }
+        }
+        config.task_types.insert("review".into(), task);
+        (flags, env, config)
+    }
+
+    const LABELS: [&str; 8] = [
+        "--max-steps",
+        "--max-turns",
+        "env STEPGUARD_MAX_STEPS",
+        "env STEPGUARD_MAX_TURNS",
+        "task_types.review.max_steps",
+        "max_steps",
+        "task_types.review.max_turns",
+        "defaults.max_turns",
+    ];
+
+    fn run(levels: &[usize], task: Option<&str>) -> ResolvedBudget {
+        let (flags, env, config) = with_levels(levels);
+        resolve(&BudgetRequest {
+            flags,
+            env,
+            profile: None,
+            task_type: task,
+            config: &config,
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn every_pair_of_levels_resolves_to_the_higher_one() {
+        for hi in 0..8 {
+            for lo in hi + 1..8 {
+                let r = run(&[hi, lo], Some("review"));
+                assert_eq!(
+                    r.max_steps,
+                    StepLimit::Limited(100 + hi as u32),
+                    "{hi} vs {lo}"
+                );
+                assert_eq!(r.source, LABELS[hi], "{hi} vs {lo}");
+            }
+        }
+    }
+
+    #[test]
+    fn each_level_alone_is_used() {
+        for i in 0..8 {
+            let r = run(&[i], Some("review"));
+            assert_eq!(r.max_steps, StepLimit::Limited(100 + i as u32));
+            assert_eq!(r.source, LABELS[i]);
+        }
+    }
+
+    #[test]
+    fn task_type_levels_apply_only_to_their_task_type() {
+        let r = run(&[4, 5], Some("other"));
+        assert_eq!(
+            (r.max_steps, r.source.as_str()),
+            (StepLimit::Limited(105), "max_steps")
+        );
+        let r = run(&[4, 6], None);
+        assert_eq!(
+            (r.max_steps, r.source.as_str()),
+            (StepLimit::Limited(DEFAULT_MAX_STEPS), "default")
+        );
+    }
+
+    #[test]
+    fn nothing_set_gives_the_default() {
+        let r = run(&[], None);
+        assert_eq!(r.max_steps, StepLimit::Limited(50));
+        assert_eq!(r.source, "default");
+        assert!(r.warnings.is_empty());
+    }
+
+    #[test]
+    fn legacy_max_turns_warns_with_exact_text_naming_its_origin() {
+        let cases = [
+            (
+                1,
+                "--max-turns: `max_turns` is deprecated; use `max_steps`.",
+            ),
+            (
+                3,
+                "env STEPGUARD_MAX_TURNS: `max_turns` is deprecated; use `max_steps`.",
+            ),
+            (
+                6,
+                "/p/stepguard.toml: task_types.review.max_turns: `max_turns` is deprecated; use `max_steps`.",
+            ),
+            (
+                7,
+                "/p/stepguard.toml: defaults.max_turns: `max_turns` is deprecated; use `max_steps`.",
+            ),
+        ];
+        for (level, text) in cases {
+            assert_eq!(
+                run(&[level], Some("review")).warnings,
+                vec![text.to_owned()]
+            );
+        }
+    }
+
+    #[test]
+    fn max_turns_shadowed_by_max_steps_does_not_warn() {
+        assert!(run(&[0, 1], None).warnings.is_empty());
+        assert!(run(&[5, 7], None).warnings.is_empty());
+        assert!(run(&[4, 6], Some("review")).warnings.is_empty());
+    }
+
+    #[test]
+    fn warning_is_emitted_once_even_with_many_legacy_settings() {
+        assert_eq!(run(&[1, 3, 6, 7], Some("review")).warnings.len(), 1);
+    }
+
+    fn with_profile(explicit: Option<i64>, profile: &str, config: ConfigModel) -> ResolvedBudget {
+        let flags = LevelSettings {
+            max_steps: explicit.and_then(|n| int(n, Origin::Flag("--max-steps".into()))),
+            max_turns: None,
+        };
+        resolve(&BudgetRequest {
+            flags,
+            env: LevelSettings::default(),
+            profile: Some((profile.into(), Origin::Flag("--profile".into()))),
+            task_type: None,
+            config: &config,
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn profile_is_the_default_when_nothing_else_is_set() {
+        for &(name, budget) in BUILTIN_PROFILES {
+            let r = with_profile(None, name, ConfigModel::default());
+            assert_eq!(r.max_steps, StepLimit::Limited(budget));
+            assert_eq!(r.source, format!("profile {name}"));
+            assert_eq!(r.profile.as_deref(), Some(name));
+        }
+    }
+
+    #[test]
+    fn explicit_budget_is_an_upper_bound_on_the_profile() {
+        // strict is 15: an explicit 10 tightens it, an explicit 40 cannot loosen it.
+        let r = with_profile(Some(10), "strict", ConfigModel::default());
+        assert_eq!(
+            (r.max_steps, r.source.as_str()),
+            (StepLimit::Limited(10), "--max-steps")
+        );
+        let r = with_profile(Some(40), "strict", ConfigModel::default());
+        assert_eq!(
+            (r.max_steps, r.source.as_str()),
+            (StepLimit::Limited(15), "profile strict")
+        );
+        assert_eq!(r.explicit_max_steps, Some(StepLimit::Limited(40)));
+    }
+
+    #[test]
+    fn configured_profile_budget_replaces_builtin_and_custom_profiles_work() {
+        let mut config = ConfigModel::default();
+        config.profiles.insert(
+            "strict".into(),
+            ProfileSettings {
+                max_steps: int(8, file("profiles.strict.max_steps")),
+            },
+        );
+        config.profiles.insert(
+            "nightly".into(),
+            ProfileSettings {
+                max_steps: int(400, file("profiles.nightly.max_steps")),
+            },
+        );
+        let r = with_profile(None, "strict", config.clone());
+        assert_eq!(
+            (r.max_steps, r.source.as_str()),
+            (StepLimit::Limited(8), "profiles.strict.max_steps")
+        );
+        let r = with_profile(Some(300), "nightly", config);
+        assert_eq!(r.max_steps, StepLimit::Limited(300));
+    }
+
+    #[test]
+    fn unknown_profile_is_an_error_listing_known_ones() {
+        let config = ConfigModel::default();
+        let err = resolve(&BudgetRequest {
+            profile: Some(("strcit".into(), Origin::Flag("--profile".into()))),
+            ..BudgetRequest::new(&config)
+        })
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "unknown profile `strcit` (from --profile); known profiles: fast, smoke, strict, yolo"
+        );
+    }
+
+    #[test]
+    fn unlimited_disables_the_budget_and_a_profile_still_bounds_it() {
+        let config = ConfigModel::default();
+        let flags = LevelSettings {
+            max_steps: Some(Setting::text(
+                "unlimited",
+                Origin::Flag("--max-steps".into()),
+            )),
+            max_turns: None,
+        };
+        let r = resolve(&BudgetRequest {
+            flags: flags.clone(),
+            ..BudgetRequest::new(&config)
+        })
+        .unwrap();
+        assert_eq!(r.max_steps, StepLimit::Unlimited);
+        let r = resolve(&BudgetRequest {
+            flags,
+            profile: Some(("smoke".into(), Origin::Flag("--profile".into()))),
+            ..BudgetRequest::new(&config)
+        })
+        .unwrap();
+        assert_eq!(r.max_steps, StepLimit::Limited(5));
+    }
+
+    #[test]
+    fn profile_from_flag_beats_profile_from_config() {
+        let config = ConfigModel {
+            profile: Some(("yolo".into(), file("profile"))),
+            ..Default::default()
+        };
+        let r = resolve(&BudgetRequest {
+            profile: Some(("smoke".into(), Origin::Flag("--profile".into()))),
+            ..BudgetRequest::new(&config)
+        })
+        .unwrap();
+        assert_eq!(r.profile.as_deref(), Some("smoke"));
+        let r = resolve(&BudgetRequest {
+            ..BudgetRequest::new(&config)
+        })
+        .unwrap();
+        assert_eq!(
+            (r.max_steps, r.profile.as_deref()),
+            (StepLimit::Limited(250), Some("yolo"))
+        );
+    }
+
+    #[test]
+    fn every_invalid_value_is_an_error_naming_its_source() {
+        let cases: Vec<(RawValue, &str)> = vec![
+            (RawValue::Integer(0), "0 is not a valid budget"),
+            (RawValue::Integer(-3), "-3 is negative"),
+            (
+                RawValue::Integer(100_001),
+                "100001 is above the ceiling of 100000",
+            ),
+            (RawValue::Text("ten".into()), "\"ten\" is not a number"),
+            (
+                RawValue::Text("2.5".into()),
+                "\"2.5\" is not a whole number",
+            ),
+            (RawValue::Text("-1".into()), "-1 is negative"),
+            (RawValue::Text("0".into()), "0 is not a valid budget"),
+            (RawValue::Float(3.0), "\"3\" is not a whole number"),
+            (
+                RawValue::Other("a boolean".into()),
+                "expected a whole number or \"unlimited\", found a boolean",
+            ),
+        ];
+        for (value, text) in cases {
+            let config = ConfigModel {
+                global: LevelSettings {
+                    max_steps: Some(Setting {
+                        value: value.clone(),
+                        origin: file("max_steps"),
+                    }),
+                    max_turns: None,
+                },
+                ..Default::default()
+            };
+            let err = resolve(&BudgetRequest {
+                ..BudgetRequest::new(&config)
+            })
+            .unwrap_err();
+            let msg = err.to_string();
+            assert!(
+                msg.starts_with("invalid budget at /p/stepguard.toml: max_steps: "),
+                "{msg}"
+            );
+            assert!(msg.contains(text), "{msg} should contain {text}");
+        }
+    }
+
+    #[test]
+    fn invalid_lower_level_is_reported_even_when_shadowed() {
+        let config = ConfigModel {
+            global: LevelSettings {
+                max_steps: int(0, file("max_steps")),
+                max_turns: None,
+            },
+            ..Default::default()
+        };
+        let flags = LevelSettings {
+            max_steps: int(5, Origin::Flag("--max-steps".into())),
+            max_turns: None,
+        };
+        let err = resolve(&BudgetRequest {
+            flags,
+            ..BudgetRequest::new(&config)
+        });
+        assert!(matches!(err, Err(BudgetError::InvalidValue { .. })));
+    }
+
+    #[test]
+    fn limits_at_the_edges_are_accepted() {
+        assert_eq!(
+            StepLimit::from_raw(&RawValue::Integer(1)),
+            Ok(StepLimit::Limited(1))
+        );
+        assert_eq!(
+            StepLimit::from_raw(&RawValue::Integer(100_000)),
+            Ok(StepLimit::Limited(100_000))
+        );
+        assert_eq!(
+            StepLimit::from_raw(&RawValue::Text(" 7 ".into())),
+            Ok(StepLimit::Limited(7))
+        );
+        assert_eq!(
+            StepLimit::from_raw(&RawValue::Text("UNLIMITED".into())),
+            Ok(StepLimit::Unlimited)
+        );
+    }
+
+    #[test]
+    fn limit_serializes_as_number_or_null() {
+        assert_eq!(serde_json::to_string(&StepLimit::Limited(3)).unwrap(), "3");
+        assert_eq!(
+            serde_json::to_string(&StepLimit::Unlimited).unwrap(),
+            "null"
+        );
+    }
+}

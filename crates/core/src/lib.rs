@@ -1,0 +1,46 @@
+//! The contracts of stepguard: step budgets, the step ledger, failure slugs and run stats.
+//!
+//! stepguard gives coding agents one provider-agnostic step budget, `max_steps`. This crate holds
+//! the rules every other crate agrees on, with no I/O, so it can be embedded in any agent loop:
+//!
+//! * [`budget`]: budget values, their sources and the precedence that resolves them
+//!   ([`budget::resolve`]), profiles, and the legacy `max_turns` spelling with its deprecation;
+//! * [`ledger`]: [`StepLedger`], which counts steps begun and completed and says when a run is
+//!   over budget: a budget of N lets N steps happen, and step N+1 beginning is over budget;
+//! * [`slug`]: [`FailureSlug`], the stable machine-readable reasons runs fail;
+//! * [`stats`]: [`RunStats`] and the one-line summary (`Steps: X (legacy turns: Y)`);
+//! * [`exit`]: the exit codes of the `stepguard` binary.
+//!
+//! # Stability
+//!
+//! Slug strings, outcome names, exit code numbers and the JSON field names of [`RunStats`] and
+//! [`ResolvedBudget`] are public interface and change only with a major version. Enums that will
+//! grow are `#[non_exhaustive]`.
+//!
+//! # Example
+//!
+//! ```
+//! use stepguard_core::{StepLedger, StepLimit};
+//!
+//! let mut ledger = StepLedger::new(StepLimit::Limited(2));
+//! assert!(!ledger.begin(1).is_over());
+//! assert!(!ledger.begin(1).is_over()); // step 2 of 2: at the limit, still allowed
+//! assert!(ledger.begin(1).is_over()); // step 3 begins: over budget
+//! assert_eq!(ledger.breached_at(), Some(3));
+//! ```
+#![forbid(unsafe_code)]
+
+pub mod budget;
+pub mod exit;
+pub mod ledger;
+pub mod slug;
+pub mod stats;
+
+pub use budget::{
+    BudgetError, BudgetRequest, ConfigModel, LevelSettings, Origin, RawValue, ResolvedBudget,
+    Setting, StepLimit,
+};
+pub use exit::ExitCode;
+pub use ledger::{BudgetStatus, StepLedger};
+pub use slug::FailureSlug;
+pub use stats::{Outcome, RunStats, TokenUsage};
