@@ -530,25 +530,25 @@ mod tests {
 
     #[test]
     fn every_pair_of_levels_resolves_to_the_higher_one() {
-        for hi in 0..8 {
-            for lo in hi + 1..8 {
+        for (hi, label) in LABELS.iter().enumerate() {
+            for lo in hi + 1..LABELS.len() {
                 let r = run(&[hi, lo], Some("review"));
                 assert_eq!(
                     r.max_steps,
                     StepLimit::Limited(100 + hi as u32),
                     "{hi} vs {lo}"
                 );
-                assert_eq!(r.source, LABELS[hi], "{hi} vs {lo}");
+                assert_eq!(&r.source, label, "{hi} vs {lo}");
             }
         }
     }
 
     #[test]
     fn each_level_alone_is_used() {
-        for i in 0..8 {
+        for (i, label) in LABELS.iter().enumerate() {
             let r = run(&[i], Some("review"));
             assert_eq!(r.max_steps, StepLimit::Limited(100 + i as u32));
-            assert_eq!(r.source, LABELS[i]);
+            assert_eq!(&r.source, label);
         }
     }
 

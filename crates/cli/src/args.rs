@@ -1,0 +1,91 @@
+//! Command-line arguments of `stepguard`.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use stepguard_core::ExitCode;
+
+/// One step budget for every coding agent CLI.
+#[derive(Debug, Parser)]
+#[command(name = "stepguard", version, about, after_long_help = exit_codes_help(), after_help = exit_codes_help())]
+pub struct Cli {
+    /// Use exactly this config file instead of discovering stepguard.toml files.
+    #[arg(long, global = true, value_name = "PATH")]
+    pub config: Option<PathBuf>,
+
+    /// More log output on stderr (-v info, -vv debug, -vvv trace); RUST_LOG overrides.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+
+    /// The command to run.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Show the effective budget, where it came from, provider options and warnings.
+    Config(ConfigArgs),
+    /// Check every config file in effect; exit 0 when valid, 2 otherwise.
+    Validate(ValidateArgs),
+}
+
+/// Flags that decide a run's budget, shared by every command that resolves one.
+#[derive(Debug, Clone, Default, Args)]
+pub struct BudgetArgs {
+    /// Step budget for this run: a whole number, or `unlimited` (beats env and config).
+    #[arg(long, value_name = "N")]
+    pub max_steps: Option<String>,
+    /// Deprecated spelling of --max-steps.
+    #[arg(long, value_name = "N")]
+    pub max_turns: Option<String>,
+    /// Task type whose `[task_types.T]` budget applies.
+    #[arg(long, value_name = "T", env = "STEPGUARD_TASK_TYPE")]
+    pub task_type: Option<String>,
+    /// Profile (smoke, strict, fast, yolo, or one defined in [profiles.NAME]).
+    #[arg(long, value_name = "NAME")]
+    pub profile: Option<String>,
+}
+
+/// Arguments of `stepguard config`.
+#[derive(Debug, Args)]
+pub struct ConfigArgs {
+    /// Budget flags, as `run` takes them.
+    #[command(flatten)]
+    pub budget: BudgetArgs,
+    /// Show only this provider's options.
+    #[arg(long, value_name = "P")]
+    pub provider: Option<String>,
+    /// Print one JSON object on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Arguments of `stepguard validate`.
+#[derive(Debug, Args)]
+pub struct ValidateArgs {
+    /// Treat every warning as an error.
+    #[arg(long)]
+    pub strict: bool,
+}
+
+fn exit_codes_help() -> String {
+    let mut s = String::from("Exit codes:\n");
+    for code in ExitCode::ALL {
+        s.push_str(&format!("  {:>3}  {}\n", code.code(), code.meaning()));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn clap_definition_is_valid() {
+        Cli::command().debug_assert();
+    }
+}

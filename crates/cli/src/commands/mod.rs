@@ -1,0 +1,4 @@
+//! One module per subcommand; each exposes `run(…) -> anyhow::Result<ExitCode>`.
+
+pub mod config;
+pub mod validate;

@@ -1,0 +1,625 @@
+//! Finds, parses and validates `stepguard.toml` files into the core's [`ConfigModel`].
+//!
+//! Discovery: the nearest `stepguard.toml` walking up from the working directory, then the user's
+//! config file (`$XDG_CONFIG_HOME/stepguard/stepguard.toml`, by default
+//! `~/.config/stepguard/stepguard.toml`). A value in the project file beats the same key in the
+//! user file. `--config PATH` replaces discovery with exactly one file.
+//!
+//! Parsing reports problems as [`Diagnostic`]s that name the file and the key (and line and column
+//! for syntax errors). Unknown keys are warnings with a "did you mean" when a known key is close.
+//! Any top-level table that is not a stepguard key holds options of the provider it names, e.g.
+//! `[codex] max_steps_unit = "actionable"`; the core keeps them opaque and plugins validate them.
+//!
+//! ```
+//! let file = stepguard_config::parse_str("/p/stepguard.toml", "max_steps = 30\n[codex]\nmax_steps_unit = \"tool\"\n").unwrap();
+//! let loaded = stepguard_config::merge(vec![file]);
+//! assert!(loaded.model.global.max_steps.is_some());
+//! assert!(loaded.model.providers.contains_key("codex"));
+//! ```
+#![forbid(unsafe_code)]
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use stepguard_core::budget::ProfileSettings;
+use stepguard_core::{ConfigModel, LevelSettings, Origin, RawValue, Setting, StepLimit};
+
+/// The file name looked for in the working directory and its parents.
+pub const PROJECT_FILE: &str = "stepguard.toml";
+
+/// Provider names stepguard ships built in, used for "did you mean" on provider tables.
+pub const BUILTIN_PROVIDERS: &[&str] = &["claude", "codex", "gemini"];
+
+const TOP_LEVEL_KEYS: &[&str] = &[
+    "max_steps",
+    "max_turns",
+    "profile",
+    "defaults",
+    "task_types",
+    "profiles",
+];
+const LEVEL_KEYS: &[&str] = &["max_steps", "max_turns"];
+const PROFILE_KEYS: &[&str] = &["max_steps"];
+
+/// A failure to read or parse a config file.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("failed to read config file {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML.
+    #[error("{path}:{line}:{column}: invalid TOML: {message}")]
+    Parse {
+        /// The file.
+        path: String,
+        /// 1-based line.
+        line: usize,
+        /// 1-based column.
+        column: usize,
+        /// The parser's message.
+        message: String,
+    },
+    /// The file parsed but holds values of the wrong shape (e.g. `profile = 3`).
+    #[error("{}", format_errors(.0))]
+    Invalid(Vec<Diagnostic>),
+}
+
+fn format_errors(diags: &[Diagnostic]) -> String {
+    diags
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// How serious a diagnostic is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Severity {
+    /// Worth fixing; does not stop a run.
+    Warning,
+    /// Stops a run and fails `validate`.
+    Error,
+}
+
+/// One problem found in a config file, naming the file and the key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Diagnostic {
+    /// Warning or error.
+    pub severity: Severity,
+    /// The file, as displayed.
+    pub file: String,
+    /// The dotted key path, when the problem is at a key.
+    pub key: Option<String>,
+    /// What is wrong, in words.
+    pub message: String,
+}
+
+impl fmt::Display for Diagnostic {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let level = match self.severity {
+            Severity::Warning => "warning",
+            Severity::Error => "error",
+        };
+        match &self.key {
+            Some(key) => write!(f, "{level}: {}: {key}: {}", self.file, self.message),
+            None => write!(f, "{level}: {}: {}", self.file, self.message),
+        }
+    }
+}
+
+/// One parsed config file: its settings and the problems found in it.
+#[derive(Clone, Debug)]
+pub struct ParsedFile {
+    /// The file, as displayed.
+    pub path: String,
+    /// What the file sets.
+    pub model: ConfigModel,
+    /// Settings at the same level as another setting (`defaults.max_steps` beside `max_steps`),
+    /// kept so `validate` can check them although the model holds one per level.
+    pub shadowed: Vec<Setting>,
+    /// Problems found.
+    pub diagnostics: Vec<Diagnostic>,
+}
+
+/// All config files in effect, merged.
+#[derive(Clone, Debug, Default)]
+pub struct LoadedConfig {
+    /// The files, highest precedence first.
+    pub files: Vec<ParsedFile>,
+    /// The merged settings.
+    pub model: ConfigModel,
+}
+
+impl LoadedConfig {
+    /// Returns every diagnostic of every file, in file order.
+    pub fn diagnostics(&self) -> impl Iterator<Item = &Diagnostic> {
+        self.files.iter().flat_map(|f| f.diagnostics.iter())
+    }
+
+    /// Returns the directory of the highest-precedence file, where `.stepguard/` lives.
+    pub fn project_dir(&self) -> Option<PathBuf> {
+        self.files
+            .first()
+            .and_then(|f| Path::new(&f.path).parent().map(Path::to_path_buf))
+    }
+}
+
+/// Returns the user's config file path (`$XDG_CONFIG_HOME/stepguard/stepguard.toml`).
+pub fn user_config_path() -> Option<PathBuf> {
+    use etcetera::BaseStrategy;
+    etcetera::choose_base_strategy()
+        .ok()
+        .map(|s| s.config_dir().join("stepguard").join(PROJECT_FILE))
+}
+
+/// Returns the config files in effect for `cwd`, highest precedence first.
+pub fn discover(cwd: &Path, user_config: Option<&Path>) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    if let Some(project) = cwd
+        .ancestors()
+        .map(|d| d.join(PROJECT_FILE))
+        .find(|p| p.is_file())
+    {
+        files.push(project);
+    }
+    if let Some(user) = user_config.filter(|p| p.is_file())
+        && !files.iter().any(|f| same_file(f, user))
+    {
+        files.push(user.to_path_buf());
+    }
+    files
+}
+
+fn same_file(a: &Path, b: &Path) -> bool {
+    match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    }
+}
+
+/// Reads and parses the given files (highest precedence first) and merges them.
+///
+/// Returns an error for unreadable files, TOML syntax errors and values of the wrong shape;
+/// warnings (unknown keys) are kept in the result's diagnostics.
+pub fn load(paths: &[PathBuf]) -> Result<LoadedConfig, ConfigError> {
+    let mut files = Vec::with_capacity(paths.len());
+    for path in paths {
+        let display = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: display.clone(),
+            source,
+        })?;
+        let parsed = parse_str(&display, &text)?;
+        let errors: Vec<Diagnostic> = parsed
+            .diagnostics
+            .iter()
+            .filter(|d| d.severity == Severity::Error)
+            .cloned()
+            .collect();
+        if !errors.is_empty() {
+            return Err(ConfigError::Invalid(errors));
+        }
+        files.push(parsed);
+    }
+    Ok(merge(files))
+}
+
+/// Reads and parses every file, turning unreadable and unparsable files into error diagnostics
+/// instead of stopping at the first; used by `validate`, which reports everything at once.
+pub fn load_all(paths: &[PathBuf]) -> (LoadedConfig, Vec<Diagnostic>) {
+    let mut files = Vec::with_capacity(paths.len());
+    let mut failures = Vec::new();
+    for path in paths {
+        let display = path.display().to_string();
+        let parsed = std::fs::read_to_string(path)
+            .map_err(|source| ConfigError::Read {
+                path: display.clone(),
+                source,
+            })
+            .and_then(|text| parse_str(&display, &text));
+        match parsed {
+            Ok(file) => files.push(file),
+            Err(e) => failures.push(Diagnostic {
+                severity: Severity::Error,
+                file: display,
+                key: None,
+                message: match e {
+                    ConfigError::Parse {
+                        line,
+                        column,
+                        message,
+                        ..
+                    } => {
+                        format!("line {line}, column {column}: invalid TOML: {message}")
+                    }
+                    other => other.to_string(),
+                },
+            }),
+        }
+    }
+    (merge(files), failures)
+}
+
+/// Merges parsed files, highest precedence first: for each key, the first file that sets it wins.
+pub fn merge(files: Vec<ParsedFile>) -> LoadedConfig {
+    let mut model = ConfigModel::default();
+    for file in files.iter().rev() {
+        let m = &file.model;
+        overlay_level(&mut model.global, &m.global);
+        for (name, level) in &m.task_types {
+            overlay_level(model.task_types.entry(name.clone()).or_default(), level);
+        }
+        for (name, profile) in &m.profiles {
+            let entry = model.profiles.entry(name.clone()).or_default();
+            if profile.max_steps.is_some() {
+                entry.max_steps.clone_from(&profile.max_steps);
+            }
+        }
+        if m.profile.is_some() {
+            model.profile.clone_from(&m.profile);
+        }
+        for (provider, options) in &m.providers {
+            let entry = model.providers.entry(provider.clone()).or_default();
+            for (k, v) in options {
+                entry.insert(k.clone(), v.clone());
+            }
+        }
+    }
+    LoadedConfig { files, model }
+}
+
+fn overlay_level(into: &mut LevelSettings, from: &LevelSettings) {
+    if from.max_steps.is_some() {
+        into.max_steps.clone_from(&from.max_steps);
+    }
+    if from.max_turns.is_some() {
+        into.max_turns.clone_from(&from.max_turns);
+    }
+}
+
+/// Parses one file's text. Syntax errors are returned as [`ConfigError::Parse`]; every other
+/// problem is a diagnostic in the result.
+pub fn parse_str(path: &str, text: &str) -> Result<ParsedFile, ConfigError> {
+    let table: toml::Table = toml::from_str(text).map_err(|e| {
+        let (line, column) = e.span().map_or((1, 1), |s| line_col(text, s.start));
+        ConfigError::Parse {
+            path: path.to_owned(),
+            line,
+            column,
+            message: e.message().trim().to_owned(),
+        }
+    })?;
+    let mut p = Parser {
+        path,
+        out: ParsedFile {
+            path: path.to_owned(),
+            model: ConfigModel::default(),
+            shadowed: Vec::new(),
+            diagnostics: Vec::new(),
+        },
+    };
+    p.top_level(&table);
+    Ok(p.out)
+}
+
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    (line, column)
+}
+
+struct Parser<'a> {
+    path: &'a str,
+    out: ParsedFile,
+}
+
+impl Parser<'_> {
+    fn diag(&mut self, severity: Severity, key: &str, message: impl Into<String>) {
+        self.out.diagnostics.push(Diagnostic {
+            severity,
+            file: self.path.to_owned(),
+            key: Some(key.to_owned()),
+            message: message.into(),
+        });
+    }
+
+    fn setting(&self, key: &str, value: &toml::Value) -> Setting {
+        Setting {
+            value: raw_value(value),
+            origin: Origin::File {
+                path: self.path.to_owned(),
+                key: key.to_owned(),
+            },
+        }
+    }
+
+    fn unknown_key(&mut self, key_path: &str, name: &str, known: &[&str]) {
+        let message = match did_you_mean(name, known) {
+            Some(s) => format!("unknown key `{name}`; did you mean `{s}`?"),
+            None => format!(
+                "unknown key `{name}`; known keys here: {}",
+                known.join(", ")
+            ),
+        };
+        self.diag(Severity::Warning, key_path, message);
+    }
+
+    fn top_level(&mut self, table: &toml::Table) {
+        for (key, value) in table {
+            match key.as_str() {
+                "max_steps" => self.out.model.global.max_steps = Some(self.setting(key, value)),
+                "max_turns" => self.out.model.global.max_turns = Some(self.setting(key, value)),
+                "profile" => match value.as_str() {
+                    Some(name) => {
+                        let origin = Origin::File {
+                            path: self.path.to_owned(),
+                            key: "profile".into(),
+                        };
+                        self.out.model.profile = Some((name.to_owned(), origin));
+                    }
+                    None => self.diag(
+                        Severity::Error,
+                        key,
+                        format!(
+                            "expected a profile name (a string), found {}",
+                            type_name(value)
+                        ),
+                    ),
+                },
+                // Handled after the loop, once the top-level keys of the same level are known.
+                "defaults" => {}
+                "task_types" => {
+                    if let Some(t) = self.expect_table(key, value) {
+                        for (name, v) in t {
+                            let path = format!("task_types.{name}");
+                            if let Some(tt) = self.expect_table(&path, v) {
+                                let level = self.level(&path, tt);
+                                self.out.model.task_types.insert(name.clone(), level);
+                            }
+                        }
+                    }
+                }
+                "profiles" => {
+                    if let Some(t) = self.expect_table(key, value) {
+                        for (name, v) in t {
+                            let path = format!("profiles.{name}");
+                            if let Some(pt) = self.expect_table(&path, v) {
+                                let profile = self.profile(&path, pt);
+                                self.out.model.profiles.insert(name.clone(), profile);
+                            }
+                        }
+                    }
+                }
+                other => self.other_top_level(other, value),
+            }
+        }
+        if let Some(value) = table.get("defaults") {
+            self.defaults(value);
+        }
+    }
+
+    fn defaults(&mut self, value: &toml::Value) {
+        let Some(t) = self.expect_table("defaults", value) else {
+            return;
+        };
+        let level = self.level("defaults", t);
+        let global = &mut self.out.model.global;
+        for (slot, new) in [
+            (&mut global.max_steps, level.max_steps),
+            (&mut global.max_turns, level.max_turns),
+        ] {
+            // Top-level keys and [defaults] are one level: the top-level one wins and the other
+            // is kept for validate's checks.
+            match (slot.is_some(), new) {
+                (true, Some(n)) => self.out.shadowed.push(n),
+                (false, n) => *slot = n,
+                (true, None) => {}
+            }
+        }
+    }
+
+    fn other_top_level(&mut self, key: &str, value: &toml::Value) {
+        let mut known: Vec<&str> = TOP_LEVEL_KEYS.to_vec();
+        known.extend(BUILTIN_PROVIDERS);
+        match value.as_table() {
+            // A table close to a known name is a typo, not a provider we never heard of.
+            Some(t) if did_you_mean(key, &known).is_none() => {
+                let options = t
+                    .iter()
+                    .map(|(k, v)| {
+                        let origin = Origin::File {
+                            path: self.path.to_owned(),
+                            key: format!("{key}.{k}"),
+                        };
+                        (k.clone(), (toml_to_json(v), origin))
+                    })
+                    .collect();
+                self.out.model.providers.insert(key.to_owned(), options);
+            }
+            _ => self.unknown_key(key, key, &known),
+        }
+    }
+
+    fn expect_table<'t>(&mut self, key: &str, value: &'t toml::Value) -> Option<&'t toml::Table> {
+        let t = value.as_table();
+        if t.is_none() {
+            self.diag(
+                Severity::Error,
+                key,
+                format!("expected a table, found {}", type_name(value)),
+            );
+        }
+        t
+    }
+
+    fn level(&mut self, prefix: &str, table: &toml::Table) -> LevelSettings {
+        let mut level = LevelSettings::default();
+        for (key, value) in table {
+            let path = format!("{prefix}.{key}");
+            match key.as_str() {
+                "max_steps" => level.max_steps = Some(self.setting(&path, value)),
+                "max_turns" => level.max_turns = Some(self.setting(&path, value)),
+                other => self.unknown_key(&path, other, LEVEL_KEYS),
+            }
+        }
+        level
+    }
+
+    fn profile(&mut self, prefix: &str, table: &toml::Table) -> ProfileSettings {
+        let mut profile = ProfileSettings::default();
+        for (key, value) in table {
+            let path = format!("{prefix}.{key}");
+            match key.as_str() {
+                "max_steps" => profile.max_steps = Some(self.setting(&path, value)),
+                other => self.unknown_key(&path, other, PROFILE_KEYS),
+            }
+        }
+        profile
+    }
+}
+
+/// Returns the closest known name when it is close enough to be a likely typo.
+pub fn did_you_mean<'k>(name: &str, known: &[&'k str]) -> Option<&'k str> {
+    known
+        .iter()
+        .map(|k| (strsim::damerau_levenshtein(name, k), *k))
+        .filter(|(d, k)| *d > 0 && *d <= (k.len() / 3).max(1))
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, k)| k)
+}
+
+fn raw_value(value: &toml::Value) -> RawValue {
+    match value {
+        toml::Value::Integer(n) => RawValue::Integer(*n),
+        toml::Value::Float(f) => RawValue::Float(*f),
+        toml::Value::String(s) => RawValue::Text(s.clone()),
+        other => RawValue::Other(type_name(other).to_owned()),
+    }
+}
+
+fn type_name(value: &toml::Value) -> &'static str {
+    match value {
+        toml::Value::String(_) => "a string",
+        toml::Value::Integer(_) => "an integer",
+        toml::Value::Float(_) => "a float",
+        toml::Value::Boolean(_) => "a boolean",
+        toml::Value::Datetime(_) => "a datetime",
+        toml::Value::Array(_) => "an array",
+        toml::Value::Table(_) => "a table",
+    }
+}
+
+fn toml_to_json(value: &toml::Value) -> serde_json::Value {
+    match value {
+        toml::Value::String(s) => serde_json::Value::String(s.clone()),
+        toml::Value::Integer(n) => serde_json::Value::from(*n),
+        toml::Value::Float(f) => serde_json::Value::from(*f),
+        toml::Value::Boolean(b) => serde_json::Value::Bool(*b),
+        toml::Value::Datetime(d) => serde_json::Value::String(d.to_string()),
+        toml::Value::Array(a) => a.iter().map(toml_to_json).collect(),
+        toml::Value::Table(t) => t
+            .iter()
+            .map(|(k, v)| (k.clone(), toml_to_json(v)))
+            .collect::<serde_json::Map<_, _>>()
+            .into(),
+    }
+}
+
+/// Checks every file in effect: every budget value at every level, deprecated and conflicting
+/// settings, and unknown profiles. With `strict`, every warning is reported as an error.
+pub fn validate(loaded: &LoadedConfig, strict: bool) -> Vec<Diagnostic> {
+    let mut out = Vec::new();
+    for file in &loaded.files {
+        out.extend(file.diagnostics.iter().cloned());
+        let m = &file.model;
+        let mut levels: Vec<&LevelSettings> = vec![&m.global];
+        levels.extend(m.task_types.values());
+        let profile_settings = m.profiles.values().filter_map(|p| p.max_steps.as_ref());
+        let all_settings = levels
+            .iter()
+            .flat_map(|l| l.max_steps.iter().chain(l.max_turns.iter()))
+            .chain(profile_settings)
+            .chain(file.shadowed.iter());
+        for setting in all_settings {
+            if let Err(reason) = StepLimit::from_raw(&setting.value) {
+                out.push(at(Severity::Error, &setting.origin, reason.to_string()));
+            }
+        }
+        for level in &levels {
+            match (&level.max_steps, &level.max_turns) {
+                (Some(s), Some(t)) => {
+                    if let (Ok(a), Ok(b)) = (s.limit(), t.limit())
+                        && a != b
+                    {
+                        let message = format!(
+                            "`max_steps` ({a}) and `max_turns` ({b}) are both set at one level; \
+                             `max_steps` wins. Remove `max_turns`."
+                        );
+                        out.push(at(Severity::Warning, &t.origin, message));
+                    }
+                }
+                (None, Some(t)) => out.push(at(
+                    Severity::Warning,
+                    &t.origin,
+                    stepguard_core::budget::MAX_TURNS_DEPRECATION,
+                )),
+                _ => {}
+            }
+        }
+        for shadowed in &file.shadowed {
+            out.push(at(
+                Severity::Warning,
+                &shadowed.origin,
+                "set both at the top level and in [defaults]; the top-level value wins",
+            ));
+        }
+        if let Some((name, origin)) = &m.profile {
+            let known = stepguard_core::budget::builtin_profile(name).is_some()
+                || loaded
+                    .model
+                    .profiles
+                    .get(name)
+                    .is_some_and(|p| p.max_steps.is_some());
+            if !known {
+                out.push(at(
+                    Severity::Error,
+                    origin,
+                    format!("unknown profile `{name}`"),
+                ));
+            }
+        }
+    }
+    if strict {
+        for d in &mut out {
+            d.severity = Severity::Error;
+        }
+    }
+    out
+}
+
+fn at(severity: Severity, origin: &Origin, message: impl Into<String>) -> Diagnostic {
+    match origin {
+        Origin::File { path, key } => Diagnostic {
+            severity,
+            file: path.clone(),
+            key: Some(key.clone()),
+            message: message.into(),
+        },
+        other => Diagnostic {
+            severity,
+            file: other.to_string(),
+            key: None,
+            message: message.into(),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests;
