@@ -43,7 +43,19 @@ pub enum LoadError {
         required: String,
         /// What this host speaks (major.minor).
         host: String,
+        /// The provider the plugin declares, when its manifest was readable.
+        provider: Option<String>,
     },
+}
+
+impl LoadError {
+    /// Returns the provider name the failed plugin declared, when it got that far.
+    pub fn provider(&self) -> Option<&str> {
+        match self {
+            LoadError::Protocol { provider, .. } => provider.as_deref(),
+            _ => None,
+        }
+    }
 }
 
 /// An error returned by a plugin while counting (including a caught panic).
@@ -75,6 +87,7 @@ pub fn check_protocol(plugin_protocol: &str) -> Result<(), LoadError> {
         Err(LoadError::Protocol {
             required: major_minor(&plugin),
             host: major_minor(&host),
+            provider: None,
         })
     }
 }
@@ -102,7 +115,14 @@ impl Provider {
         };
         let manifest: Manifest =
             serde_json::from_str(json.as_str()).map_err(|e| LoadError::Manifest(e.to_string()))?;
-        check_protocol(&manifest.protocol)?;
+        check_protocol(&manifest.protocol).map_err(|e| match e {
+            LoadError::Protocol { required, host, .. } => LoadError::Protocol {
+                required,
+                host,
+                provider: Some(manifest.name.clone()),
+            },
+            other => other,
+        })?;
         if manifest.units.is_empty() {
             return Err(LoadError::Manifest(format!(
                 "provider `{}` declares no units",

@@ -69,6 +69,11 @@ pub use model::{
     CounterRequest, CounterStats, Manifest, NativeLimit, OptionInfo, Terminal, Tokens, UnitInfo,
 };
 
+/// abi_stable's borrowed string, which appears in [`HostCallbacks`]' signature.
+pub mod abi_stable_rstr {
+    pub use abi_stable::std_types::RStr;
+}
+
 /// The generation of the frozen binary layout. Changes only when [`abi`] changes.
 pub const ABI_GENERATION: u32 = 1;
 
