@@ -282,3 +282,33 @@ impl tracing::Subscriber for Forwarder {
 // Keep RBox in scope for the generated trait-object types' documentation links.
 #[allow(dead_code)]
 type _Unused = RBox<()>;
+
+/// Helpers for testing plugins without a host.
+pub mod testing {
+    use super::StepCounter;
+    use crate::abi::LineReport;
+    use crate::model::CounterStats;
+
+    /// Feeds every `\n`-separated line of `stream` (a trailing `\r` trimmed) to `counter`, sums
+    /// the per-line reports, and returns them with the final stats.
+    pub fn feed_all(
+        counter: &mut dyn StepCounter,
+        stream: &[u8],
+    ) -> Result<(LineReport, CounterStats), String> {
+        let mut sum = LineReport::empty();
+        let mut lines: Vec<&[u8]> = stream.split(|b| *b == b'\n').collect();
+        if lines.last().is_some_and(|l| l.is_empty()) {
+            lines.pop();
+        }
+        for line in lines {
+            let line = line.strip_suffix(b"\r").unwrap_or(line);
+            let r = counter.feed(line)?;
+            sum.steps_begun += r.steps_begun;
+            sum.steps_completed += r.steps_completed;
+            sum.turns += r.turns;
+            sum.sub_agent_steps += r.sub_agent_steps;
+            sum.flags |= r.flags;
+        }
+        Ok((sum, counter.finish()))
+    }
+}

@@ -64,9 +64,10 @@ pub mod host;
 pub mod model;
 
 pub use abi::{HostCallbacks, LineReport, PluginModRef, ProviderBox};
-pub use guest::{ProviderPlugin, StepCounter, provider_box};
+pub use guest::{ProviderPlugin, StepCounter, provider_box, testing};
 pub use model::{
     CounterRequest, CounterStats, Manifest, NativeLimit, OptionInfo, Terminal, Tokens, UnitInfo,
+    slug_for_error_text,
 };
 
 /// abi_stable's borrowed string, which appears in [`HostCallbacks`]' signature.

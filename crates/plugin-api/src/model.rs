@@ -216,3 +216,68 @@ pub struct CounterStats {
     /// (protocol 1.1).
     pub sub_agent_steps: BTreeMap<String, u64>,
 }
+
+/// Returns the failure slug an error text most likely means: `rate_limited` for HTTP 429, rate
+/// limits and exhausted quotas, else `provider_error`.
+pub fn slug_for_error_text(text: &str) -> &'static str {
+    let lower = text.to_ascii_lowercase();
+    let rate_limited = [
+        "429",
+        "rate limit",
+        "rate_limit",
+        "ratelimit",
+        "too many requests",
+        "quota",
+        "resource_exhausted",
+    ]
+    .iter()
+    .any(|needle| lower.contains(needle));
+    if rate_limited {
+        "rate_limited"
+    } else {
+        "provider_error"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_texts_map_to_slugs() {
+        assert_eq!(
+            slug_for_error_text("exceeded retry limit, last status: 429 Too Many Requests"),
+            "rate_limited"
+        );
+        assert_eq!(
+            slug_for_error_text("TerminalQuotaError: You exceeded your quota"),
+            "rate_limited"
+        );
+        assert_eq!(
+            slug_for_error_text("stream disconnected before completion"),
+            "provider_error"
+        );
+    }
+
+    #[test]
+    fn native_limit_is_added_unless_present() {
+        let limit = NativeLimit {
+            args: vec!["--max-turns".into(), "{max_steps}".into()],
+            skip_if_present: vec!["--max-turns".into()],
+        };
+        let cmd = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            limit.args_for(&cmd(&["claude", "-p", "x"]), 7),
+            Some(cmd(&["--max-turns", "7"]))
+        );
+        assert_eq!(
+            limit.args_for(&cmd(&["claude", "--max-turns", "3"]), 7),
+            None
+        );
+        assert_eq!(limit.args_for(&cmd(&["claude", "--max-turns=3"]), 7), None);
+        assert_eq!(
+            limit.args_for(&cmd(&["claude", "--max-turnsx"]), 7),
+            Some(cmd(&["--max-turns", "7"]))
+        );
+    }
+}

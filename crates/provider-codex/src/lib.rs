@@ -1,2 +1,516 @@
-//! stepguard's step mapping for the codex CLI (filled in by the provider issue).
+//! stepguard's step mapping for `codex exec --json`.
+//!
+//! Codex runs a whole prompt as one turn made of many items, and has no limit of its own, so this
+//! mapping is what makes a Codex budget possible. Units (public interface):
+//!
+//! * `item` (default): every item, begun at `item.started`, or counted at `item.completed` when
+//!   it had no start; deduplicated by `item.id`;
+//! * `actionable`: `agent_message` and `command_execution` items;
+//! * `tool`: `command_execution`, `file_change`, `mcp_tool_call`, `web_search`, `collab_tool_call`;
+//! * `message`: `agent_message` items.
+//!
+//! Legacy turns are the `turn.started` count. `turn.completed` is success (its `usage` is a
+//! running total, so the last one wins); `turn.failed` is `provider_error`, or `rate_limited`
+//! when its message says so. Top-level `error` events reading `Reconnecting…` are retries.
+//!
+//! Archived logs in the pre-0.44 `{"id","msg"}` format are accepted: `*_begin`/`*_end` events map
+//! to the matching item types (deduplicated by `call_id`), `agent_message`/`agent_reasoning` to
+//! completed items, `task_started` to a turn, `task_complete` to success and `token_count` to usage.
+//!
+//! ```
+//! use stepguard_plugin_api::{CounterRequest, ProviderPlugin};
+//! let plugin = stepguard_provider_codex::CodexPlugin;
+//! let mut counter = plugin.open_counter(&CounterRequest { unit: "tool".into(), ..Default::default() }).unwrap();
+//! let r = counter.feed(br#"{"type":"item.started","item":{"id":"item_0","type":"command_execution"}}"#).unwrap();
+//! assert_eq!(r.steps_begun, 1);
+//! ```
 #![forbid(unsafe_code)]
+
+use std::collections::HashSet;
+
+use stepguard_jsonl::{RawValue, scan};
+use stepguard_plugin_api::{
+    CounterRequest, CounterStats, LineReport, Manifest, ProviderBox, ProviderPlugin, StepCounter,
+    Terminal, Tokens, slug_for_error_text,
+};
+
+/// The Codex provider plugin.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CodexPlugin;
+
+/// Returns the built-in Codex provider, behind the plugin interface.
+pub fn provider() -> ProviderBox {
+    stepguard_plugin_api::provider_box(CodexPlugin)
+}
+
+#[cfg(feature = "plugin")]
+stepguard_plugin_api::export_plugin!(CodexPlugin);
+
+/// Which item types a unit counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Unit {
+    Item,
+    Actionable,
+    Tool,
+    Message,
+}
+
+impl Unit {
+    fn counts(self, item_type: &[u8]) -> bool {
+        match self {
+            Unit::Item => true,
+            Unit::Actionable => matches!(item_type, b"agent_message" | b"command_execution"),
+            Unit::Tool => matches!(
+                item_type,
+                b"command_execution"
+                    | b"file_change"
+                    | b"mcp_tool_call"
+                    | b"web_search"
+                    | b"collab_tool_call"
+            ),
+            Unit::Message => item_type == b"agent_message",
+        }
+    }
+}
+
+impl ProviderPlugin for CodexPlugin {
+    fn manifest(&self) -> Manifest {
+        Manifest::new("codex", env!("CARGO_PKG_VERSION"))
+            .description("OpenAI Codex CLI (`codex exec --json`); no native limit, so stepguard's is the only one")
+            .unit("item", "every item, begun at item.started (or item.completed without a start)", true)
+            .unit("actionable", "agent_message and command_execution items", false)
+            .unit("tool", "command_execution, file_change, mcp_tool_call, web_search and collab_tool_call items", false)
+            .unit("message", "agent_message items", false)
+    }
+
+    fn open_counter(&self, request: &CounterRequest) -> Result<Box<dyn StepCounter>, String> {
+        let unit = match request.unit.as_str() {
+            "item" => Unit::Item,
+            "actionable" => Unit::Actionable,
+            "tool" => Unit::Tool,
+            "message" => Unit::Message,
+            other => return Err(format!("unknown unit `{other}`")),
+        };
+        Ok(Box::new(CodexCounter::new(unit)))
+    }
+}
+
+/// Counts one Codex stream.
+#[derive(Debug)]
+pub struct CodexCounter {
+    unit: Unit,
+    begun: HashSet<Vec<u8>>,
+    completed: HashSet<Vec<u8>>,
+    turns: u64,
+    terminal: Option<Terminal>,
+    last_error: Option<String>,
+    tokens: Option<Tokens>,
+    noise: u64,
+    unknown: u64,
+}
+
+impl CodexCounter {
+    fn new(unit: Unit) -> Self {
+        CodexCounter {
+            unit,
+            begun: HashSet::new(),
+            completed: HashSet::new(),
+            turns: 0,
+            terminal: None,
+            last_error: None,
+            tokens: None,
+            noise: 0,
+            unknown: 0,
+        }
+    }
+
+    fn begin(&mut self, id: &[u8], report: &mut LineReport) {
+        if self.begun.insert(id.to_vec()) {
+            report.steps_begun += 1;
+        }
+    }
+
+    fn complete(&mut self, id: &[u8], report: &mut LineReport) {
+        self.begin(id, report);
+        if self.completed.insert(id.to_vec()) {
+            report.steps_completed += 1;
+        }
+    }
+
+    fn item_event(&mut self, item: Option<RawValue<'_>>, started: bool, report: &mut LineReport) {
+        let Some([Some(id), Some(kind)]) = item.and_then(|i| i.fields(["id", "type"])) else {
+            self.unknown += 1;
+            report.flags |= LineReport::UNKNOWN_EVENT;
+            return;
+        };
+        let kind = kind.as_str().unwrap_or_default();
+        if self.unit.counts(kind.as_bytes()) {
+            if started {
+                self.begin(id.0, report);
+            } else {
+                self.complete(id.0, report);
+            }
+        }
+    }
+
+    fn legacy_event(&mut self, msg: RawValue<'_>, report: &mut LineReport) {
+        let Some([Some(kind), call_id, info, message]) =
+            msg.fields(["type", "call_id", "info", "message"])
+        else {
+            self.unknown += 1;
+            report.flags |= LineReport::UNKNOWN_EVENT;
+            return;
+        };
+        let kind = kind.as_str().unwrap_or_default();
+        let item_type: Option<(&[u8], bool)> = match kind.as_ref() {
+            "exec_command_begin" => Some((b"command_execution", true)),
+            "exec_command_end" => Some((b"command_execution", false)),
+            "patch_apply_begin" => Some((b"file_change", true)),
+            "patch_apply_end" => Some((b"file_change", false)),
+            "mcp_tool_call_begin" => Some((b"mcp_tool_call", true)),
+            "mcp_tool_call_end" => Some((b"mcp_tool_call", false)),
+            "web_search_begin" => Some((b"web_search", true)),
+            "web_search_end" => Some((b"web_search", false)),
+            "agent_message" => Some((b"agent_message", false)),
+            "agent_reasoning" => Some((b"reasoning", false)),
+            _ => None,
+        };
+        match (item_type, kind.as_ref()) {
+            (Some((item_type, started)), _) => {
+                if self.unit.counts(item_type) {
+                    // Messages have no call id: each one is its own item.
+                    let id = match call_id {
+                        Some(c) => c.0.to_vec(),
+                        None => format!("legacy_{}", self.begun.len()).into_bytes(),
+                    };
+                    if started {
+                        self.begin(&id, report)
+                    } else {
+                        self.complete(&id, report)
+                    }
+                }
+            }
+            (None, "task_started") => {
+                self.turns += 1;
+                report.turns += 1;
+            }
+            (None, "task_complete") => {
+                self.terminal = Some(Terminal {
+                    success: true,
+                    slug: None,
+                    message: None,
+                });
+                report.flags |= LineReport::TERMINAL;
+            }
+            (None, "token_count") => {
+                if let Some(usage) = info
+                    .and_then(|i| i.fields(["total_token_usage"]))
+                    .and_then(|[u]| u)
+                {
+                    self.tokens = usage_tokens(usage).or(self.tokens);
+                }
+            }
+            (None, "error" | "stream_error") => {
+                self.last_error = message.and_then(|m| m.as_str()).map(|m| m.into_owned());
+            }
+            _ => {}
+        }
+    }
+}
+
+fn usage_tokens(usage: RawValue<'_>) -> Option<Tokens> {
+    let [input, cached, output, reasoning] = usage.fields([
+        "input_tokens",
+        "cached_input_tokens",
+        "output_tokens",
+        "reasoning_output_tokens",
+    ])?;
+    Some(Tokens {
+        input_tokens: input.and_then(|v| v.as_u64())?,
+        output_tokens: output.and_then(|v| v.as_u64()).unwrap_or(0),
+        cached_input_tokens: cached.and_then(|v| v.as_u64()),
+        reasoning_output_tokens: reasoning.and_then(|v| v.as_u64()),
+    })
+}
+
+impl StepCounter for CodexCounter {
+    fn feed(&mut self, line: &[u8]) -> Result<LineReport, String> {
+        let mut report = LineReport::empty();
+        let Some([ty, item, usage, error, message, msg]) =
+            scan(line, ["type", "item", "usage", "error", "message", "msg"])
+        else {
+            self.noise += 1;
+            return Ok(LineReport::noise());
+        };
+        if let Some(msg) = msg {
+            self.legacy_event(msg, &mut report);
+            return Ok(report);
+        }
+        let ty = ty.and_then(|t| t.as_str()).unwrap_or_default();
+        match ty.as_ref() {
+            "item.started" => self.item_event(item, true, &mut report),
+            "item.completed" => self.item_event(item, false, &mut report),
+            "item.updated" | "thread.started" => {}
+            "turn.started" => {
+                self.turns += 1;
+                report.turns += 1;
+                // A new turn (e.g. a resumed thread) reopens the run.
+                self.terminal = None;
+            }
+            "turn.completed" => {
+                if let Some(tokens) = usage.and_then(usage_tokens) {
+                    self.tokens = Some(tokens);
+                }
+                self.terminal = Some(Terminal {
+                    success: true,
+                    slug: None,
+                    message: None,
+                });
+                report.flags |= LineReport::TERMINAL;
+            }
+            "turn.failed" => {
+                let text = error
+                    .and_then(|e| e.fields(["message"]))
+                    .and_then(|[m]| m)
+                    .and_then(|m| m.as_str())
+                    .map(|m| m.into_owned())
+                    .or_else(|| self.last_error.clone())
+                    .unwrap_or_else(|| "turn failed".to_owned());
+                self.terminal = Some(Terminal {
+                    success: false,
+                    slug: Some(slug_for_error_text(&text).to_owned()),
+                    message: Some(text),
+                });
+                report.flags |= LineReport::TERMINAL;
+            }
+            "error" => {
+                let text = message.and_then(|m| m.as_str()).unwrap_or_default();
+                // `Reconnecting... k/n` is a retry, not a failure.
+                if !text.starts_with("Reconnecting") {
+                    self.last_error = Some(text.into_owned());
+                }
+            }
+            _ => {
+                self.unknown += 1;
+                report.flags |= LineReport::UNKNOWN_EVENT;
+            }
+        }
+        Ok(report)
+    }
+
+    fn finish(&mut self) -> CounterStats {
+        CounterStats {
+            num_steps_computed: self.begun.len() as u64,
+            num_steps_reported: None,
+            num_turns_reported: None,
+            num_turns_computed: Some(self.turns),
+            terminal: self.terminal.clone(),
+            tokens: self.tokens,
+            cost_usd: None,
+            noise_lines: self.noise,
+            unknown_events: self.unknown,
+            ..CounterStats::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use stepguard_plugin_api::testing::feed_all;
+
+    use super::*;
+
+    fn fixture(rel: &str) -> Vec<u8> {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures")
+            .join(rel);
+        std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    }
+
+    fn count(rel: &str, unit: &str) -> (LineReport, CounterStats) {
+        let mut c = CodexPlugin
+            .open_counter(&CounterRequest {
+                unit: unit.into(),
+                ..Default::default()
+            })
+            .unwrap();
+        feed_all(c.as_mut(), &fixture(rel)).unwrap()
+    }
+
+    /// (file, [item, actionable, tool, message], turns, outcome slug or "success" / "incomplete").
+    const CASES: &[(&str, [u64; 4], u64, &str)] = &[
+        (
+            "streams/codex/error_turn_failed.jsonl",
+            [2, 1, 1, 0],
+            1,
+            "provider_error",
+        ),
+        (
+            "streams/codex/killed_no_terminal_event.jsonl",
+            [7, 6, 5, 1],
+            1,
+            "incomplete",
+        ),
+        (
+            "streams/codex/legacy_pre_2025-09-30_id_msg_format.jsonl",
+            [5, 3, 3, 1],
+            1,
+            "success",
+        ),
+        (
+            "streams/codex/long_run.jsonl",
+            [42, 26, 32, 2],
+            1,
+            "success",
+        ),
+        (
+            "streams/codex/stderr_merged_noise.jsonl",
+            [2, 2, 1, 1],
+            1,
+            "success",
+        ),
+        (
+            "streams/codex/success_multi_tool.jsonl",
+            [9, 5, 5, 2],
+            1,
+            "success",
+        ),
+        ("real/codex/tools3.jsonl", [4, 4, 3, 1], 1, "success"),
+        ("real/codex/tools12.jsonl", [13, 13, 12, 1], 1, "success"),
+        ("real/codex/error429.jsonl", [1, 1, 1, 0], 1, "rate_limited"),
+    ];
+
+    fn outcome(stats: &CounterStats) -> String {
+        match &stats.terminal {
+            None => "incomplete".into(),
+            Some(t) if t.success => "success".into(),
+            Some(t) => t.slug.clone().unwrap_or_default(),
+        }
+    }
+
+    #[test]
+    fn every_fixture_every_unit() {
+        for (file, per_unit, turns, expected_outcome) in CASES {
+            for (unit, expected) in ["item", "actionable", "tool", "message"]
+                .iter()
+                .zip(per_unit)
+            {
+                let (sum, stats) = count(file, unit);
+                assert_eq!(stats.num_steps_computed, *expected, "{file} unit {unit}");
+                assert_eq!(
+                    u64::from(sum.steps_begun),
+                    *expected,
+                    "{file} unit {unit}: per-line sum"
+                );
+                assert!(sum.steps_completed <= sum.steps_begun);
+                assert_eq!(stats.num_turns_computed, Some(*turns), "{file}");
+                assert_eq!(stats.num_steps_reported, None);
+                assert_eq!(&outcome(&stats), expected_outcome, "{file}");
+            }
+        }
+    }
+
+    #[test]
+    fn item_unit_matches_expected_json() {
+        let expected: serde_json::Value =
+            serde_json::from_slice(&fixture("streams/codex/expected.json")).unwrap();
+        for (name, e) in expected.as_object().unwrap() {
+            let (_, stats) = count(&format!("streams/codex/{name}"), "item");
+            if e["format"] == "thread_events" {
+                let unfinished = e["started_without_completed"].as_array().unwrap().len() as u64;
+                assert_eq!(
+                    stats.num_steps_computed,
+                    e["item_completed_total"].as_u64().unwrap() + unfinished,
+                    "{name}"
+                );
+                assert_eq!(
+                    stats.num_turns_computed,
+                    e["turns_started"].as_u64(),
+                    "{name}"
+                );
+                assert_eq!(
+                    stats.noise_lines,
+                    e["non_json_lines"].as_array().unwrap().len() as u64,
+                    "{name}"
+                );
+                if let Some(usage) = e.get("usage") {
+                    let t = stats.tokens.unwrap();
+                    assert_eq!(
+                        t.input_tokens,
+                        usage["input_tokens"].as_u64().unwrap(),
+                        "{name}"
+                    );
+                    assert_eq!(
+                        t.output_tokens,
+                        usage["output_tokens"].as_u64().unwrap(),
+                        "{name}"
+                    );
+                }
+            }
+            let terminal_expected = !e["terminal"].is_null();
+            assert_eq!(stats.terminal.is_some(), terminal_expected, "{name}");
+        }
+    }
+
+    #[test]
+    fn reconnecting_errors_are_retries_and_turn_failed_message_is_kept() {
+        let (_, stats) = count("streams/codex/error_turn_failed.jsonl", "item");
+        let t = stats.terminal.unwrap();
+        assert!(!t.success);
+        assert!(t.message.unwrap().starts_with("stream disconnected"));
+    }
+
+    #[test]
+    fn fake_event_inside_command_output_does_not_count() {
+        let stream = br#"{"type":"item.started","item":{"id":"item_0","type":"command_execution","aggregated_output":""}}
+{"type":"item.completed","item":{"id":"item_0","type":"command_execution","aggregated_output":"{\"type\":\"item.completed\",\"item\":{\"id\":\"item_9\",\"type\":\"command_execution\"}}\n"}}
+"#;
+        let mut c = CodexPlugin
+            .open_counter(&CounterRequest {
+                unit: "item".into(),
+                ..Default::default()
+            })
+            .unwrap();
+        let (_, stats) = feed_all(c.as_mut(), stream).unwrap();
+        assert_eq!(stats.num_steps_computed, 1);
+    }
+
+    #[test]
+    fn web_search_duplicate_id_key_is_parsed_defensively() {
+        // The inner provider id repeats the `id` key; the last one wins, as with serde_json::Value.
+        let stream = br#"{"type":"item.started","item":{"id":"item_3","type":"web_search","id":"ws_1","query":"q"}}
+{"type":"item.completed","item":{"id":"item_3","type":"web_search","id":"ws_1","query":"q"}}
+"#;
+        let mut c = CodexPlugin
+            .open_counter(&CounterRequest {
+                unit: "tool".into(),
+                ..Default::default()
+            })
+            .unwrap();
+        let (sum, stats) = feed_all(c.as_mut(), stream).unwrap();
+        assert_eq!((stats.num_steps_computed, sum.steps_completed), (1, 1));
+    }
+
+    #[test]
+    fn unknown_events_are_ignored_and_noise_is_counted() {
+        let stream = b"banner\n{\"type\":\"item.plan.delta\",\"delta\":\"x\"}\n{\"type\":\"turn.started\"}\n{\"type\":\"item.completed\"\n";
+        let mut c = CodexPlugin
+            .open_counter(&CounterRequest {
+                unit: "item".into(),
+                ..Default::default()
+            })
+            .unwrap();
+        let (sum, stats) = feed_all(c.as_mut(), stream).unwrap();
+        assert_eq!(
+            (
+                stats.noise_lines,
+                stats.unknown_events,
+                stats.num_steps_computed
+            ),
+            (2, 1, 0)
+        );
+        assert!(sum.has(LineReport::UNKNOWN_EVENT) && sum.has(LineReport::NOISE));
+    }
+}
