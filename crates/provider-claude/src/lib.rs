@@ -50,8 +50,16 @@ impl ProviderPlugin for ClaudePlugin {
     fn manifest(&self) -> Manifest {
         Manifest::new("claude", env!("CARGO_PKG_VERSION"))
             .description("Claude Code (`claude -p --output-format stream-json --verbose`)")
-            .unit("message", "top-level assistant messages (API rounds), deduplicated by message.id", true)
-            .unit("tool_use", "top-level tool_use blocks, deduplicated by id", false)
+            .unit(
+                "message",
+                "top-level assistant messages (API rounds), deduplicated by message.id",
+                true,
+            )
+            .unit(
+                "tool_use",
+                "top-level tool_use blocks, deduplicated by id",
+                false,
+            )
             .native_limit(NativeLimit {
                 args: vec!["--max-turns".into(), "{max_steps}".into()],
                 skip_if_present: vec!["--max-turns".into()],
@@ -64,7 +72,10 @@ impl ProviderPlugin for ClaudePlugin {
             "tool_use" => false,
             other => return Err(format!("unknown unit `{other}`")),
         };
-        Ok(Box::new(ClaudeCounter { by_message, ..ClaudeCounter::default() }))
+        Ok(Box::new(ClaudeCounter {
+            by_message,
+            ..ClaudeCounter::default()
+        }))
     }
 }
 
@@ -90,8 +101,15 @@ pub struct ClaudeCounter {
 }
 
 impl ClaudeCounter {
-    fn assistant(&mut self, message: Option<RawValue<'_>>, parent: Option<RawValue<'_>>, report: &mut LineReport) {
-        let Some([Some(id), model, content]) = message.and_then(|m| m.fields(["id", "model", "content"])) else {
+    fn assistant(
+        &mut self,
+        message: Option<RawValue<'_>>,
+        parent: Option<RawValue<'_>>,
+        report: &mut LineReport,
+    ) {
+        let Some([Some(id), model, content]) =
+            message.and_then(|m| m.fields(["id", "model", "content"]))
+        else {
             self.unknown += 1;
             report.flags |= LineReport::UNKNOWN_EVENT;
             return;
@@ -115,7 +133,10 @@ impl ClaudeCounter {
             Some(parent) => {
                 let key = parent.as_str().map(|p| p.into_owned()).unwrap_or_default();
                 for step in step_ids {
-                    if self.sub_agent_seen.insert((parent.0.to_vec(), step.to_vec())) {
+                    if self
+                        .sub_agent_seen
+                        .insert((parent.0.to_vec(), step.to_vec()))
+                    {
                         *self.sub_agent_steps.entry(key.clone()).or_default() += 1;
                         report.sub_agent_steps += 1;
                     }
@@ -141,11 +162,18 @@ impl ClaudeCounter {
         }
     }
 
-    fn user(&mut self, message: Option<RawValue<'_>>, parent: Option<RawValue<'_>>, report: &mut LineReport) {
+    fn user(
+        &mut self,
+        message: Option<RawValue<'_>>,
+        parent: Option<RawValue<'_>>,
+        report: &mut LineReport,
+    ) {
         if parent.is_some_and(|p| !p.is_null()) {
             return;
         }
-        let Some([Some(content)]) = message.and_then(|m| m.fields(["content"])) else { return };
+        let Some([Some(content)]) = message.and_then(|m| m.fields(["content"])) else {
+            return;
+        };
         let mut has_result = false;
         let mut finished: Vec<Vec<u8>> = Vec::new();
         content.for_each_element(|block| {
@@ -180,13 +208,17 @@ impl ClaudeCounter {
             self.completed += 1;
             report.steps_completed += 1;
         }
-        let Ok(v) = serde_json::from_slice::<serde_json::Value>(line) else { return };
+        let Ok(v) = serde_json::from_slice::<serde_json::Value>(line) else {
+            return;
+        };
         self.turns_reported = v["num_turns"].as_u64();
         self.cost = v["total_cost_usd"].as_f64();
         if let Some(usage) = v.get("usage").filter(|u| u.is_object()) {
             let n = |k: &str| usage[k].as_u64().unwrap_or(0);
             self.tokens = Some(Tokens {
-                input_tokens: n("input_tokens") + n("cache_creation_input_tokens") + n("cache_read_input_tokens"),
+                input_tokens: n("input_tokens")
+                    + n("cache_creation_input_tokens")
+                    + n("cache_read_input_tokens"),
                 output_tokens: n("output_tokens"),
                 cached_input_tokens: usage["cache_read_input_tokens"].as_u64(),
                 reasoning_output_tokens: None,
@@ -206,21 +238,29 @@ impl ClaudeCounter {
             Some("max_steps")
         } else if v["api_error_status"].as_u64() == Some(429)
             || self.rate_limit_rejected
-            || message.as_deref().is_some_and(|m| slug_for_error_text(m) == "rate_limited")
+            || message
+                .as_deref()
+                .is_some_and(|m| slug_for_error_text(m) == "rate_limited")
         {
             Some("rate_limited")
         } else {
             Some("provider_error")
         };
-        self.terminal = Some(Terminal { success: !is_error, slug: slug.map(str::to_owned), message });
+        self.terminal = Some(Terminal {
+            success: !is_error,
+            slug: slug.map(str::to_owned),
+            message,
+        });
     }
 }
 
 impl StepCounter for ClaudeCounter {
     fn feed(&mut self, line: &[u8]) -> Result<LineReport, String> {
         let mut report = LineReport::empty();
-        let Some([ty, message, parent, info]) = scan(line, ["type", "message", "parent_tool_use_id", "rate_limit_info"])
-        else {
+        let Some([ty, message, parent, info]) = scan(
+            line,
+            ["type", "message", "parent_tool_use_id", "rate_limit_info"],
+        ) else {
             self.noise += 1;
             return Ok(LineReport::noise());
         };
@@ -268,12 +308,19 @@ mod tests {
     use super::*;
 
     fn fixture(rel: &str) -> Vec<u8> {
-        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(rel);
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures")
+            .join(rel);
         std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
     }
 
     fn count_bytes(bytes: &[u8], unit: &str) -> (LineReport, CounterStats) {
-        let mut c = ClaudePlugin.open_counter(&CounterRequest { unit: unit.into(), ..Default::default() }).unwrap();
+        let mut c = ClaudePlugin
+            .open_counter(&CounterRequest {
+                unit: unit.into(),
+                ..Default::default()
+            })
+            .unwrap();
         feed_all(c.as_mut(), bytes).unwrap()
     }
 
@@ -287,33 +334,92 @@ mod tests {
 
     #[test]
     fn streams_match_expected_json_for_both_units() {
-        let expected: serde_json::Value = serde_json::from_slice(&fixture("streams/claude/expected.json")).unwrap();
+        let expected: serde_json::Value =
+            serde_json::from_slice(&fixture("streams/claude/expected.json")).unwrap();
         for (name, e) in expected.as_object().unwrap() {
             let bytes = fixture(&format!("streams/claude/{name}"));
             let (sum, stats) = count_bytes(&bytes, "message");
-            assert_eq!(stats.num_steps_computed, e["api_rounds_top_level"].as_u64().unwrap(), "{name}");
-            assert_eq!(u64::from(sum.steps_begun), stats.num_steps_computed, "{name}");
+            assert_eq!(
+                stats.num_steps_computed,
+                e["api_rounds_top_level"].as_u64().unwrap(),
+                "{name}"
+            );
+            assert_eq!(
+                u64::from(sum.steps_begun),
+                stats.num_steps_computed,
+                "{name}"
+            );
             let sub: u64 = stats.sub_agent_steps.values().sum();
-            assert_eq!(sub, e["distinct_assistant_message_ids_subagent"].as_u64().unwrap(), "{name}");
+            assert_eq!(
+                sub,
+                e["distinct_assistant_message_ids_subagent"]
+                    .as_u64()
+                    .unwrap(),
+                "{name}"
+            );
             let (_, tools) = count_bytes(&bytes, "tool_use");
-            assert_eq!(tools.num_steps_computed, e["tool_use_blocks_top_level"].as_u64().unwrap(), "{name}");
+            assert_eq!(
+                tools.num_steps_computed,
+                e["tool_use_blocks_top_level"].as_u64().unwrap(),
+                "{name}"
+            );
             let sub: u64 = tools.sub_agent_steps.values().sum();
-            assert_eq!(sub, e["tool_use_blocks_subagent"].as_u64().unwrap(), "{name}");
+            assert_eq!(
+                sub,
+                e["tool_use_blocks_subagent"].as_u64().unwrap(),
+                "{name}"
+            );
             let result = &e["result"];
-            assert_eq!(stats.num_turns_reported, result["num_turns"].as_u64(), "{name}");
-            assert_eq!(stats.num_turns_computed, Some(1 + e["tool_result_user_lines_top_level"].as_u64().unwrap()), "{name}");
-            assert_eq!(stats.terminal.as_ref().map(|t| !t.success), result["is_error"].as_bool(), "{name}");
+            assert_eq!(
+                stats.num_turns_reported,
+                result["num_turns"].as_u64(),
+                "{name}"
+            );
+            assert_eq!(
+                stats.num_turns_computed,
+                Some(1 + e["tool_result_user_lines_top_level"].as_u64().unwrap()),
+                "{name}"
+            );
+            assert_eq!(
+                stats.terminal.as_ref().map(|t| !t.success),
+                result["is_error"].as_bool(),
+                "{name}"
+            );
         }
     }
 
     /// (file, message steps, tool_use steps, reported turns, outcome)
     const CASES: &[(&str, u64, u64, Option<u64>, &str)] = &[
-        ("streams/claude/error_api_midrun.jsonl", 2, 2, Some(3), "provider_error"),
-        ("streams/claude/error_billing_at_start.jsonl", 0, 0, Some(1), "provider_error"),
+        (
+            "streams/claude/error_api_midrun.jsonl",
+            2,
+            2,
+            Some(3),
+            "provider_error",
+        ),
+        (
+            "streams/claude/error_billing_at_start.jsonl",
+            0,
+            0,
+            Some(1),
+            "provider_error",
+        ),
         ("streams/claude/long_run.jsonl", 35, 40, Some(41), "success"),
         ("streams/claude/max_turns.jsonl", 3, 3, Some(4), "max_steps"),
-        ("streams/claude/success_include_partial_messages.jsonl", 2, 1, Some(2), "success"),
-        ("streams/claude/success_multi_tool.jsonl", 5, 5, Some(6), "success"),
+        (
+            "streams/claude/success_include_partial_messages.jsonl",
+            2,
+            1,
+            Some(2),
+            "success",
+        ),
+        (
+            "streams/claude/success_multi_tool.jsonl",
+            5,
+            5,
+            Some(6),
+            "success",
+        ),
         ("real/claude/tools3.jsonl", 4, 3, Some(4), "success"),
         ("real/claude/tools12.jsonl", 13, 12, Some(13), "success"),
         ("real/claude/maxturns2.jsonl", 2, 2, Some(3), "max_steps"),
@@ -350,9 +456,15 @@ mod tests {
 
     #[test]
     fn message_steps_complete_when_the_next_begins_or_the_result_arrives() {
-        let (sum, _) = count_bytes(&fixture("streams/claude/success_multi_tool.jsonl"), "message");
+        let (sum, _) = count_bytes(
+            &fixture("streams/claude/success_multi_tool.jsonl"),
+            "message",
+        );
         assert_eq!((sum.steps_begun, sum.steps_completed), (5, 5));
-        let (sum, _) = count_bytes(&fixture("streams/claude/success_multi_tool.jsonl"), "tool_use");
+        let (sum, _) = count_bytes(
+            &fixture("streams/claude/success_multi_tool.jsonl"),
+            "tool_use",
+        );
         assert_eq!((sum.steps_begun, sum.steps_completed), (5, 5));
     }
 
@@ -360,6 +472,9 @@ mod tests {
     fn native_limit_is_declared() {
         let m = ClaudePlugin.manifest();
         let limit = m.native_limit.unwrap();
-        assert_eq!(limit.args_for(&["claude".into(), "-p".into()], 9), Some(vec!["--max-turns".into(), "9".into()]));
+        assert_eq!(
+            limit.args_for(&["claude".into(), "-p".into()], 9),
+            Some(vec!["--max-turns".into(), "9".into()])
+        );
     }
 }

@@ -1,2 +1,362 @@
-//! stepguard's step mapping for the gemini CLI (filled in by the provider issue).
+//! stepguard's step mapping for Gemini CLI (`gemini -p … --output-format stream-json`).
+//!
+//! Units (public interface):
+//!
+//! * `tool_use` (default): each `tool_use` event, deduplicated by `tool_id`, completed by its
+//!   `tool_result`. Reported steps are `result.stats.tool_calls`.
+//! * `turn`: model turns, inferred as the first assistant `message` or `tool_use` after the user
+//!   message or after a `tool_result` (the unit of Gemini's own `model.maxSessionTurns`).
+//!
+//! Assistant `message` events are streamed chunks and never count. Legacy turns are the inferred
+//! model turns. Outcome: `result.status`; `error.type: FatalTurnLimitedError`, or an `error` event
+//! with severity `error` saying "Maximum session turns exceeded" before a `success` result, is
+//! `max_steps`; API errors are `rate_limited` (429, quota) or `provider_error`.
+//!
+//! ```
+//! use stepguard_plugin_api::{CounterRequest, ProviderPlugin};
+//! let plugin = stepguard_provider_gemini::GeminiPlugin;
+//! let mut counter = plugin.open_counter(&CounterRequest { unit: "turn".into(), ..Default::default() }).unwrap();
+//! let tool = br#"{"type":"tool_use","tool_name":"read_file","tool_id":"t1","parameters":{}}"#;
+//! assert_eq!(counter.feed(tool).unwrap().steps_begun, 1);
+//! ```
 #![forbid(unsafe_code)]
+
+use std::collections::HashSet;
+
+use stepguard_jsonl::{RawValue, scan};
+use stepguard_plugin_api::{
+    CounterRequest, CounterStats, LineReport, Manifest, ProviderBox, ProviderPlugin, StepCounter,
+    Terminal, Tokens, slug_for_error_text,
+};
+
+/// The Gemini CLI provider plugin.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GeminiPlugin;
+
+/// Returns the built-in Gemini provider, behind the plugin interface.
+pub fn provider() -> ProviderBox {
+    stepguard_plugin_api::provider_box(GeminiPlugin)
+}
+
+#[cfg(feature = "plugin")]
+stepguard_plugin_api::export_plugin!(GeminiPlugin);
+
+impl ProviderPlugin for GeminiPlugin {
+    fn manifest(&self) -> Manifest {
+        Manifest::new("gemini", env!("CARGO_PKG_VERSION"))
+            .description("Google Gemini CLI (`gemini -p … --output-format stream-json`)")
+            .unit("tool_use", "tool_use events, deduplicated by tool_id", true)
+            .unit(
+                "turn",
+                "model turns inferred from tool_result boundaries (the unit of maxSessionTurns)",
+                false,
+            )
+    }
+
+    fn open_counter(&self, request: &CounterRequest) -> Result<Box<dyn StepCounter>, String> {
+        let by_turn = match request.unit.as_str() {
+            "tool_use" => false,
+            "turn" => true,
+            other => return Err(format!("unknown unit `{other}`")),
+        };
+        Ok(Box::new(GeminiCounter {
+            by_turn,
+            ..GeminiCounter::default()
+        }))
+    }
+}
+
+/// Where the inference of model turns stands.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum TurnState {
+    /// At the start, after the user message or after a tool result: the next model output opens a
+    /// turn.
+    #[default]
+    AwaitingModel,
+    /// Inside a model turn.
+    InModel,
+}
+
+/// Counts one Gemini CLI stream.
+#[derive(Debug, Default)]
+pub struct GeminiCounter {
+    by_turn: bool,
+    tool_ids: HashSet<Vec<u8>>,
+    tool_results: HashSet<Vec<u8>>,
+    turns: u64,
+    turn_state: TurnState,
+    turn_limit_event: bool,
+    last_error_event: Option<String>,
+    terminal: Option<Terminal>,
+    reported_tool_calls: Option<u64>,
+    tokens: Option<Tokens>,
+    noise: u64,
+    unknown: u64,
+}
+
+impl GeminiCounter {
+    fn model_output(&mut self, report: &mut LineReport) {
+        if self.turn_state == TurnState::AwaitingModel {
+            self.turn_state = TurnState::InModel;
+            // The previous turn is complete once the next one begins.
+            if self.by_turn && self.turns > 0 {
+                report.steps_completed += 1;
+            }
+            self.turns += 1;
+            report.turns += 1;
+            if self.by_turn {
+                report.steps_begun += 1;
+            }
+        }
+    }
+
+    fn result(&mut self, line: &[u8], report: &mut LineReport) {
+        report.flags |= LineReport::TERMINAL;
+        if self.by_turn && self.turns > 0 && self.turn_state == TurnState::InModel {
+            report.steps_completed += 1;
+        }
+        let Ok(v) = serde_json::from_slice::<serde_json::Value>(line) else {
+            return;
+        };
+        let stats = &v["stats"];
+        self.reported_tool_calls = stats["tool_calls"].as_u64();
+        if let Some(input) = stats["input_tokens"].as_u64() {
+            self.tokens = Some(Tokens {
+                input_tokens: input,
+                output_tokens: stats["output_tokens"].as_u64().unwrap_or(0),
+                cached_input_tokens: stats["cached"].as_u64(),
+                reasoning_output_tokens: None,
+            });
+        }
+        let error_type = v["error"]["type"].as_str().unwrap_or_default();
+        let error_message = v["error"]["message"].as_str().map(str::to_owned);
+        self.terminal = Some(match v["status"].as_str() {
+            Some("success") if self.turn_limit_event => Terminal {
+                success: false,
+                slug: Some("max_steps".into()),
+                message: self.last_error_event.clone(),
+            },
+            Some("success") => Terminal {
+                success: true,
+                slug: None,
+                message: None,
+            },
+            _ => {
+                let slug = if error_type == "FatalTurnLimitedError" {
+                    "max_steps"
+                } else {
+                    slug_for_error_text(&format!(
+                        "{error_type} {}",
+                        error_message.as_deref().unwrap_or("")
+                    ))
+                };
+                Terminal {
+                    success: false,
+                    slug: Some(slug.into()),
+                    message: error_message,
+                }
+            }
+        });
+    }
+
+    fn error_event(&mut self, severity: Option<RawValue<'_>>, message: Option<RawValue<'_>>) {
+        if !severity.is_some_and(|s| s.is_str("error")) {
+            return;
+        }
+        let text = message
+            .and_then(|m| m.as_str())
+            .map(|m| m.into_owned())
+            .unwrap_or_default();
+        if text.contains("Maximum session turns exceeded") {
+            self.turn_limit_event = true;
+        }
+        self.last_error_event = Some(text);
+    }
+}
+
+impl StepCounter for GeminiCounter {
+    fn feed(&mut self, line: &[u8]) -> Result<LineReport, String> {
+        let mut report = LineReport::empty();
+        let Some([ty, role, tool_id, severity, message]) =
+            scan(line, ["type", "role", "tool_id", "severity", "message"])
+        else {
+            self.noise += 1;
+            return Ok(LineReport::noise());
+        };
+        let ty = ty.and_then(|t| t.as_str()).unwrap_or_default();
+        match ty.as_ref() {
+            "tool_use" => {
+                self.model_output(&mut report);
+                let id = tool_id
+                    .map(|t| t.0.to_vec())
+                    .unwrap_or_else(|| format!("anon_{}", self.tool_ids.len()).into_bytes());
+                if self.tool_ids.insert(id) && !self.by_turn {
+                    report.steps_begun += 1;
+                }
+            }
+            "tool_result" => {
+                self.turn_state = TurnState::AwaitingModel;
+                if let Some(id) = tool_id
+                    && self.tool_ids.contains(id.0)
+                    && self.tool_results.insert(id.0.to_vec())
+                    && !self.by_turn
+                {
+                    report.steps_completed += 1;
+                }
+            }
+            "message" => match role.and_then(|r| r.as_str()).as_deref() {
+                Some("assistant") => self.model_output(&mut report),
+                Some("user") => self.turn_state = TurnState::AwaitingModel,
+                _ => {}
+            },
+            "error" => self.error_event(severity, message),
+            "result" => self.result(line, &mut report),
+            "init" => {}
+            _ => {
+                self.unknown += 1;
+                report.flags |= LineReport::UNKNOWN_EVENT;
+            }
+        }
+        Ok(report)
+    }
+
+    fn finish(&mut self) -> CounterStats {
+        let (computed, reported) = if self.by_turn {
+            (self.turns, None)
+        } else {
+            (self.tool_ids.len() as u64, self.reported_tool_calls)
+        };
+        CounterStats {
+            num_steps_computed: computed,
+            num_steps_reported: reported,
+            num_turns_reported: None,
+            num_turns_computed: Some(self.turns),
+            terminal: self.terminal.clone(),
+            tokens: self.tokens,
+            cost_usd: None,
+            noise_lines: self.noise,
+            unknown_events: self.unknown,
+            ..CounterStats::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use stepguard_plugin_api::testing::feed_all;
+
+    use super::*;
+
+    fn fixture(rel: &str) -> Vec<u8> {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures")
+            .join(rel);
+        std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    }
+
+    fn count_bytes(bytes: &[u8], unit: &str) -> (LineReport, CounterStats) {
+        let mut c = GeminiPlugin
+            .open_counter(&CounterRequest {
+                unit: unit.into(),
+                ..Default::default()
+            })
+            .unwrap();
+        feed_all(c.as_mut(), bytes).unwrap()
+    }
+
+    fn outcome(stats: &CounterStats) -> String {
+        match &stats.terminal {
+            None => "incomplete".into(),
+            Some(t) if t.success => "success".into(),
+            Some(t) => t.slug.clone().unwrap_or_default(),
+        }
+    }
+
+    #[test]
+    fn streams_match_expected_json_for_both_units() {
+        let expected: serde_json::Value =
+            serde_json::from_slice(&fixture("streams/gemini/expected.json")).unwrap();
+        for (name, e) in expected.as_object().unwrap() {
+            let bytes = fixture(&format!("streams/gemini/{name}"));
+            let (sum, stats) = count_bytes(&bytes, "tool_use");
+            assert_eq!(
+                stats.num_steps_computed,
+                e["tool_use_events"].as_u64().unwrap(),
+                "{name}"
+            );
+            assert_eq!(
+                u64::from(sum.steps_begun),
+                stats.num_steps_computed,
+                "{name}"
+            );
+            assert_eq!(
+                stats.num_steps_reported,
+                e["result"]["stats_tool_calls"].as_u64(),
+                "{name}"
+            );
+            assert_eq!(
+                stats.noise_lines,
+                e["non_json_lines"].as_array().unwrap().len() as u64,
+                "{name}"
+            );
+            let (sum, turns) = count_bytes(&bytes, "turn");
+            assert_eq!(
+                turns.num_steps_computed,
+                e["inferred_model_turns"].as_u64().unwrap(),
+                "{name}"
+            );
+            assert_eq!(
+                u64::from(sum.steps_begun),
+                turns.num_steps_computed,
+                "{name}"
+            );
+            assert_eq!(turns.num_turns_computed, Some(turns.num_steps_computed));
+        }
+    }
+
+    /// (file, tool_use steps, turns, outcome)
+    const CASES: &[(&str, u64, u64, &str)] = &[
+        ("streams/gemini/error_api.jsonl", 1, 1, "provider_error"),
+        ("streams/gemini/long_run.jsonl", 38, 34, "success"),
+        ("streams/gemini/max_session_turns.jsonl", 3, 3, "max_steps"),
+        (
+            "streams/gemini/max_session_turns_client_event.jsonl",
+            2,
+            2,
+            "max_steps",
+        ),
+        ("streams/gemini/stderr_merged_noise.jsonl", 3, 3, "success"),
+        ("streams/gemini/success_multi_tool.jsonl", 5, 5, "success"),
+        ("real/gemini/tools3.jsonl", 3, 4, "success"),
+        ("real/gemini/tools12.jsonl", 12, 13, "success"),
+        ("real/gemini/maxturns2.jsonl", 2, 2, "max_steps"),
+        ("real/gemini/error429.jsonl", 1, 1, "rate_limited"),
+    ];
+
+    #[test]
+    fn every_fixture_counts_and_outcome() {
+        for (file, tools, turns, expected) in CASES {
+            let bytes = fixture(file);
+            let (_, stats) = count_bytes(&bytes, "tool_use");
+            assert_eq!(stats.num_steps_computed, *tools, "{file}");
+            assert_eq!(&outcome(&stats), expected, "{file}");
+            let (_, stats) = count_bytes(&bytes, "turn");
+            assert_eq!(stats.num_steps_computed, *turns, "{file}");
+        }
+    }
+
+    #[test]
+    fn message_chunks_never_count() {
+        let stream = br#"{"type":"message","role":"user","content":"hi"}
+{"type":"message","role":"assistant","content":"a","delta":true}
+{"type":"message","role":"assistant","content":"b","delta":true}
+{"type":"message","role":"assistant","content":"c","delta":true}
+"#;
+        let (_, stats) = count_bytes(stream, "turn");
+        assert_eq!(stats.num_steps_computed, 1);
+        let (_, stats) = count_bytes(stream, "tool_use");
+        assert_eq!(stats.num_steps_computed, 0);
+    }
+}
