@@ -13,6 +13,11 @@ pub struct Cli {
     #[arg(long, global = true, value_name = "PATH")]
     pub config: Option<PathBuf>,
 
+    /// Load provider plugins from this directory (repeatable; searched before
+    /// STEPGUARD_PLUGIN_PATH, the user data dir and the `plugins/` dir beside the executable).
+    #[arg(long, global = true, value_name = "DIR")]
+    pub plugin_dir: Vec<PathBuf>,
+
     /// More log output on stderr (-v info, -vv debug, -vvv trace); RUST_LOG overrides.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
@@ -29,6 +34,48 @@ pub enum Command {
     Config(ConfigArgs),
     /// Check every config file in effect; exit 0 when valid, 2 otherwise.
     Validate(ValidateArgs),
+    /// Count the steps of recorded provider streams.
+    Count(CountArgs),
+    /// List provider plugins, or explain whether a plugin file loads.
+    Plugins(PluginsArgs),
+}
+
+/// Arguments of `stepguard count`.
+#[derive(Debug, Args)]
+pub struct CountArgs {
+    /// Provider whose step mapping applies (see `stepguard plugins`).
+    #[arg(long, short = 'p', value_name = "P")]
+    pub provider: String,
+    /// Step unit (default: `[P] max_steps_unit` from the config, else the provider's default).
+    #[arg(long, value_name = "U")]
+    pub unit: Option<String>,
+    /// Print one JSON object per file on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// Stream files to count; `-` reads stdin.
+    #[arg(value_name = "FILE", required = true)]
+    pub files: Vec<PathBuf>,
+}
+
+/// Arguments of `stepguard plugins`.
+#[derive(Debug, Args)]
+pub struct PluginsArgs {
+    /// What to do; without one, list every provider.
+    #[command(subcommand)]
+    pub action: Option<PluginsAction>,
+    /// Print a JSON array on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Subcommands of `stepguard plugins`.
+#[derive(Debug, Subcommand)]
+pub enum PluginsAction {
+    /// Explain whether and why a plugin file loads (exit 0 when it does, 4 otherwise).
+    Check {
+        /// The plugin file.
+        path: PathBuf,
+    },
 }
 
 /// Flags that decide a run's budget, shared by every command that resolves one.

@@ -2,6 +2,8 @@
 
 use stepguard_config::ConfigError;
 use stepguard_core::{BudgetError, ExitCode};
+use stepguard_plugin_api::host::{CallError, LoadError};
+use stepguard_plugin_host::LookupError;
 
 /// A usage error found by stepguard itself (not clap), e.g. an unknown provider name.
 #[derive(Debug, thiserror::Error)]
@@ -11,6 +13,14 @@ pub struct UsageError(pub String);
 /// Returns the exit code for an error that ended a command.
 pub fn exit_code_for(err: &anyhow::Error) -> ExitCode {
     for cause in err.chain() {
+        match cause.downcast_ref::<LookupError>() {
+            Some(LookupError::Unknown { .. }) => return ExitCode::Usage,
+            Some(LookupError::FailedToLoad { .. }) => return ExitCode::Plugin,
+            None => {}
+        }
+        if cause.is::<CallError>() || cause.is::<LoadError>() {
+            return ExitCode::Plugin;
+        }
         if cause.is::<ConfigError>() || cause.is::<BudgetError>() || cause.is::<UsageError>() {
             return ExitCode::Usage;
         }

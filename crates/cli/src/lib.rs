@@ -13,6 +13,7 @@ pub mod args;
 pub mod commands;
 pub mod exit;
 pub mod output;
+pub mod providers;
 pub mod settings;
 
 use clap::Parser as _;
@@ -47,6 +48,8 @@ where
     let result = match &cli.command {
         Command::Config(a) => commands::config::run(config, a),
         Command::Validate(a) => commands::validate::run(config, a),
+        Command::Count(a) => commands::count::run(&cli, a),
+        Command::Plugins(a) => commands::plugins::run(&cli, a),
     };
     match result {
         Ok(code) => code,

@@ -334,3 +334,14 @@ mod tests {
         );
     }
 }
+
+/// Loads one plugin file on its own and returns its manifest, or why it does not load.
+pub fn check_file(path: &Path) -> Result<stepguard_plugin_api::Manifest, LoadError> {
+    if !path.is_file() {
+        return Err(LoadError::NotALibrary(format!(
+            "{} is not a file",
+            path.display()
+        )));
+    }
+    host::load_file(path, host_callbacks()).map(|p| p.manifest().clone())
+}

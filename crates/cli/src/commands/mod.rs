@@ -1,4 +1,6 @@
 //! One module per subcommand; each exposes `run(…) -> anyhow::Result<ExitCode>`.
 
 pub mod config;
+pub mod count;
+pub mod plugins;
 pub mod validate;

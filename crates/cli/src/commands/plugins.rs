@@ -1,0 +1,103 @@
+//! `stepguard plugins` and `stepguard plugins check PATH`.
+
+use serde::Serialize;
+use stepguard_core::ExitCode;
+use stepguard_plugin_api::{Manifest, NativeLimit, OptionInfo, UnitInfo};
+
+use crate::args::{Cli, PluginsAction, PluginsArgs};
+use crate::{output, providers};
+
+#[derive(Serialize)]
+struct PluginReport<'a> {
+    name: &'a str,
+    version: &'a str,
+    protocol: &'a str,
+    description: &'a str,
+    source: String,
+    replaces_builtin: bool,
+    units: &'a [UnitInfo],
+    options: &'a [OptionInfo],
+    native_limit: Option<&'a NativeLimit>,
+}
+
+/// Runs `stepguard plugins`.
+pub fn run(cli: &Cli, args: &PluginsArgs) -> anyhow::Result<ExitCode> {
+    if let Some(PluginsAction::Check { path }) = &args.action {
+        return check(path);
+    }
+    let registry = providers::load_registry(&cli.plugin_dir);
+    let reports: Vec<PluginReport<'_>> = registry
+        .entries()
+        .map(|e| {
+            let m = e.provider.manifest();
+            PluginReport {
+                name: &m.name,
+                version: &m.version,
+                protocol: &m.protocol,
+                description: &m.description,
+                source: e.source.to_string(),
+                replaces_builtin: e.replaces_builtin,
+                units: &m.units,
+                options: &m.options,
+                native_limit: m.native_limit.as_ref(),
+            }
+        })
+        .collect();
+    if args.json {
+        output::json(&reports)?;
+        return Ok(ExitCode::Success);
+    }
+    for r in &reports {
+        let replaced = if r.replaces_builtin {
+            " (replaces the built-in)"
+        } else {
+            ""
+        };
+        output::line(format!(
+            "{} {} (protocol {}) from {}{replaced}",
+            r.name, r.version, r.protocol, r.source
+        ))?;
+        if !r.description.is_empty() {
+            output::line(format!("  {}", r.description))?;
+        }
+        for u in r.units {
+            let default = if u.default { " (default)" } else { "" };
+            output::line(format!("  unit {}{default}: {}", u.name, u.description))?;
+        }
+        for o in r.options {
+            output::line(format!("  option {}: {}", o.name, o.description))?;
+        }
+        if let Some(limit) = r.native_limit {
+            output::line(format!("  native limit: adds `{}`", limit.args.join(" ")))?;
+        }
+    }
+    Ok(ExitCode::Success)
+}
+
+fn check(path: &std::path::Path) -> anyhow::Result<ExitCode> {
+    match stepguard_plugin_host::check_file(path) {
+        Ok(manifest) => {
+            output::line(format!(
+                "{}: loads: {}",
+                path.display(),
+                describe(&manifest)
+            ))?;
+            Ok(ExitCode::Success)
+        }
+        Err(e) => {
+            output::line(format!("{}: does not load: {e}", path.display()))?;
+            Ok(ExitCode::Plugin)
+        }
+    }
+}
+
+fn describe(m: &Manifest) -> String {
+    format!(
+        "provider `{}` {} (protocol {}), units: {} (default {})",
+        m.name,
+        m.version,
+        m.protocol,
+        m.unit_names(),
+        m.default_unit().unwrap_or("none")
+    )
+}

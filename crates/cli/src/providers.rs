@@ -1,0 +1,133 @@
+//! The provider registry of this process, and how a command picks a provider, unit and options.
+
+use std::path::PathBuf;
+
+use stepguard_config::LoadedConfig;
+use stepguard_plugin_api::host::Provider;
+use stepguard_plugin_api::{CounterRequest, ProviderBox};
+use stepguard_plugin_host::{PLUGIN_PATH_ENV, Registry};
+
+use crate::exit::UsageError;
+use crate::output;
+
+/// The provider-table key that selects the unit; handled here, not passed to plugins.
+pub const UNIT_OPTION: &str = "max_steps_unit";
+
+/// Returns the built-in providers, reached through the plugin interface like loaded ones.
+pub fn builtins() -> Vec<ProviderBox> {
+    vec![
+        stepguard_provider_claude::provider(),
+        stepguard_provider_codex::provider(),
+        stepguard_provider_gemini::provider(),
+    ]
+}
+
+/// Builds the registry: built-ins, then every plugin file in the search path. Each file that
+/// fails to load is reported once on stderr.
+pub fn load_registry(plugin_dirs: &[PathBuf]) -> Registry {
+    let mut registry = Registry::new(builtins());
+    let env = std::env::var_os(PLUGIN_PATH_ENV);
+    let exe = std::env::current_exe().ok();
+    let dirs = stepguard_plugin_host::plugin_dirs(plugin_dirs, env.as_deref(), exe.as_deref());
+    registry.load_dirs(&dirs);
+    for failure in registry.failures() {
+        output::diag("warning", failure.to_string());
+    }
+    registry
+}
+
+/// A provider chosen for one command, with the counter request to open.
+pub struct Selection<'r> {
+    /// The provider.
+    pub provider: &'r Provider,
+    /// The unit and options to count with.
+    pub request: CounterRequest,
+}
+
+/// Picks the provider, the unit (`--unit`, else `[P] max_steps_unit`, else the default) and the
+/// provider options (`[P]` table), validating the unit and asking the plugin to check options.
+pub fn select<'r>(
+    registry: &'r Registry,
+    name: &str,
+    unit_flag: Option<&str>,
+    config: Option<&LoadedConfig>,
+) -> anyhow::Result<Selection<'r>> {
+    let provider = &registry.get(name)?.provider;
+    let manifest = provider.manifest();
+    let mut options = serde_json::Map::new();
+    let mut unit_from_config = None;
+    if let Some(table) = config.and_then(|c| c.model.providers.get(name)) {
+        for (key, (value, origin)) in table {
+            if key == UNIT_OPTION {
+                let unit = value.as_str().ok_or_else(|| {
+                    UsageError(format!("{origin}: expected a unit name (a string)"))
+                })?;
+                unit_from_config = Some((unit.to_owned(), origin.to_string()));
+            } else {
+                options.insert(key.clone(), value.clone());
+            }
+        }
+    }
+    let (unit, from) = match (unit_flag, unit_from_config) {
+        (Some(u), _) => (u.to_owned(), "--unit".to_owned()),
+        (None, Some((u, origin))) => (u, origin),
+        (None, None) => (
+            manifest.default_unit().unwrap_or_default().to_owned(),
+            "default".to_owned(),
+        ),
+    };
+    if !manifest.units.iter().any(|u| u.name == unit) {
+        return Err(UsageError(format!(
+            "unknown unit `{unit}` for provider `{name}` (from {from}); valid units: {}",
+            manifest.unit_names()
+        ))
+        .into());
+    }
+    provider.validate_options(&options).map_err(|e| {
+        UsageError(format!(
+            "invalid options for provider `{name}`: {}",
+            e.message
+        ))
+    })?;
+    Ok(Selection {
+        provider,
+        request: CounterRequest { unit, options },
+    })
+}
+
+/// Converts a counter's final numbers into the core's run stats; `None` terminal means the
+/// stream was cut, which `count` reports as `incomplete` (the supervisor decides otherwise).
+pub fn run_stats(stats: &stepguard_plugin_api::CounterStats) -> stepguard_core::RunStats {
+    use stepguard_core::{FailureSlug, Outcome, RunStats, TokenUsage};
+    let (outcome, slug) = match &stats.terminal {
+        None => (Outcome::Incomplete, None),
+        Some(t) if t.success => (Outcome::Success, None),
+        Some(t) => {
+            // A slug this stepguard does not know still means the provider failed.
+            let slug = t
+                .slug
+                .as_deref()
+                .and_then(|s| s.parse::<FailureSlug>().ok());
+            (
+                Outcome::Failed,
+                Some(slug.unwrap_or(FailureSlug::ProviderError)),
+            )
+        }
+    };
+    RunStats {
+        num_steps_reported: stats.num_steps_reported,
+        num_steps_computed: Some(stats.num_steps_computed),
+        num_turns_reported: stats.num_turns_reported,
+        num_turns_computed: stats.num_turns_computed,
+        outcome,
+        slug,
+        duration_ms: None,
+        tokens: stats.tokens.map(|t| TokenUsage {
+            input_tokens: t.input_tokens,
+            output_tokens: t.output_tokens,
+            cached_input_tokens: t.cached_input_tokens,
+            reasoning_output_tokens: t.reasoning_output_tokens,
+        }),
+        cost_usd: stats.cost_usd,
+    }
+}
