@@ -104,3 +104,144 @@ impl Sandbox {
         cmd.output().expect("spawn stepguard").into()
     }
 }
+
+/// The workspace root.
+pub fn workspace() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .expect("workspace root")
+}
+
+/// Directories of plugin files built for the tests.
+pub struct PluginDirs {
+    /// Plugins that load: fixture, fixture-old, fixture-panic, the codex override, opencode.
+    pub good: PathBuf,
+    /// Files that must not load: not a plugin, ABI generation 2, protocol 2.0.
+    pub bad: PathBuf,
+    /// The built-in codex provider crate built as a cdylib plugin.
+    pub builtin_as_plugin: PathBuf,
+    /// Just the OpenCode example plugin.
+    pub opencode: PathBuf,
+}
+
+/// Builds (once per machine state; cargo skips what is fresh) the plugin variants the tests load,
+/// each in the shared `target/fixture-plugins` directory, under a file lock so that parallel
+/// test processes do not race.
+pub fn plugin_dirs() -> &'static PluginDirs {
+    static DIRS: std::sync::OnceLock<PluginDirs> = std::sync::OnceLock::new();
+    DIRS.get_or_init(|| {
+        let root = workspace().join("target/fixture-plugins");
+        std::fs::create_dir_all(&root).expect("mkdir");
+        let lock = std::fs::File::create(root.join(".lock")).expect("lock file");
+        lock.lock().expect("lock");
+        let dirs = PluginDirs {
+            good: root.join("out/good"),
+            bad: root.join("out/bad"),
+            builtin_as_plugin: root.join("out/builtin"),
+            opencode: root.join("out/opencode"),
+        };
+        for d in [
+            &dirs.good,
+            &dirs.bad,
+            &dirs.builtin_as_plugin,
+            &dirs.opencode,
+        ] {
+            std::fs::create_dir_all(d).expect("mkdir");
+        }
+        let ext = std::env::consts::DLL_EXTENSION;
+        let variants: &[(&str, &str, &PathBuf, &str)] = &[
+            ("stepguard-fixture-plugin", "", &dirs.good, "fixture"),
+            (
+                "stepguard-fixture-plugin",
+                "protocol_old",
+                &dirs.good,
+                "fixture_old",
+            ),
+            (
+                "stepguard-fixture-plugin",
+                "panic",
+                &dirs.good,
+                "fixture_panic",
+            ),
+            (
+                "stepguard-fixture-plugin",
+                "override_codex",
+                &dirs.good,
+                "codex_override",
+            ),
+            ("stepguard-plugin-opencode", "", &dirs.good, "opencode"),
+            ("stepguard-plugin-opencode", "", &dirs.opencode, "opencode"),
+            (
+                "stepguard-fixture-plugin",
+                "no_export",
+                &dirs.bad,
+                "not_a_plugin",
+            ),
+            (
+                "stepguard-fixture-plugin",
+                "abi2",
+                &dirs.bad,
+                "fixture_abi2",
+            ),
+            (
+                "stepguard-fixture-plugin",
+                "protocol_new",
+                &dirs.bad,
+                "fixture_new",
+            ),
+            (
+                "stepguard-provider-codex",
+                "plugin",
+                &dirs.builtin_as_plugin,
+                "codex",
+            ),
+        ];
+        for (package, features, out, name) in variants {
+            let built = build_cdylib(&root, package, features);
+            // Other test processes may be loading the previous copy: replace it atomically.
+            let dest = out.join(format!("lib{name}.{ext}"));
+            let tmp = out.join(format!(".lib{name}.{}.tmp", std::process::id()));
+            std::fs::copy(&built, &tmp).expect("copy plugin");
+            std::fs::rename(&tmp, &dest).expect("install plugin");
+        }
+        drop(lock);
+        dirs
+    })
+}
+
+fn build_cdylib(target_dir: &Path, package: &str, features: &str) -> PathBuf {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(workspace())
+        .args([
+            "build",
+            "--quiet",
+            "--message-format=json",
+            "-p",
+            package,
+            "--target-dir",
+        ])
+        .arg(target_dir);
+    if !features.is_empty() {
+        cmd.args(["--features", features]);
+    }
+    let out = cmd.output().expect("run cargo build");
+    assert!(
+        out.status.success(),
+        "building {package} [{features}] failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let target = package.replace('-', "_");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == target.as_str())
+        .flat_map(|m| m["filenames"].as_array().cloned().unwrap_or_default())
+        .filter_map(|f| f.as_str().map(PathBuf::from))
+        .find(|f| {
+            f.extension()
+                .is_some_and(|e| e == std::env::consts::DLL_EXTENSION)
+        })
+        .unwrap_or_else(|| panic!("no cdylib artifact for {package} [{features}]"))
+}

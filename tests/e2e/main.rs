@@ -3,3 +3,4 @@
 mod harness;
 
 mod config_cmd;
+mod plugins;

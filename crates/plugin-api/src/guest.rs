@@ -217,6 +217,9 @@ extern "C" fn new_provider<P: ProviderPlugin + Default>(
             host,
             next_span: AtomicU64::new(1),
         });
+        // The plugin's own std prints panics to stderr; route them to the host's log instead
+        // (`guarded` turns each one into an error the host reports).
+        std::panic::set_hook(Box::new(|info| tracing::debug!("plugin panic: {info}")));
         Ok(provider_box(P::default()))
     })
 }

@@ -84,6 +84,9 @@ pub const PROTOCOL_VERSION: &str = "1.1.0";
 /// The name of the plain `extern "C" fn() -> u32` symbol carrying the ABI generation.
 pub const ABI_GENERATION_SYMBOL: &str = "stepguard_plugin_abi_generation";
 
+/// The `serde_json` this crate speaks (option maps, payloads), so plugins need not match versions.
+pub use serde_json;
+
 /// Re-exports used by [`export_plugin!`]; not public API.
 #[doc(hidden)]
 pub mod __private {

@@ -46,11 +46,18 @@ pub struct StreamCount {
     pub truncated_last_line: bool,
 }
 
-/// Feeds a whole stream through a counter.
-pub fn count_stream(counter: &mut Counter, reader: impl Read) -> anyhow::Result<StreamCount> {
+/// Feeds a whole stream through a counter; `name` labels read errors.
+pub fn count_stream(
+    counter: &mut Counter,
+    reader: impl Read,
+    name: &str,
+) -> anyhow::Result<StreamCount> {
     let mut lines = LineSplitter::new(BufReader::with_capacity(1 << 20, reader));
     let mut oversized_lines = 0;
-    while let Some(line) = lines.next_line().context("failed to read the stream")? {
+    while let Some(line) = lines
+        .next_line()
+        .with_context(|| format!("cannot read {name}"))?
+    {
         match line {
             SplitLine::Line(bytes) => {
                 counter.feed(bytes)?;
@@ -127,13 +134,13 @@ pub fn run(cli: &Cli, args: &CountArgs) -> anyhow::Result<ExitCode> {
 fn count_file(selection: &providers::Selection<'_>, path: &Path) -> anyhow::Result<StreamCount> {
     let mut counter = selection.provider.open_counter(&selection.request)?;
     if path == Path::new("-") {
-        return count_stream(&mut counter, io::stdin().lock());
+        return count_stream(&mut counter, io::stdin().lock(), "standard input");
     }
     let file = File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
     if file.metadata().is_ok_and(|m| m.is_dir()) {
         anyhow::bail!("cannot read {}: is a directory", path.display());
     }
-    count_stream(&mut counter, file).with_context(|| format!("cannot read {}", path.display()))
+    count_stream(&mut counter, file, &path.display().to_string())
 }
 
 fn report<'a>(
