@@ -3,4 +3,5 @@
 mod harness;
 
 mod config_cmd;
+mod count_cmd;
 mod plugins;
