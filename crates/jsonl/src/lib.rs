@@ -23,5 +23,5 @@
 mod scan;
 mod split;
 
-pub use scan::{RawValue, scan};
+pub use scan::{RawValue, scan, scan_prefix};
 pub use split::{LineSplitter, MAX_LINE_BYTES, SplitLine};

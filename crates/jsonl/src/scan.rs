@@ -20,6 +20,14 @@ impl<'a> RawValue<'a> {
         }
     }
 
+    /// Returns the bytes inside a JSON string that has no escapes (no UTF-8 check, no copy);
+    /// `None` for other values and for strings with escapes.
+    #[inline]
+    pub fn plain_str_bytes(&self) -> Option<&'a [u8]> {
+        let inner = self.0.strip_prefix(b"\"")?.strip_suffix(b"\"")?;
+        memchr::memchr(b'\\', inner).is_none().then_some(inner)
+    }
+
     /// Returns true when the value is the JSON string `s` (no allocation on the common path).
     pub fn is_str(&self, s: &str) -> bool {
         match self
@@ -97,6 +105,12 @@ impl<'a> RawValue<'a> {
     }
 }
 
+/// Compares short keys inline (a `memcmp` call costs more than the comparison itself).
+#[inline(always)]
+fn key_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x == y)
+}
+
 #[inline]
 fn skip_ws(b: &[u8], mut i: usize) -> usize {
     while let Some(c) = b.get(i) {
@@ -111,16 +125,31 @@ fn skip_ws(b: &[u8], mut i: usize) -> usize {
 /// Returns the index just past the string starting at `b[i] == '"'`.
 #[inline]
 fn skip_string(b: &[u8], i: usize) -> Option<usize> {
-    let mut j = i + 1;
+    let start = i + 1;
+    let mut j = start;
+    // Most strings in agent streams are short: a scalar look at the first bytes beats setting up
+    // a vectorised search.
+    let short_end = (start + 32).min(b.len());
+    while j < short_end {
+        match b[j] {
+            b'"' => return Some(j + 1),
+            b'\\' => j += 2,
+            _ => j += 1,
+        }
+    }
+    // Long strings (command output) are full of escaped newlines: search for quotes only, and
+    // treat a quote as closing when an even number of backslashes precedes it.
     loop {
-        let k = j + memchr::memchr2(b'"', b'\\', &b[j..])?;
-        if b[k] == b'"' {
+        let k = j + memchr::memchr(b'"', b.get(j..)?)?;
+        let backslashes = b[start..k]
+            .iter()
+            .rev()
+            .take_while(|c| **c == b'\\')
+            .count();
+        if backslashes % 2 == 0 {
             return Some(k + 1);
         }
-        j = k + 2;
-        if j > b.len() {
-            return None;
-        }
+        j = k + 1;
     }
 }
 
@@ -128,26 +157,24 @@ fn skip_string(b: &[u8], i: usize) -> Option<usize> {
 fn skip_container(b: &[u8], i: usize) -> Option<usize> {
     let mut depth = 0usize;
     let mut j = i;
-    loop {
-        // Jump to the next byte that matters: a quote or a bracket.
-        let k = j + b[j..]
-            .iter()
-            .position(|c| matches!(c, b'"' | b'{' | b'[' | b'}' | b']'))?;
-        match b[k] {
-            b'"' => j = skip_string(b, k)?,
-            b'{' | b'[' => {
-                depth += 1;
-                j = k + 1;
+    while let Some(&c) = b.get(j) {
+        match c {
+            b'"' => {
+                j = skip_string(b, j)?;
+                continue;
             }
-            _ => {
-                depth -= 1;
-                j = k + 1;
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' => {
+                depth = depth.checked_sub(1)?;
                 if depth == 0 {
-                    return Some(j);
+                    return Some(j + 1);
                 }
             }
+            _ => {}
         }
+        j += 1;
     }
+    None
 }
 
 /// Returns the index just past the value starting at `b[i]`.
@@ -202,7 +229,7 @@ pub fn scan<'a, const N: usize>(
         }
         i = skip_ws(b, i + 1);
         let value_end = skip_value(b, i)?;
-        if let Some(slot) = keys.iter().position(|k| k.as_bytes() == key) {
+        if let Some(slot) = keys.iter().position(|k| key_eq(k.as_bytes(), key)) {
             out[slot] = Some(RawValue(&b[i..value_end]));
         }
         i = skip_ws(b, value_end);
@@ -211,6 +238,97 @@ pub fn scan<'a, const N: usize>(
             Some(b'}') => return (skip_ws(b, i + 1) == b.len()).then_some(out),
             _ => return None,
         }
+    }
+}
+
+/// Scans the leading members of a JSON object line for `keys`, stopping as soon as each has
+/// been found once: the fast path for event streams whose writers put the discriminating keys
+/// first (`{"type":…,"item":{"id":…,"type":…` ).
+///
+/// Differences from [`scan`], which it trades for speed on the per-line hot path:
+/// * the first occurrence of a key wins (writers of these streams never repeat top-level keys);
+/// * the line must start with `{` and end with `}`, but members after the last key found are
+///   not validated;
+/// * when the key that completes the set holds an object or array, its value is returned from
+///   its start to the end of the line, unskipped; read it with [`RawValue::prefix_fields`],
+///   which stops early too.
+///
+/// Returns `None` when the line is not an object, or when the walked part is malformed.
+pub fn scan_prefix<'a, const N: usize>(
+    line: &'a [u8],
+    keys: [&str; N],
+) -> Option<[Option<RawValue<'a>>; N]> {
+    let end = line
+        .iter()
+        .rposition(|c| !matches!(c, b' ' | b'\t' | b'\r' | b'\n'))?;
+    if line[end] != b'}' {
+        return None;
+    }
+    prefix_members(&line[..=end], keys, true)
+}
+
+/// Walks members of the object starting at `b` (after optional whitespace), stopping early.
+fn prefix_members<'a, const N: usize>(
+    b: &'a [u8],
+    keys: [&str; N],
+    require_end: bool,
+) -> Option<[Option<RawValue<'a>>; N]> {
+    let mut out = [None; N];
+    let mut missing = N;
+    let mut i = skip_ws(b, 0);
+    if b.get(i) != Some(&b'{') {
+        return None;
+    }
+    i = skip_ws(b, i + 1);
+    if b.get(i) == Some(&b'}') {
+        return (!require_end || skip_ws(b, i + 1) == b.len()).then_some(out);
+    }
+    loop {
+        if b.get(i) != Some(&b'"') {
+            return None;
+        }
+        let key_end = skip_string(b, i)?;
+        let key = &b[i + 1..key_end - 1];
+        i = skip_ws(b, key_end);
+        if b.get(i) != Some(&b':') {
+            return None;
+        }
+        i = skip_ws(b, i + 1);
+        let slot = keys
+            .iter()
+            .position(|k| k.as_bytes() == key)
+            .filter(|&s| out[s].is_none());
+        if let Some(slot) = slot {
+            missing -= 1;
+            if missing == 0 && matches!(b.get(i), Some(b'{' | b'[')) {
+                out[slot] = Some(RawValue(&b[i..]));
+                return Some(out);
+            }
+        }
+        let value_end = skip_value(b, i)?;
+        if let Some(slot) = slot {
+            out[slot] = Some(RawValue(&b[i..value_end]));
+            if missing == 0 {
+                return Some(out);
+            }
+        }
+        i = skip_ws(b, value_end);
+        match b.get(i) {
+            Some(b',') => i = skip_ws(b, i + 1),
+            Some(b'}') => return (!require_end || skip_ws(b, i + 1) == b.len()).then_some(out),
+            _ => return None,
+        }
+    }
+}
+
+impl<'a> RawValue<'a> {
+    /// Reads the leading members of this object value like [`scan_prefix`], stopping as soon as
+    /// every key is found (for values returned unskipped by [`scan_prefix`]).
+    pub fn prefix_fields<const N: usize>(
+        &self,
+        keys: [&str; N],
+    ) -> Option<[Option<RawValue<'a>>; N]> {
+        prefix_members(self.0, keys, false)
     }
 }
 
@@ -290,6 +408,39 @@ mod tests {
     }
 
     #[test]
+    fn prefix_scan_stops_early_and_hands_back_the_open_container() {
+        let line = br#"{"type":"item.completed","item":{"id":"item_1","type":"command_execution","aggregated_output":"{\"type\":\"x\"}"},"extra":[1,2]}"#;
+        let [ty, item] = scan_prefix(line, ["type", "item"]).unwrap();
+        assert!(ty.unwrap().is_str("item.completed"));
+        let [id, kind] = item.unwrap().prefix_fields(["id", "type"]).unwrap();
+        assert!(id.unwrap().is_str("item_1"));
+        assert!(kind.unwrap().is_str("command_execution"));
+        // First occurrence wins.
+        let [id] = RawValue(br#"{"id":"item_3","type":"web_search","id":"ws_1"}"#)
+            .prefix_fields(["id"])
+            .unwrap();
+        assert!(id.unwrap().is_str("item_3"));
+    }
+
+    #[test]
+    fn prefix_scan_rejects_lines_that_are_not_closed_objects() {
+        for bad in [
+            &br#"{"type":"item.completed","item":{"id":"item_0","aggregated_output":"partial"#[..],
+            b"noise",
+            br#"["type"]"#,
+            br#"{"type" "x"}"#,
+        ] {
+            assert!(
+                scan_prefix(bad, ["type", "item"]).is_none(),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        let [ty, missing] = scan_prefix(br#"{"type":"turn.started"}"#, ["type", "item"]).unwrap();
+        assert!(ty.is_some() && missing.is_none());
+    }
+
+    #[test]
     fn arrays_iterate() {
         let v = RawValue(br#"[{"type":"text"},{"type":"tool_use","id":"t1"}, 3]"#);
         let mut seen = Vec::new();
@@ -309,10 +460,27 @@ mod tests {
             prop_assert_eq!(t.map(|t| String::from_utf8(t.0.to_vec()).unwrap()), expected);
         }
 
-        /// Arbitrary bytes never panic the scanner.
+        /// Arbitrary bytes never panic the scanners.
         #[test]
         fn never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
             let _ = scan(&bytes, ["type", "id"]);
+            if let Some([_, Some(item)]) = scan_prefix(&bytes, ["type", "item"]) {
+                let _ = item.prefix_fields(["id", "type"]);
+            }
+        }
+
+        /// On valid JSON whose keys are unique, the prefix scan finds what serde_json finds.
+        #[test]
+        fn prefix_scan_agrees_with_serde_json(v in json_object()) {
+            let text = serde_json::to_string(&v).unwrap();
+            let [t] = scan_prefix(text.as_bytes(), ["type"]).expect("valid JSON must scan");
+            let expected = v.get("type").map(|t| serde_json::to_string(t).unwrap());
+            let got = t.map(|t| {
+                // An unskipped container runs to the end of the line: compare by parsing a prefix.
+                let mut de = serde_json::Deserializer::from_slice(t.0).into_iter::<serde_json::Value>();
+                serde_json::to_string(&de.next().unwrap().unwrap()).unwrap()
+            });
+            prop_assert_eq!(got, expected);
         }
     }
 

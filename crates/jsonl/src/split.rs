@@ -1,6 +1,6 @@
 //! Splitting a byte stream into lines, with a cap on line length.
 
-use std::io::{self, BufRead};
+use std::io::{self, Read};
 
 /// The longest line kept whole (256 MiB); longer lines are reported as [`SplitLine::Oversized`]
 /// and their bytes discarded, so memory stays bounded whatever the stream holds.
@@ -15,16 +15,29 @@ pub enum SplitLine<'a> {
     Oversized(u64),
 }
 
-/// Splits a reader into lines on `\n` only, reusing one buffer.
+/// Bytes read per `read` call: small enough to stay in cache, large enough to amortise calls.
+const CHUNK: usize = 64 << 10;
+
+/// Splits a reader into lines on `\n` only, reading into one reusable buffer and handing out
+/// slices of it (no copy per line).
 pub struct LineSplitter<R> {
     reader: R,
     buf: Vec<u8>,
+    /// Start of the unconsumed bytes.
+    start: usize,
+    /// End of the valid bytes.
+    end: usize,
+    /// Bytes in `start..scanned` are known to hold no newline.
+    scanned: usize,
     max: usize,
+    eof: bool,
+    /// Bytes of an oversized line discarded so far.
+    discarded: u64,
     /// True when the last line returned had no terminating newline (a cut stream).
     pub last_line_unterminated: bool,
 }
 
-impl<R: BufRead> LineSplitter<R> {
+impl<R: Read> LineSplitter<R> {
     /// Creates a splitter with the default cap.
     pub fn new(reader: R) -> Self {
         Self::with_max(reader, MAX_LINE_BYTES)
@@ -34,55 +47,84 @@ impl<R: BufRead> LineSplitter<R> {
     pub fn with_max(reader: R, max: usize) -> Self {
         LineSplitter {
             reader,
-            buf: Vec::with_capacity(64 * 1024),
+            buf: vec![0; CHUNK],
+            start: 0,
+            end: 0,
+            scanned: 0,
             max,
+            eof: false,
+            discarded: 0,
             last_line_unterminated: false,
         }
     }
 
     /// Returns the next line, or `None` at the end of the stream.
     pub fn next_line(&mut self) -> io::Result<Option<SplitLine<'_>>> {
-        self.buf.clear();
-        let mut total: u64 = 0;
-        let mut oversized = false;
-        let mut saw_newline = false;
         loop {
-            let available = match self.reader.fill_buf() {
-                Ok(b) => b,
+            if let Some(pos) = memchr::memchr(b'\n', &self.buf[self.scanned..self.end]) {
+                let nl = self.scanned + pos;
+                let (start, discarded) = (self.start, std::mem::take(&mut self.discarded));
+                self.start = nl + 1;
+                self.scanned = self.start;
+                self.last_line_unterminated = false;
+                if discarded > 0 {
+                    return Ok(Some(SplitLine::Oversized(discarded + (nl - start) as u64)));
+                }
+                let line = &self.buf[start..nl];
+                return Ok(Some(SplitLine::Line(
+                    line.strip_suffix(b"\r").unwrap_or(line),
+                )));
+            }
+            self.scanned = self.end;
+            if self.eof {
+                let (start, discarded) = (self.start, std::mem::take(&mut self.discarded));
+                if start == self.end && discarded == 0 {
+                    return Ok(None);
+                }
+                self.start = self.end;
+                self.last_line_unterminated = true;
+                if discarded > 0 {
+                    return Ok(Some(SplitLine::Oversized(
+                        discarded + (self.end - start) as u64,
+                    )));
+                }
+                let line = &self.buf[start..self.end];
+                return Ok(Some(SplitLine::Line(
+                    line.strip_suffix(b"\r").unwrap_or(line),
+                )));
+            }
+            self.refill()?;
+        }
+    }
+
+    fn refill(&mut self) -> io::Result<()> {
+        // Move the unfinished line to the front.
+        if self.start > 0 {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.scanned -= self.start;
+            self.start = 0;
+        }
+        // Over the cap: forget the bytes, remember how many.
+        if self.end > self.max {
+            self.discarded += self.end as u64;
+            self.end = 0;
+            self.scanned = 0;
+        }
+        if self.buf.len() - self.end < CHUNK {
+            let grown = (self.buf.len() * 2).max(self.end + CHUNK);
+            self.buf.resize(grown, 0);
+        }
+        let upto = (self.end + CHUNK).min(self.buf.len());
+        loop {
+            match self.reader.read(&mut self.buf[self.end..upto]) {
+                Ok(0) => self.eof = true,
+                Ok(n) => self.end += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),
-            };
-            if available.is_empty() {
-                break;
             }
-            let (chunk, consumed, done) = match memchr::memchr(b'\n', available) {
-                Some(pos) => (&available[..pos], pos + 1, true),
-                None => (available, available.len(), false),
-            };
-            total += chunk.len() as u64;
-            if !oversized {
-                if self.buf.len() + chunk.len() > self.max {
-                    oversized = true;
-                    self.buf.clear();
-                } else {
-                    self.buf.extend_from_slice(chunk);
-                }
-            }
-            self.reader.consume(consumed);
-            if done {
-                saw_newline = true;
-                break;
-            }
+            return Ok(());
         }
-        if total == 0 && !saw_newline {
-            return Ok(None);
-        }
-        self.last_line_unterminated = !saw_newline;
-        if oversized {
-            return Ok(Some(SplitLine::Oversized(total)));
-        }
-        let line = self.buf.strip_suffix(b"\r").unwrap_or(&self.buf);
-        Ok(Some(SplitLine::Line(line)))
     }
 }
 
@@ -91,7 +133,7 @@ mod tests {
     use super::*;
 
     fn lines(input: &[u8], max: usize, cap: usize) -> Vec<String> {
-        let reader = io::BufReader::with_capacity(cap, input);
+        let reader = Trickle { data: input, cap };
         let mut s = LineSplitter::with_max(reader, max);
         let mut out = Vec::new();
         while let Some(l) = s.next_line().unwrap() {
@@ -101,6 +143,39 @@ mod tests {
             });
         }
         out
+    }
+
+    /// A reader that returns at most `cap` bytes per call, like a slow pipe.
+    struct Trickle<'a> {
+        data: &'a [u8],
+        cap: usize,
+    }
+
+    impl Read for Trickle<'_> {
+        fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+            let n = self.data.len().min(self.cap).min(out.len());
+            out[..n].copy_from_slice(&self.data[..n]);
+            self.data = &self.data[n..];
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn lines_spanning_many_reads_and_growth() {
+        let long = "y".repeat(3 * CHUNK + 7);
+        let input = format!("a\n{long}\nb");
+        assert_eq!(
+            lines(input.as_bytes(), usize::MAX, 1000),
+            ["a".to_owned(), long, "b".to_owned()]
+        );
+        assert_eq!(
+            lines(input.as_bytes(), CHUNK, 4096),
+            [
+                "a".to_owned(),
+                format!("<oversized {}>", 3 * CHUNK + 7),
+                "b".to_owned()
+            ]
+        );
     }
 
     #[test]

@@ -26,9 +26,8 @@
 //! ```
 #![deny(unsafe_code)] // not `forbid`: export_plugin! allows it on its own generated items
 
-use std::collections::HashSet;
-
-use stepguard_jsonl::{RawValue, scan};
+use rustc_hash::FxHashSet as HashSet;
+use stepguard_jsonl::{RawValue, scan, scan_prefix};
 use stepguard_plugin_api::{
     CounterRequest, CounterStats, LineReport, Manifest, ProviderBox, ProviderPlugin, StepCounter,
     Terminal, Tokens, slug_for_error_text,
@@ -113,8 +112,8 @@ impl CodexCounter {
     fn new(unit: Unit) -> Self {
         CodexCounter {
             unit,
-            begun: HashSet::new(),
-            completed: HashSet::new(),
+            begun: HashSet::default(),
+            completed: HashSet::default(),
             turns: 0,
             terminal: None,
             last_error: None,
@@ -125,26 +124,30 @@ impl CodexCounter {
     }
 
     fn begin(&mut self, id: &[u8], report: &mut LineReport) {
-        if self.begun.insert(id.to_vec()) {
+        // Look before inserting: most ids are seen twice (started, then completed).
+        if !self.begun.contains(id) {
+            self.begun.insert(id.to_vec());
             report.steps_begun += 1;
         }
     }
 
     fn complete(&mut self, id: &[u8], report: &mut LineReport) {
         self.begin(id, report);
-        if self.completed.insert(id.to_vec()) {
+        if !self.completed.contains(id) {
+            self.completed.insert(id.to_vec());
             report.steps_completed += 1;
         }
     }
 
     fn item_event(&mut self, item: Option<RawValue<'_>>, started: bool, report: &mut LineReport) {
-        let Some([Some(id), Some(kind)]) = item.and_then(|i| i.fields(["id", "type"])) else {
+        let Some([Some(id), Some(kind)]) = item.and_then(|i| i.prefix_fields(["id", "type"]))
+        else {
             self.unknown += 1;
             report.flags |= LineReport::UNKNOWN_EVENT;
             return;
         };
-        let kind = kind.as_str().unwrap_or_default();
-        if self.unit.counts(kind.as_bytes()) {
+        let kind = kind.plain_str_bytes().unwrap_or_default();
+        if self.unit.counts(kind) {
             if started {
                 self.begin(id.0, report);
             } else {
@@ -218,6 +221,54 @@ impl CodexCounter {
     }
 }
 
+impl CodexCounter {
+    /// Terminal and error events: rare, so they get the full, validating scan.
+    fn rare_event(&mut self, line: &[u8], report: &mut LineReport) {
+        let Some([Some(ty), usage, error, message]) =
+            scan(line, ["type", "usage", "error", "message"])
+        else {
+            self.noise += 1;
+            report.flags |= LineReport::NOISE;
+            return;
+        };
+        match ty.plain_str_bytes().unwrap_or_default() {
+            b"turn.completed" => {
+                if let Some(tokens) = usage.and_then(usage_tokens) {
+                    self.tokens = Some(tokens);
+                }
+                self.terminal = Some(Terminal {
+                    success: true,
+                    slug: None,
+                    message: None,
+                });
+                report.flags |= LineReport::TERMINAL;
+            }
+            b"turn.failed" => {
+                let text = error
+                    .and_then(|e| e.fields(["message"]))
+                    .and_then(|[m]| m)
+                    .and_then(|m| m.as_str())
+                    .map(|m| m.into_owned())
+                    .or_else(|| self.last_error.clone())
+                    .unwrap_or_else(|| "turn failed".to_owned());
+                self.terminal = Some(Terminal {
+                    success: false,
+                    slug: Some(slug_for_error_text(&text).to_owned()),
+                    message: Some(text),
+                });
+                report.flags |= LineReport::TERMINAL;
+            }
+            _ => {
+                let text = message.and_then(|m| m.as_str()).unwrap_or_default();
+                // `Reconnecting... k/n` is a retry, not a failure.
+                if !text.starts_with("Reconnecting") {
+                    self.last_error = Some(text.into_owned());
+                }
+            }
+        }
+    }
+}
+
 fn usage_tokens(usage: RawValue<'_>) -> Option<Tokens> {
     let [input, cached, output, reasoning] = usage.fields([
         "input_tokens",
@@ -233,64 +284,80 @@ fn usage_tokens(usage: RawValue<'_>) -> Option<Tokens> {
     })
 }
 
+/// Item lines as Codex writes them (serde, fixed field order, no whitespace).
+const ITEM_PREFIX: &[u8] = br#"{"type":"item."#;
+
+/// Finds the closing quote of a short field with a scalar loop (ids and type names are a few
+/// bytes, where a vectorised search costs more than it saves).
+#[inline]
+fn short_field(rest: &[u8]) -> Option<usize> {
+    rest.iter()
+        .take(64)
+        .position(|&c| c == b'"' || c == b'\\')
+        .filter(|&i| rest[i] == b'"')
+}
+
+/// Reads an item line in Codex's own layout without a general scan: returns (started, id,
+/// item type), or `None` for anything else (which then takes the general path).
+#[inline]
+fn canonical_item(line: &[u8]) -> Option<(bool, &[u8], &[u8])> {
+    let rest = line.strip_prefix(ITEM_PREFIX)?;
+    let (started, rest) = match rest.strip_prefix(br#"started","item":{"id":""#) {
+        Some(rest) => (true, rest),
+        None => (false, rest.strip_prefix(br#"completed","item":{"id":""#)?),
+    };
+    if line.last() != Some(&b'}') {
+        return None;
+    }
+    let end = short_field(rest)?;
+    let id = &rest[..end];
+    let rest = rest[end..].strip_prefix(br#"","type":""#)?;
+    let end = short_field(rest)?;
+    Some((started, id, &rest[..end]))
+}
+
 impl StepCounter for CodexCounter {
     fn feed(&mut self, line: &[u8]) -> Result<LineReport, String> {
         let mut report = LineReport::empty();
-        let Some([ty, item, usage, error, message, msg]) =
-            scan(line, ["type", "item", "usage", "error", "message", "msg"])
-        else {
+        if let Some((started, id, kind)) = canonical_item(line) {
+            if self.unit.counts(kind) {
+                if started {
+                    self.begin(id, &mut report);
+                } else {
+                    self.complete(id, &mut report);
+                }
+            }
+            return Ok(report);
+        }
+        // Codex writes `type` first, so reading it stops early; each kind of line then reads
+        // only what it needs.
+        let Some([ty]) = scan_prefix(line, ["type"]) else {
             self.noise += 1;
             return Ok(LineReport::noise());
         };
-        if let Some(msg) = msg {
-            self.legacy_event(msg, &mut report);
-            return Ok(report);
-        }
-        let ty = ty.and_then(|t| t.as_str()).unwrap_or_default();
-        match ty.as_ref() {
-            "item.started" => self.item_event(item, true, &mut report),
-            "item.completed" => self.item_event(item, false, &mut report),
-            "item.updated" | "thread.started" => {}
-            "turn.started" => {
+        let item = || scan_prefix(line, ["item"]).and_then(|[item]| item);
+        match ty.and_then(|t| t.plain_str_bytes()) {
+            Some(b"item.started") => self.item_event(item(), true, &mut report),
+            Some(b"item.completed") => self.item_event(item(), false, &mut report),
+            Some(b"item.updated" | b"thread.started") => {}
+            Some(b"turn.started") => {
                 self.turns += 1;
                 report.turns += 1;
                 // A new turn (e.g. a resumed thread) reopens the run.
                 self.terminal = None;
             }
-            "turn.completed" => {
-                if let Some(tokens) = usage.and_then(usage_tokens) {
-                    self.tokens = Some(tokens);
+            Some(b"turn.completed" | b"turn.failed" | b"error") => {
+                self.rare_event(line, &mut report)
+            }
+            // No `type`: an archived pre-0.44 `{"id","msg"}` line, or something unknown.
+            None => match scan(line, ["msg"]) {
+                Some([Some(msg)]) => self.legacy_event(msg, &mut report),
+                _ => {
+                    self.unknown += 1;
+                    report.flags |= LineReport::UNKNOWN_EVENT;
                 }
-                self.terminal = Some(Terminal {
-                    success: true,
-                    slug: None,
-                    message: None,
-                });
-                report.flags |= LineReport::TERMINAL;
-            }
-            "turn.failed" => {
-                let text = error
-                    .and_then(|e| e.fields(["message"]))
-                    .and_then(|[m]| m)
-                    .and_then(|m| m.as_str())
-                    .map(|m| m.into_owned())
-                    .or_else(|| self.last_error.clone())
-                    .unwrap_or_else(|| "turn failed".to_owned());
-                self.terminal = Some(Terminal {
-                    success: false,
-                    slug: Some(slug_for_error_text(&text).to_owned()),
-                    message: Some(text),
-                });
-                report.flags |= LineReport::TERMINAL;
-            }
-            "error" => {
-                let text = message.and_then(|m| m.as_str()).unwrap_or_default();
-                // `Reconnecting... k/n` is a retry, not a failure.
-                if !text.starts_with("Reconnecting") {
-                    self.last_error = Some(text.into_owned());
-                }
-            }
-            _ => {
+            },
+            Some(_) => {
                 self.unknown += 1;
                 report.flags |= LineReport::UNKNOWN_EVENT;
             }
@@ -452,6 +519,48 @@ mod tests {
             let terminal_expected = !e["terminal"].is_null();
             assert_eq!(stats.terminal.is_some(), terminal_expected, "{name}");
         }
+    }
+
+    /// The literal-layout fast path and the general scanner agree on every item line we have.
+    #[test]
+    fn fast_path_agrees_with_the_general_scanner() {
+        let mut fast_hits = 0;
+        for dir in ["streams/codex", "real/codex", "edge"] {
+            let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../../tests/fixtures")
+                .join(dir);
+            for entry in std::fs::read_dir(root).unwrap() {
+                let bytes = std::fs::read(entry.unwrap().path()).unwrap();
+                for line in bytes.split(|b| *b == b'\n') {
+                    let Some((started, id, kind)) = canonical_item(line) else {
+                        continue;
+                    };
+                    fast_hits += 1;
+                    let [ty, item] = stepguard_jsonl::scan_prefix(line, ["type", "item"]).unwrap();
+                    let expected_ty = if started {
+                        "item.started"
+                    } else {
+                        "item.completed"
+                    };
+                    assert!(ty.unwrap().is_str(expected_ty));
+                    let [gid, gkind] = item.unwrap().prefix_fields(["id", "type"]).unwrap();
+                    assert_eq!(gid.unwrap().plain_str_bytes(), Some(id));
+                    assert_eq!(gkind.unwrap().plain_str_bytes(), Some(kind));
+                }
+            }
+        }
+        assert!(
+            fast_hits > 100,
+            "the fast path should cover the fixtures' item lines, hit {fast_hits}"
+        );
+        // Layouts it does not recognise fall through to the general path.
+        assert!(
+            canonical_item(br#"{"item":{"id":"i","type":"x"},"type":"item.started"}"#).is_none()
+        );
+        assert!(
+            canonical_item(br#"{"type":"item.started","item":{"id":"a\"b","type":"x"}}"#).is_none()
+        );
+        assert!(canonical_item(br#"{"type":"item.started","item":{"id":"i","type":"x""#).is_none());
     }
 
     #[test]

@@ -21,7 +21,7 @@
 //! ```
 #![deny(unsafe_code)] // not `forbid`: export_plugin! allows it on its own generated items
 
-use std::collections::HashSet;
+use rustc_hash::FxHashSet as HashSet;
 
 use stepguard_jsonl::{RawValue, scan};
 use stepguard_plugin_api::{

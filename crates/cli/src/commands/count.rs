@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::{self, BufReader, Read};
+use std::io::{self, Read};
 use std::path::Path;
 
 use anyhow::Context as _;
@@ -52,7 +52,7 @@ pub fn count_stream(
     reader: impl Read,
     name: &str,
 ) -> anyhow::Result<StreamCount> {
-    let mut lines = LineSplitter::new(BufReader::with_capacity(1 << 20, reader));
+    let mut lines = LineSplitter::new(reader);
     let mut oversized_lines = 0;
     while let Some(line) = lines
         .next_line()
