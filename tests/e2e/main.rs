@@ -1,5 +1,8 @@
 //! End-to-end tests of the `stepguard` binary: one integration test binary, one module per area.
 
+// Test helpers may panic on anything unexpected.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod harness;
 
 mod config_cmd;

@@ -24,4 +24,4 @@ mod scan;
 mod split;
 
 pub use scan::{RawValue, scan, scan_prefix};
-pub use split::{LineSplitter, MAX_LINE_BYTES, SplitLine};
+pub use split::{LineSplitter, MAX_LINE_BYTES, SplitChunk, SplitLine};

@@ -15,6 +15,15 @@ pub enum SplitLine<'a> {
     Oversized(u64),
 }
 
+/// A run of lines from [`LineSplitter::next_chunk`].
+#[derive(Debug, PartialEq, Eq)]
+pub enum SplitChunk<'a> {
+    /// One or more whole lines, each ending in `\n` except possibly the last one of the stream.
+    Lines(&'a [u8]),
+    /// A line longer than the cap: its length in bytes (content discarded).
+    Oversized(u64),
+}
+
 /// Bytes read per `read` call: small enough to stay in cache, large enough to amortise calls.
 const CHUNK: usize = 64 << 10;
 
@@ -92,6 +101,48 @@ impl<R: Read> LineSplitter<R> {
                 return Ok(Some(SplitLine::Line(
                     line.strip_suffix(b"\r").unwrap_or(line),
                 )));
+            }
+            self.refill()?;
+        }
+    }
+
+    /// Returns every whole line currently buffered as one slice (reading when none is), or
+    /// `None` at the end of the stream. Cheaper than [`LineSplitter::next_line`] when lines are
+    /// handed on in bulk.
+    pub fn next_chunk(&mut self) -> io::Result<Option<SplitChunk<'_>>> {
+        loop {
+            if self.discarded > 0 {
+                // Finish the oversized line first: it ends at the first newline.
+                if let Some(pos) = memchr::memchr(b'\n', &self.buf[self.scanned..self.end]) {
+                    let nl = self.scanned + pos;
+                    let len = std::mem::take(&mut self.discarded) + (nl - self.start) as u64;
+                    self.start = nl + 1;
+                    self.scanned = self.start;
+                    return Ok(Some(SplitChunk::Oversized(len)));
+                }
+            } else if let Some(pos) = memchr::memrchr(b'\n', &self.buf[self.scanned..self.end]) {
+                let nl = self.scanned + pos;
+                let start = self.start;
+                self.start = nl + 1;
+                self.scanned = self.start;
+                self.last_line_unterminated = false;
+                return Ok(Some(SplitChunk::Lines(&self.buf[start..=nl])));
+            }
+            self.scanned = self.end;
+            if self.eof {
+                let (start, discarded) = (self.start, std::mem::take(&mut self.discarded));
+                self.start = self.end;
+                if discarded > 0 {
+                    self.last_line_unterminated = true;
+                    return Ok(Some(SplitChunk::Oversized(
+                        discarded + (self.end - start) as u64,
+                    )));
+                }
+                if start == self.end {
+                    return Ok(None);
+                }
+                self.last_line_unterminated = true;
+                return Ok(Some(SplitChunk::Lines(&self.buf[start..self.end])));
             }
             self.refill()?;
         }
@@ -182,6 +233,34 @@ mod tests {
     fn splits_on_newline_only_and_trims_cr() {
         let input = "a\r\nb\u{2028}c\n\nlast".as_bytes();
         assert_eq!(lines(input, 100, 3), ["a", "b\u{2028}c", "", "last"]);
+    }
+
+    fn chunks(input: &[u8], max: usize, cap: usize) -> Vec<String> {
+        let mut s = LineSplitter::with_max(Trickle { data: input, cap }, max);
+        let mut out = Vec::new();
+        while let Some(c) = s.next_chunk().unwrap() {
+            out.push(match c {
+                SplitChunk::Lines(b) => String::from_utf8_lossy(b).into_owned(),
+                SplitChunk::Oversized(n) => format!("<oversized {n}>"),
+            });
+        }
+        out
+    }
+
+    #[test]
+    fn chunks_hold_whole_lines_only() {
+        let input = b"a\nbb\nccc\ndddd\ne";
+        let joined: String = chunks(input, 100, 3).concat();
+        assert_eq!(joined, "a\nbb\nccc\ndddd\ne");
+        for c in chunks(input, 100, 3) {
+            assert!(c.ends_with('\n') || c == "e", "{c:?}");
+        }
+        assert_eq!(chunks(input, 100, 1000), ["a\nbb\nccc\ndddd\n", "e"]);
+        assert_eq!(
+            chunks(b"ok\n0123456789abcdef\nfine\n", 8, 4),
+            ["ok\n", "<oversized 16>", "fine\n"]
+        );
+        assert!(chunks(b"", 10, 4).is_empty());
     }
 
     #[test]

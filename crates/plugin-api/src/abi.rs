@@ -92,6 +92,22 @@ impl LineReport {
     }
 }
 
+/// What a chunk of lines meant: how far the counter read and the sum of those lines' reports.
+#[repr(C)]
+#[derive(StableAbi, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ChunkReport {
+    /// Bytes consumed: whole lines, up to and including the line where counting stopped.
+    pub consumed: u64,
+    /// Lines consumed.
+    pub lines: u64,
+    /// Non-JSON (noise) lines among them.
+    pub noise_lines: u64,
+    /// The consumed lines' reports, summed (flags OR-ed).
+    pub sum: LineReport,
+    /// True when counting stopped early because the steps begun exceeded the allowance.
+    pub stopped: bool,
+}
+
 /// A provider, as seen across the boundary.
 #[sabi_trait]
 pub trait ProviderObj: Send + Sync {
@@ -111,6 +127,15 @@ pub trait ProviderObj: Send + Sync {
 pub trait CounterObj: Send {
     /// Feeds one line (without its `\n`; bytes, not assumed UTF-8).
     fn feed(&mut self, line: RSlice<'_, u8>) -> RResult<LineReport, RString>;
+
+    /// Feeds whole `\n`-terminated lines (the last may lack its `\n` at the end of a stream),
+    /// stopping right after the line on which the steps begun in this chunk exceed
+    /// `step_allowance`: one boundary crossing for many lines, with the breaching line exact.
+    fn feed_chunk(
+        &mut self,
+        chunk: RSlice<'_, u8>,
+        step_allowance: u64,
+    ) -> RResult<ChunkReport, RString>;
 
     /// Returns the final [`crate::model::CounterStats`] as JSON.
     fn finish(&mut self) -> RResult<RString, RString>;

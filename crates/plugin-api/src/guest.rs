@@ -8,8 +8,8 @@ use abi_stable::sabi_trait::TD_Opaque;
 use abi_stable::std_types::{RBox, RResult, RSlice, RStr, RString};
 
 use crate::abi::{
-    CounterBox, CounterObj, CounterObj_TO, HostCallbacks, LineReport, PluginMod, PluginModRef,
-    ProviderBox, ProviderObj, ProviderObj_TO,
+    ChunkReport, CounterBox, CounterObj, CounterObj_TO, HostCallbacks, LineReport, PluginMod,
+    PluginModRef, ProviderBox, ProviderObj, ProviderObj_TO,
 };
 use crate::model::{CounterRequest, CounterStats, Manifest};
 
@@ -180,6 +180,14 @@ impl CounterObj for CounterAdapter {
         self.run(|c| c.feed(line.as_slice()))
     }
 
+    fn feed_chunk(
+        &mut self,
+        chunk: RSlice<'_, u8>,
+        step_allowance: u64,
+    ) -> RResult<ChunkReport, RString> {
+        self.run(|c| feed_chunk(c, chunk.as_slice(), step_allowance))
+    }
+
     fn finish(&mut self) -> RResult<RString, RString> {
         self.run(|c| {
             serde_json::to_string(&c.finish())
@@ -191,6 +199,45 @@ impl CounterObj for CounterAdapter {
     fn call(&mut self, method: RStr<'_>, _payload: RStr<'_>) -> RResult<RString, RString> {
         RResult::RErr(RString::from(format!("unknown counter method `{method}`")))
     }
+}
+
+/// Feeds the lines of `chunk` to `counter` until the steps begun exceed `step_allowance`.
+pub(crate) fn feed_chunk(
+    counter: &mut dyn StepCounter,
+    chunk: &[u8],
+    step_allowance: u64,
+) -> Result<ChunkReport, String> {
+    let mut out = ChunkReport::default();
+    let mut begun: u64 = 0;
+    let mut rest = chunk;
+    while !rest.is_empty() {
+        let (line, taken) = match memchr::memchr(b'\n', rest) {
+            Some(nl) => (&rest[..nl], nl + 1),
+            None => (rest, rest.len()),
+        };
+        rest = &rest[taken..];
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let r = counter.feed(line)?;
+        out.consumed += taken as u64;
+        out.lines += 1;
+        out.noise_lines += u64::from(r.has(LineReport::NOISE));
+        add_report(&mut out.sum, &r);
+        begun += u64::from(r.steps_begun);
+        if begun > step_allowance {
+            out.stopped = true;
+            break;
+        }
+    }
+    Ok(out)
+}
+
+/// Adds `r` into `sum` (counts saturating, flags OR-ed).
+pub fn add_report(sum: &mut LineReport, r: &LineReport) {
+    sum.steps_begun = sum.steps_begun.saturating_add(r.steps_begun);
+    sum.steps_completed = sum.steps_completed.saturating_add(r.steps_completed);
+    sum.turns = sum.turns.saturating_add(r.turns);
+    sum.sub_agent_steps = sum.sub_agent_steps.saturating_add(r.sub_agent_steps);
+    sum.flags |= r.flags;
 }
 
 /// Puts a plugin behind the boundary's provider interface without a dynamic library; this is how
@@ -292,6 +339,15 @@ pub mod testing {
     use crate::abi::LineReport;
     use crate::model::CounterStats;
 
+    /// Feeds a chunk of lines the way the host does ([`crate::abi::CounterObj::feed_chunk`]).
+    pub fn feed_chunk(
+        counter: &mut dyn StepCounter,
+        chunk: &[u8],
+        step_allowance: u64,
+    ) -> Result<crate::abi::ChunkReport, String> {
+        super::feed_chunk(counter, chunk, step_allowance)
+    }
+
     /// Feeds every `\n`-separated line of `stream` (a trailing `\r` trimmed) to `counter`, sums
     /// the per-line reports, and returns them with the final stats.
     pub fn feed_all(
@@ -305,12 +361,7 @@ pub mod testing {
         }
         for line in lines {
             let line = line.strip_suffix(b"\r").unwrap_or(line);
-            let r = counter.feed(line)?;
-            sum.steps_begun += r.steps_begun;
-            sum.steps_completed += r.steps_completed;
-            sum.turns += r.turns;
-            sum.sub_agent_steps += r.sub_agent_steps;
-            sum.flags |= r.flags;
+            super::add_report(&mut sum, &counter.feed(line)?);
         }
         Ok((sum, counter.finish()))
     }

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use abi_stable::library::lib_header_from_path;
 use abi_stable::std_types::{RResult, RSlice, RStr};
 
-use crate::abi::{CounterBox, HostCallbacks, LineReport, PluginModRef, ProviderBox};
+use crate::abi::{ChunkReport, CounterBox, HostCallbacks, LineReport, PluginModRef, ProviderBox};
 use crate::model::{CounterRequest, CounterStats, Manifest};
 use crate::{ABI_GENERATION, ABI_GENERATION_SYMBOL, PROTOCOL_VERSION};
 
@@ -183,6 +183,26 @@ impl Counter {
     #[inline]
     pub fn feed(&mut self, line: &[u8]) -> Result<LineReport, CallError> {
         match self.object.feed(RSlice::from_slice(line)) {
+            RResult::ROk(r) => Ok(r),
+            RResult::RErr(e) => Err(CallError {
+                provider: self.provider.clone(),
+                message: e.into_string(),
+            }),
+        }
+    }
+
+    /// Feeds whole lines, stopping right after the line on which the steps begun exceed
+    /// `step_allowance` (use `u64::MAX` to read everything).
+    #[inline]
+    pub fn feed_chunk(
+        &mut self,
+        chunk: &[u8],
+        step_allowance: u64,
+    ) -> Result<ChunkReport, CallError> {
+        match self
+            .object
+            .feed_chunk(RSlice::from_slice(chunk), step_allowance)
+        {
             RResult::ROk(r) => Ok(r),
             RResult::RErr(e) => Err(CallError {
                 provider: self.provider.clone(),

@@ -63,7 +63,7 @@ pub mod guest;
 pub mod host;
 pub mod model;
 
-pub use abi::{HostCallbacks, LineReport, PluginModRef, ProviderBox};
+pub use abi::{ChunkReport, HostCallbacks, LineReport, PluginModRef, ProviderBox};
 pub use guest::{ProviderPlugin, StepCounter, provider_box, testing};
 pub use model::{
     CounterRequest, CounterStats, Manifest, NativeLimit, OptionInfo, Terminal, Tokens, UnitInfo,

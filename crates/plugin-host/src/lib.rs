@@ -284,6 +284,17 @@ extern "C" fn log_from_plugin(level: u8, target: RStr<'_>, message: RStr<'_>) {
     }
 }
 
+/// Loads one plugin file on its own and returns its manifest, or why it does not load.
+pub fn check_file(path: &Path) -> Result<stepguard_plugin_api::Manifest, LoadError> {
+    if !path.is_file() {
+        return Err(LoadError::NotALibrary(format!(
+            "{} is not a file",
+            path.display()
+        )));
+    }
+    host::load_file(path, host_callbacks()).map(|p| p.manifest().clone())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -333,15 +344,4 @@ mod tests {
             "unknown provider `nope`; available providers: "
         );
     }
-}
-
-/// Loads one plugin file on its own and returns its manifest, or why it does not load.
-pub fn check_file(path: &Path) -> Result<stepguard_plugin_api::Manifest, LoadError> {
-    if !path.is_file() {
-        return Err(LoadError::NotALibrary(format!(
-            "{} is not a file",
-            path.display()
-        )));
-    }
-    host::load_file(path, host_callbacks()).map(|p| p.manifest().clone())
 }

@@ -152,11 +152,10 @@ impl ClaudeCounter {
                 for step in step_ids {
                     if self.steps.insert(step.to_vec()) {
                         report.steps_begun += 1;
-                        if self.by_message {
-                            if self.current_message.replace(step.to_vec()).is_some() {
-                                self.completed += 1;
-                                report.steps_completed += 1;
-                            }
+                        if self.by_message && self.current_message.replace(step.to_vec()).is_some()
+                        {
+                            self.completed += 1;
+                            report.steps_completed += 1;
                         }
                     }
                 }

@@ -179,20 +179,19 @@ impl CodexCounter {
             _ => None,
         };
         match (item_type, kind.as_ref()) {
-            (Some((item_type, started)), _) => {
-                if self.unit.counts(item_type) {
-                    // Messages have no call id: each one is its own item.
-                    let id = match call_id {
-                        Some(c) => c.0.to_vec(),
-                        None => format!("legacy_{}", self.begun.len()).into_bytes(),
-                    };
-                    if started {
-                        self.begin(&id, report)
-                    } else {
-                        self.complete(&id, report)
-                    }
+            (Some((item_type, started)), _) if self.unit.counts(item_type) => {
+                // Messages have no call id: each one is its own item.
+                let id = match call_id {
+                    Some(c) => c.0.to_vec(),
+                    None => format!("legacy_{}", self.begun.len()).into_bytes(),
+                };
+                if started {
+                    self.begin(&id, report)
+                } else {
+                    self.complete(&id, report)
                 }
             }
+            (Some(_), _) => {}
             (None, "task_started") => {
                 self.turns += 1;
                 report.turns += 1;

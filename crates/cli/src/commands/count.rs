@@ -8,7 +8,7 @@ use std::path::Path;
 use anyhow::Context as _;
 use serde::Serialize;
 use stepguard_core::{ExitCode, TokenUsage};
-use stepguard_jsonl::{LineSplitter, SplitLine};
+use stepguard_jsonl::{LineSplitter, SplitChunk};
 use stepguard_plugin_api::host::Counter;
 
 use crate::args::{Cli, CountArgs};
@@ -46,7 +46,8 @@ pub struct StreamCount {
     pub truncated_last_line: bool,
 }
 
-/// Feeds a whole stream through a counter; `name` labels read errors.
+/// Feeds a whole stream through a counter, a run of whole lines per boundary crossing; `name`
+/// labels read errors.
 pub fn count_stream(
     counter: &mut Counter,
     reader: impl Read,
@@ -54,15 +55,15 @@ pub fn count_stream(
 ) -> anyhow::Result<StreamCount> {
     let mut lines = LineSplitter::new(reader);
     let mut oversized_lines = 0;
-    while let Some(line) = lines
-        .next_line()
+    while let Some(chunk) = lines
+        .next_chunk()
         .with_context(|| format!("cannot read {name}"))?
     {
-        match line {
-            SplitLine::Line(bytes) => {
-                counter.feed(bytes)?;
+        match chunk {
+            SplitChunk::Lines(bytes) => {
+                counter.feed_chunk(bytes, u64::MAX)?;
             }
-            SplitLine::Oversized(len) => {
+            SplitChunk::Oversized(len) => {
                 oversized_lines += 1;
                 tracing::warn!(
                     bytes = len,

@@ -1,0 +1,331 @@
+//! Benchmarks of stepguard, run by hand (never in tests): `cargo run --release -p stepguard-bench -- --help`.
+//!
+//! * `count`: `stepguard count` throughput on a ≥ 1 GiB corpus built from the Codex fixtures,
+//!   side by side with `jq -c 'select(.type=="item.completed")' | wc -l` and `wc -l`, with peak
+//!   memory;
+//! * `boundary`: per-line cost of a counter called directly, through the plugin interface
+//!   (built-in), and through a dynamically loaded plugin library.
+#![allow(clippy::print_stdout, clippy::print_stderr)]
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use clap::{Parser, Subcommand};
+use stepguard_plugin_api::{CounterRequest, ProviderPlugin};
+
+#[derive(Parser)]
+#[command(about = "stepguard benchmarks")]
+struct Args {
+    #[command(subcommand)]
+    bench: Bench,
+}
+
+#[derive(Subcommand)]
+enum Bench {
+    /// Count throughput against jq and wc -l on a corpus built from the fixtures.
+    Count {
+        /// Corpus size in MiB.
+        #[arg(long, default_value_t = 1024)]
+        size_mib: u64,
+        /// Timed runs of stepguard and wc (the median is reported).
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// The stepguard binary (build it with `cargo build --release -p stepguard-cli`).
+        #[arg(long, default_value = "target/release/stepguard")]
+        stepguard: PathBuf,
+        /// Skip jq (it takes minutes on 1 GiB).
+        #[arg(long)]
+        no_jq: bool,
+    },
+    /// Per-line cost of the plugin boundary.
+    Boundary {
+        /// Lines fed per measurement.
+        #[arg(long, default_value_t = 2_000_000)]
+        lines: usize,
+        /// A plugin library to load as a third variant, e.g. the codex provider built with
+        /// `cargo build --release -p stepguard-provider-codex --features plugin`.
+        #[arg(long)]
+        plugin: Option<PathBuf>,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    match Args::parse().bench {
+        Bench::Count {
+            size_mib,
+            runs,
+            stepguard,
+            no_jq,
+        } => count(size_mib, runs, &stepguard, no_jq),
+        Bench::Boundary { lines, plugin } => boundary(lines, plugin.as_deref()),
+    }
+}
+
+/// Every JSON line of the Codex fixtures (jq stops at non-JSON lines, so noise is left out).
+fn codex_lines() -> anyhow::Result<Vec<Vec<u8>>> {
+    let mut lines = Vec::new();
+    for dir in ["tests/fixtures/streams/codex", "tests/fixtures/real/codex"] {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+            .with_context(|| format!("run from the workspace root: cannot read {dir}"))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                p.extension().is_some_and(|e| e == "jsonl")
+                    && !p.to_string_lossy().contains("legacy")
+            })
+            .collect();
+        files.sort();
+        for f in files {
+            for line in std::fs::read(&f)?.split(|b| *b == b'\n') {
+                if serde_json::from_slice::<serde_json::Value>(line).is_ok() {
+                    lines.push(line.to_vec());
+                }
+            }
+        }
+    }
+    Ok(lines)
+}
+
+fn build_corpus(size_mib: u64) -> anyhow::Result<PathBuf> {
+    let path = PathBuf::from(format!("target/bench/codex-corpus-{size_mib}MiB.jsonl"));
+    let want = size_mib << 20;
+    if path.metadata().is_ok_and(|m| m.len() >= want) {
+        return Ok(path);
+    }
+    std::fs::create_dir_all("target/bench")?;
+    let mut blob = Vec::new();
+    for line in codex_lines()? {
+        blob.extend_from_slice(&line);
+        blob.push(b'\n');
+    }
+    let mut out = std::io::BufWriter::new(std::fs::File::create(&path)?);
+    let mut written = 0;
+    while written < want {
+        out.write_all(&blob)?;
+        written += blob.len() as u64;
+    }
+    out.flush()?;
+    Ok(path)
+}
+
+/// Runs a shell command, returning wall time and peak resident memory (KiB, sampled).
+fn timed(shell: &str) -> anyhow::Result<(Duration, u64, String)> {
+    let start = Instant::now();
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(shell)
+        .stdout(Stdio::piped())
+        .spawn()?;
+    let pid = child.id();
+    let mut peak = 0;
+    let output = loop {
+        if let Some(status) = child.try_wait()? {
+            let mut out = String::new();
+            std::io::Read::read_to_string(child.stdout.as_mut().context("stdout")?, &mut out)?;
+            if !status.success() {
+                bail!("`{shell}` failed: {status}");
+            }
+            break out;
+        }
+        peak = peak.max(peak_rss_kib(pid).unwrap_or(0));
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    Ok((start.elapsed(), peak, output))
+}
+
+/// Peak RSS of a process and its children (the shell's pipeline), from /proc.
+fn peak_rss_kib(shell_pid: u32) -> Option<u64> {
+    let children = std::fs::read_to_string(format!("/proc/{shell_pid}/task/{shell_pid}/children"))
+        .unwrap_or_default();
+    std::iter::once(shell_pid)
+        .chain(children.split_whitespace().filter_map(|p| p.parse().ok()))
+        .filter_map(|pid: u32| {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+            let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+            line.split_whitespace().nth(1)?.parse::<u64>().ok()
+        })
+        .max()
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn count(size_mib: u64, runs: usize, stepguard: &Path, no_jq: bool) -> anyhow::Result<()> {
+    if !stepguard.is_file() {
+        bail!(
+            "{} not found: build it with `cargo build --release -p stepguard-cli`",
+            stepguard.display()
+        );
+    }
+    let corpus = build_corpus(size_mib)?;
+    let bytes = corpus.metadata()?.len();
+    let file = corpus.display().to_string();
+    println!(
+        "corpus: {file} ({:.2} GiB)",
+        bytes as f64 / (1u64 << 30) as f64
+    );
+    // Warm the page cache so every tool reads from memory.
+    timed(&format!("cat {file} > /dev/null"))?;
+    let mut results = Vec::new();
+    let tools = [
+        (
+            "stepguard count -p codex",
+            format!("{} count -p codex {file}", stepguard.display()),
+        ),
+        ("wc -l", format!("wc -l {file}")),
+    ];
+    for (name, cmd) in &tools {
+        let mut times = Vec::new();
+        let mut peak = 0;
+        for _ in 0..runs {
+            let (t, p, _) = timed(cmd)?;
+            times.push(t);
+            peak = peak.max(p);
+        }
+        results.push((*name, median(times), peak));
+    }
+    if !no_jq {
+        if Command::new("jq").arg("--version").output().is_ok() {
+            let (t, p, out) = timed(&format!(
+                "jq -c 'select(.type==\"item.completed\")' {file} | wc -l"
+            ))?;
+            println!("jq matched {} item.completed lines", out.trim());
+            results.push(("jq -c 'select(.type==\"item.completed\")' | wc -l", t, p));
+        } else {
+            println!("jq not found (apt-get install jq); skipping it");
+        }
+    }
+    println!(
+        "{:<52} {:>9} {:>10} {:>10}",
+        "tool", "seconds", "MB/s", "peak KiB"
+    );
+    for (name, t, peak) in &results {
+        let mbs = bytes as f64 / 1e6 / t.as_secs_f64();
+        println!("{name:<52} {:>9.3} {mbs:>10.0} {peak:>10}", t.as_secs_f64());
+    }
+    let sg = results[0].1.as_secs_f64();
+    println!(
+        "stepguard vs wc -l: {:.1}x slower",
+        sg / results[1].1.as_secs_f64()
+    );
+    if let Some(jq) = results.get(2) {
+        println!("stepguard vs jq: {:.0}x faster", jq.1.as_secs_f64() / sg);
+    }
+    Ok(())
+}
+
+fn boundary(lines: usize, plugin: Option<&Path>) -> anyhow::Result<()> {
+    let corpus = codex_lines()?;
+    // A blob that stays in cache, fed `rounds` times, so the variants compare CPU cost only.
+    let blob_lines = 20_000;
+    let rounds = lines.div_ceil(blob_lines);
+    let lines = rounds * blob_lines;
+    let mut blob = Vec::new();
+    for line in corpus.iter().cycle().take(blob_lines) {
+        blob.extend_from_slice(line);
+        blob.push(b'\n');
+    }
+    // The host hands over runs of whole lines, as its line splitter yields them from 64 KiB reads.
+    let mut chunks: Vec<&[u8]> = Vec::new();
+    let mut rest = &blob[..];
+    while !rest.is_empty() {
+        let cut = rest.len().min(64 << 10);
+        let end = rest[..cut]
+            .iter()
+            .rposition(|b| *b == b'\n')
+            .map_or(rest.len(), |p| p + 1);
+        chunks.push(&rest[..end]);
+        rest = &rest[end..];
+    }
+    let request = CounterRequest {
+        unit: "item".into(),
+        ..Default::default()
+    };
+    let runs = 9;
+    let per_line = |d: Duration| d.as_nanos() as f64 / lines as f64;
+
+    // The same counter, called directly, splitting the same chunks into lines itself.
+    let direct = median(
+        (0..runs)
+            .map(|_| {
+                let mut counter = stepguard_provider_codex::CodexPlugin
+                    .open_counter(&request)
+                    .expect("counter");
+                let start = Instant::now();
+                for chunk in std::iter::repeat_n(&chunks, rounds).flatten() {
+                    std::hint::black_box(
+                        stepguard_plugin_api::testing::feed_chunk(
+                            counter.as_mut(),
+                            chunk,
+                            u64::MAX,
+                        )
+                        .expect("feed"),
+                    );
+                }
+                start.elapsed()
+            })
+            .collect(),
+    );
+    let through = |provider: &stepguard_plugin_api::host::Provider, per_line_calls: bool| {
+        median(
+            (0..runs)
+                .map(|_| {
+                    let mut counter = provider.open_counter(&request).expect("counter");
+                    let start = Instant::now();
+                    for chunk in std::iter::repeat_n(&chunks, rounds).flatten() {
+                        if per_line_calls {
+                            for line in chunk.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+                                std::hint::black_box(counter.feed(line).expect("feed"));
+                            }
+                        } else {
+                            std::hint::black_box(
+                                counter.feed_chunk(chunk, u64::MAX).expect("feed"),
+                            );
+                        }
+                    }
+                    start.elapsed()
+                })
+                .collect(),
+        )
+    };
+    let report = |label: &str, d: Duration| {
+        println!(
+            "{label:<44} {:7.1} ns/line ({:+.1}% vs direct)",
+            per_line(d),
+            (per_line(d) / per_line(direct) - 1.0) * 100.0
+        );
+    };
+    println!("{lines} lines of the Codex fixtures, unit item, median of {runs} runs");
+    println!(
+        "{:<44} {:7.1} ns/line",
+        "direct call of the counter",
+        per_line(direct)
+    );
+    let builtin = stepguard_plugin_api::host::Provider::new(stepguard_provider_codex::provider())?;
+    report(
+        "plugin interface, built in, chunks",
+        through(&builtin, false),
+    );
+    report(
+        "plugin interface, built in, one call a line",
+        through(&builtin, true),
+    );
+    if let Some(path) = plugin {
+        let mut registry = stepguard_plugin_host::Registry::new(Vec::new());
+        registry.load_dirs(&[path.parent().context("plugin path")?.to_path_buf()]);
+        let entry = registry
+            .entries()
+            .find(|e| e.provider.manifest().name == "codex")
+            .context("no codex plugin loaded from that directory")?;
+        report("loaded library, chunks", through(&entry.provider, false));
+        report(
+            "loaded library, one call a line",
+            through(&entry.provider, true),
+        );
+    }
+    Ok(())
+}
