@@ -8,3 +8,4 @@ mod harness;
 mod config_cmd;
 mod count_cmd;
 mod plugins;
+mod run_cmd;

@@ -34,10 +34,73 @@ pub enum Command {
     Config(ConfigArgs),
     /// Check every config file in effect; exit 0 when valid, 2 otherwise.
     Validate(ValidateArgs),
+    /// Run an agent CLI under a step budget: pass its output through, count steps, stop it.
+    Run(RunArgs),
     /// Count the steps of recorded provider streams.
     Count(CountArgs),
     /// List provider plugins, or explain whether a plugin file loads.
     Plugins(PluginsArgs),
+}
+
+/// What to do when the budget is exceeded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OnLimit {
+    /// Stop the agent's whole process tree.
+    Stop,
+    /// Pause the agent and ask on the terminal (stop, allow N more, continue); `stop` without one.
+    Ask,
+}
+
+/// Where the agent's standard input comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum StdinMode {
+    /// stepguard's own standard input.
+    Inherit,
+    /// /dev/null (Codex reads stdin to EOF and would wait on an open pipe).
+    Null,
+}
+
+/// Arguments of `stepguard run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Provider whose step mapping applies (see `stepguard plugins`).
+    #[arg(long, short = 'p', value_name = "P")]
+    pub provider: String,
+    /// Budget flags.
+    #[command(flatten)]
+    pub budget: BudgetArgs,
+    /// Step unit (default: `[P] max_steps_unit` from the config, else the provider's default).
+    #[arg(long, value_name = "U")]
+    pub unit: Option<String>,
+    /// Stop the agent after this long (e.g. 90s, 30m, 1h30m); exit 124.
+    #[arg(long, value_name = "DURATION")]
+    pub timeout: Option<humantime::Duration>,
+    /// Time between SIGTERM and SIGKILL when stopping the agent.
+    #[arg(long, value_name = "DURATION", default_value = "5s")]
+    pub grace: humantime::Duration,
+    /// What to do at the limit.
+    #[arg(long, value_enum, default_value_t = OnLimit::Stop)]
+    pub on_limit: OnLimit,
+    /// The agent's standard input.
+    #[arg(long, value_enum, default_value_t = StdinMode::Inherit)]
+    pub stdin: StdinMode,
+    /// Do not pass the budget to the provider CLI's own limit (e.g. Claude's --max-turns).
+    #[arg(long)]
+    pub no_native_limit: bool,
+    /// No live status line.
+    #[arg(long, short = 'q')]
+    pub quiet: bool,
+    /// Also write the run's summary as one JSON object to this file.
+    #[arg(long, value_name = "PATH")]
+    pub summary_file: Option<PathBuf>,
+    /// The agent command and its arguments (after `--`).
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "COMMAND"
+    )]
+    pub command: Vec<String>,
 }
 
 /// Arguments of `stepguard count`.

@@ -48,6 +48,7 @@ where
     let result = match &cli.command {
         Command::Config(a) => commands::config::run(config, a),
         Command::Validate(a) => commands::validate::run(config, a),
+        Command::Run(a) => commands::run::run(&cli, a),
         Command::Count(a) => commands::count::run(&cli, a),
         Command::Plugins(a) => commands::plugins::run(&cli, a),
     };

@@ -21,6 +21,12 @@ pub fn diag(level: &str, text: impl AsRef<str>) {
     let _ = writeln!(io::stderr().lock(), "stepguard: {level}: {}", text.as_ref());
 }
 
+/// Writes an informational line on stderr, e.g. the run's summary: `stepguard: …`.
+pub fn note(text: impl AsRef<str>) {
+    // A closed stderr leaves nowhere to report to; ignoring is the only option.
+    let _ = writeln!(io::stderr().lock(), "stepguard: {}", text.as_ref());
+}
+
 /// Returns true when `err` is a closed stdout (e.g. piped into `head`), which is not a failure.
 pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
     err.chain()

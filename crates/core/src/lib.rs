@@ -9,7 +9,8 @@
 //!   over budget: a budget of N lets N steps happen, and step N+1 beginning is over budget;
 //! * [`slug`]: [`FailureSlug`], the stable machine-readable reasons runs fail;
 //! * [`stats`]: [`RunStats`] and the one-line summary (`Steps: X (legacy turns: Y)`);
-//! * [`exit`]: the exit codes of the `stepguard` binary.
+//! * [`exit`]: the exit codes of the `stepguard` binary;
+//! * [`verdict`]: how a supervised run is judged from who stopped it, its stream and its exit.
 //!
 //! # Stability
 //!
@@ -35,6 +36,7 @@ pub mod exit;
 pub mod ledger;
 pub mod slug;
 pub mod stats;
+pub mod verdict;
 
 pub use budget::{
     BudgetError, BudgetRequest, ConfigModel, LevelSettings, Origin, RawValue, ResolvedBudget,

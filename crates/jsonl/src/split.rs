@@ -148,6 +148,14 @@ impl<R: Read> LineSplitter<R> {
         }
     }
 
+    /// Returns the last `n` bytes of the chunk just handed out to the buffer, so the next call
+    /// starts with them (used to hold back the lines after a budget breach).
+    pub fn give_back(&mut self, n: usize) {
+        let n = n.min(self.start);
+        self.start -= n;
+        self.scanned = self.start;
+    }
+
     fn refill(&mut self) -> io::Result<()> {
         // Move the unfinished line to the front.
         if self.start > 0 {

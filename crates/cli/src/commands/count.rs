@@ -18,6 +18,14 @@ use crate::{output, providers, settings};
 #[derive(Debug, Serialize)]
 pub struct FileReport<'a> {
     file: String,
+    #[serde(flatten)]
+    stream: StreamReport<'a>,
+}
+
+/// What a stream's counts and outcome were: the fields `count --json` and `run --summary-file`
+/// share.
+#[derive(Debug, Serialize)]
+pub struct StreamReport<'a> {
     provider: &'a str,
     unit: &'a str,
     num_steps_computed: Option<u64>,
@@ -34,6 +42,37 @@ pub struct FileReport<'a> {
     tokens: Option<TokenUsage>,
     cost_usd: Option<f64>,
     sub_agent_steps: BTreeMap<String, u64>,
+}
+
+impl<'a> StreamReport<'a> {
+    /// Builds the report from the run's stats and the counter's own numbers.
+    pub fn new(
+        provider: &'a str,
+        unit: &'a str,
+        stats: &stepguard_core::RunStats,
+        counter: &stepguard_plugin_api::CounterStats,
+        oversized_lines: u64,
+        truncated_last_line: bool,
+    ) -> Self {
+        StreamReport {
+            provider,
+            unit,
+            num_steps_computed: stats.num_steps_computed,
+            num_steps_reported: stats.num_steps_reported,
+            num_turns_reported: stats.num_turns_reported,
+            num_turns_computed: stats.num_turns_computed,
+            outcome: stats.outcome.as_str(),
+            error_type: stats.slug.map(|s| s.as_str()),
+            message: counter.terminal.as_ref().and_then(|t| t.message.clone()),
+            noise_lines: counter.noise_lines,
+            unknown_events: counter.unknown_events,
+            oversized_lines,
+            truncated_last_line,
+            tokens: stats.tokens,
+            cost_usd: stats.cost_usd,
+            sub_agent_steps: counter.sub_agent_steps.clone(),
+        }
+    }
 }
 
 /// What reading one stream produced.
@@ -105,10 +144,14 @@ pub fn run(cli: &Cli, args: &CountArgs) -> anyhow::Result<ExitCode> {
                         "{}: {} (provider {}, unit {}, {} noise line{})",
                         report.file,
                         stats.summary_line(),
-                        report.provider,
-                        report.unit,
-                        report.noise_lines,
-                        if report.noise_lines == 1 { "" } else { "s" }
+                        report.stream.provider,
+                        report.stream.unit,
+                        report.stream.noise_lines,
+                        if report.stream.noise_lines == 1 {
+                            ""
+                        } else {
+                            "s"
+                        }
                     ))?;
                 }
             }
@@ -153,25 +196,13 @@ fn report<'a>(
     let stats = providers::run_stats(&count.stats);
     FileReport {
         file: path.display().to_string(),
-        provider,
-        unit,
-        num_steps_computed: stats.num_steps_computed,
-        num_steps_reported: stats.num_steps_reported,
-        num_turns_reported: stats.num_turns_reported,
-        num_turns_computed: stats.num_turns_computed,
-        outcome: stats.outcome.as_str(),
-        error_type: stats.slug.map(|s| s.as_str()),
-        message: count
-            .stats
-            .terminal
-            .as_ref()
-            .and_then(|t| t.message.clone()),
-        noise_lines: count.stats.noise_lines,
-        unknown_events: count.stats.unknown_events,
-        oversized_lines: count.oversized_lines,
-        truncated_last_line: count.truncated_last_line,
-        tokens: stats.tokens,
-        cost_usd: stats.cost_usd,
-        sub_agent_steps: count.stats.sub_agent_steps.clone(),
+        stream: StreamReport::new(
+            provider,
+            unit,
+            &stats,
+            &count.stats,
+            count.oversized_lines,
+            count.truncated_last_line,
+        ),
     }
 }

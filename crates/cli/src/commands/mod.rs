@@ -3,4 +3,5 @@
 pub mod config;
 pub mod count;
 pub mod plugins;
+pub mod run;
 pub mod validate;

@@ -1,0 +1,229 @@
+//! How a supervised run is judged: who stopped it, what the stream said, how the agent exited.
+
+use serde::Serialize;
+
+use crate::exit::ExitCode;
+use crate::slug::FailureSlug;
+use crate::stats::Outcome;
+
+/// Why stepguard itself stopped the agent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum TerminatedBy {
+    /// The step budget was exceeded.
+    Budget,
+    /// The run's timeout fired.
+    Timeout,
+    /// stepguard received SIGINT, SIGTERM or SIGHUP and forwarded it.
+    Signal,
+    /// The provider plugin failed mid-run (fail closed).
+    Plugin,
+}
+
+impl TerminatedBy {
+    /// Returns the stable lowercase name.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            TerminatedBy::Budget => "budget",
+            TerminatedBy::Timeout => "timeout",
+            TerminatedBy::Signal => "signal",
+            TerminatedBy::Plugin => "plugin",
+        }
+    }
+}
+
+/// How the agent process ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChildExit {
+    /// It exited with this code.
+    Code(i32),
+    /// A signal killed it.
+    Signal(i32),
+}
+
+/// The stream's own terminal event, when it had one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StreamVerdict {
+    /// Whether the provider reported success.
+    pub success: bool,
+    /// The failure slug it implies.
+    pub slug: Option<FailureSlug>,
+}
+
+/// The judgement of a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Verdict {
+    /// Success or failure.
+    pub outcome: Outcome,
+    /// Why it failed.
+    pub slug: Option<FailureSlug>,
+    /// What stepguard exits with.
+    pub exit_code: ExitCode,
+}
+
+impl Verdict {
+    const fn failed(slug: FailureSlug, exit_code: ExitCode) -> Self {
+        Verdict {
+            outcome: Outcome::Failed,
+            slug: Some(slug),
+            exit_code,
+        }
+    }
+}
+
+/// Judges a run. stepguard's own reason to stop comes first; otherwise the stream's terminal
+/// event decides, checked against the exit status; a stream without one is judged by the exit
+/// status alone.
+pub fn classify(
+    terminated_by: Option<TerminatedBy>,
+    stream: Option<StreamVerdict>,
+    child: Option<ChildExit>,
+) -> Verdict {
+    match terminated_by {
+        Some(TerminatedBy::Budget) => {
+            return Verdict::failed(FailureSlug::MaxSteps, ExitCode::BudgetExceeded);
+        }
+        Some(TerminatedBy::Timeout) => {
+            return Verdict::failed(FailureSlug::Timeout, ExitCode::Timeout);
+        }
+        Some(TerminatedBy::Signal) => {
+            return Verdict::failed(FailureSlug::Interrupted, ExitCode::Interrupted);
+        }
+        Some(TerminatedBy::Plugin) => {
+            return Verdict::failed(FailureSlug::PluginError, ExitCode::Plugin);
+        }
+        None => {}
+    }
+    match (stream, child) {
+        (Some(StreamVerdict { success: true, .. }), None | Some(ChildExit::Code(0))) => Verdict {
+            outcome: Outcome::Success,
+            slug: None,
+            exit_code: ExitCode::Success,
+        },
+        // The stream said success but the process disagrees: trust the failure.
+        (Some(StreamVerdict { success: true, .. }), Some(ChildExit::Code(_))) => {
+            Verdict::failed(FailureSlug::ProviderError, ExitCode::AgentFailed)
+        }
+        (Some(StreamVerdict { success: true, .. }), Some(ChildExit::Signal(_))) => {
+            Verdict::failed(FailureSlug::Killed, ExitCode::AgentFailed)
+        }
+        (
+            Some(StreamVerdict {
+                success: false,
+                slug,
+            }),
+            _,
+        ) => {
+            let slug = slug.unwrap_or(FailureSlug::ProviderError);
+            // The provider's own limit fired: still a budget outcome.
+            let code = if slug == FailureSlug::MaxSteps {
+                ExitCode::BudgetExceeded
+            } else {
+                ExitCode::AgentFailed
+            };
+            Verdict::failed(slug, code)
+        }
+        (None, Some(ChildExit::Code(0))) => Verdict {
+            outcome: Outcome::Success,
+            slug: None,
+            exit_code: ExitCode::Success,
+        },
+        (None, Some(ChildExit::Code(_))) => {
+            Verdict::failed(FailureSlug::ProviderError, ExitCode::AgentFailed)
+        }
+        (None, Some(ChildExit::Signal(_))) => {
+            Verdict::failed(FailureSlug::Killed, ExitCode::AgentFailed)
+        }
+        (None, None) => Verdict {
+            outcome: Outcome::Incomplete,
+            slug: None,
+            exit_code: ExitCode::AgentFailed,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok() -> Option<StreamVerdict> {
+        Some(StreamVerdict {
+            success: true,
+            slug: None,
+        })
+    }
+
+    fn failed(slug: FailureSlug) -> Option<StreamVerdict> {
+        Some(StreamVerdict {
+            success: false,
+            slug: Some(slug),
+        })
+    }
+
+    #[test]
+    fn stepguards_own_stop_wins() {
+        for (by, slug, code) in [
+            (TerminatedBy::Budget, FailureSlug::MaxSteps, 3),
+            (TerminatedBy::Timeout, FailureSlug::Timeout, 124),
+            (TerminatedBy::Signal, FailureSlug::Interrupted, 130),
+            (TerminatedBy::Plugin, FailureSlug::PluginError, 4),
+        ] {
+            let v = classify(Some(by), ok(), Some(ChildExit::Signal(15)));
+            assert_eq!(
+                (v.outcome, v.slug, v.exit_code.code()),
+                (Outcome::Failed, Some(slug), code)
+            );
+        }
+    }
+
+    #[test]
+    fn the_stream_decides_when_the_agent_ended_by_itself() {
+        let v = classify(None, ok(), Some(ChildExit::Code(0)));
+        assert_eq!((v.outcome, v.exit_code.code()), (Outcome::Success, 0));
+        let v = classify(
+            None,
+            failed(FailureSlug::MaxSteps),
+            Some(ChildExit::Code(1)),
+        );
+        assert_eq!(
+            (v.slug, v.exit_code.code()),
+            (Some(FailureSlug::MaxSteps), 3)
+        );
+        let v = classify(
+            None,
+            failed(FailureSlug::RateLimited),
+            Some(ChildExit::Code(1)),
+        );
+        assert_eq!(
+            (v.slug, v.exit_code.code()),
+            (Some(FailureSlug::RateLimited), 1)
+        );
+        let v = classify(None, ok(), Some(ChildExit::Code(2)));
+        assert_eq!(v.slug, Some(FailureSlug::ProviderError));
+        let v = classify(
+            None,
+            Some(StreamVerdict {
+                success: false,
+                slug: None,
+            }),
+            Some(ChildExit::Code(1)),
+        );
+        assert_eq!(v.slug, Some(FailureSlug::ProviderError));
+    }
+
+    #[test]
+    fn without_a_terminal_event_the_exit_status_decides() {
+        assert_eq!(
+            classify(None, None, Some(ChildExit::Code(0))).outcome,
+            Outcome::Success
+        );
+        let v = classify(None, None, Some(ChildExit::Code(101)));
+        assert_eq!(
+            (v.slug, v.exit_code.code()),
+            (Some(FailureSlug::ProviderError), 1)
+        );
+        let v = classify(None, None, Some(ChildExit::Signal(9)));
+        assert_eq!((v.slug, v.exit_code.code()), (Some(FailureSlug::Killed), 1));
+    }
+}

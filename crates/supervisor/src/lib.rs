@@ -1,0 +1,273 @@
+//! Runs an agent CLI as a supervised process tree and stops every descendant on demand.
+//!
+//! Agent CLIs are hard to stop: Codex runs each tool command in its own session (setsid and a
+//! pseudo-terminal), outside its process group, so signalling the group leaves `sleep 300`
+//! running. This crate therefore:
+//!
+//! * makes the supervisor a child subreaper ([`become_subreaper`]), so orphans of the agent are
+//!   reparented to it rather than to init and stay findable;
+//! * starts the agent in its own process group ([`spawn_in_group`]);
+//! * finds every live descendant by walking `/proc` ([`descendants`]);
+//! * stops the tree ([`stop_tree`]): SIGTERM to the group and to every descendant, a grace
+//!   period, then SIGKILL, repeated until nothing is left;
+//! * reaps every child it inherits ([`Reaper`]), reporting the agent's own exit.
+//!
+//! Linux only (`/proc`, `PR_SET_CHILD_SUBREAPER`).
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! let child = stepguard_supervisor::spawn_in_group(&mut std::process::Command::new("sleep").arg("30")).unwrap();
+//! let report = stepguard_supervisor::stop_tree(child.id(), Duration::from_secs(5));
+//! assert_eq!(report.survivors, 0);
+//! ```
+#![forbid(unsafe_code)]
+
+use std::collections::HashMap;
+use std::io;
+use std::os::unix::process::CommandExt as _;
+use std::process::{Child, Command};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::Sender;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use rustix::process::{Pid, Signal, WaitOptions};
+
+/// How often the tree is re-examined while it is being stopped.
+const POLL: Duration = Duration::from_millis(5);
+
+/// How a process ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExitStatus {
+    /// It exited with this code.
+    Code(i32),
+    /// It was killed by this signal.
+    Signal(i32),
+}
+
+impl ExitStatus {
+    /// Returns the shell-style number: the code, or 128 + the signal.
+    pub fn shell_code(self) -> i32 {
+        match self {
+            ExitStatus::Code(c) => c,
+            ExitStatus::Signal(s) => 128 + s,
+        }
+    }
+}
+
+/// Makes this process a child subreaper, so orphaned descendants are reparented to it.
+pub fn become_subreaper() -> io::Result<()> {
+    rustix::process::set_child_subreaper(Some(rustix::process::getpid())).map_err(io::Error::from)
+}
+
+/// Spawns `cmd` as the leader of a new process group.
+pub fn spawn_in_group(cmd: &mut Command) -> io::Result<Child> {
+    cmd.process_group(0).spawn()
+}
+
+fn pid(raw: u32) -> Option<Pid> {
+    i32::try_from(raw).ok().and_then(Pid::from_raw)
+}
+
+/// One line of `/proc/PID/stat`: (pid, state, ppid). The command name may hold spaces and
+/// parentheses, so the fields are read after the last `)`.
+fn parse_stat(stat: &str) -> Option<(u32, char, u32)> {
+    let pid = stat.split_whitespace().next()?.parse().ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    let ppid = fields.next()?.parse().ok()?;
+    Some((pid, state, ppid))
+}
+
+/// Returns every live (non-zombie) descendant of `root`, found by walking `/proc`.
+pub fn descendants(root: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut children: HashMap<u32, Vec<(u32, bool)>> = HashMap::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(name) = name
+            .to_str()
+            .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{name}/stat")) else {
+            continue;
+        };
+        if let Some((pid, state, ppid)) = parse_stat(&stat) {
+            children
+                .entry(ppid)
+                .or_default()
+                .push((pid, state != 'Z' && state != 'X'));
+        }
+    }
+    let mut out = Vec::new();
+    let mut stack = vec![root];
+    while let Some(p) = stack.pop() {
+        for &(child, alive) in children.get(&p).map(Vec::as_slice).unwrap_or_default() {
+            if alive {
+                out.push(child);
+            }
+            stack.push(child);
+        }
+    }
+    out
+}
+
+/// Sends `signal` to the process group `pgid` and to every descendant of this process; returns
+/// how many processes were signalled individually.
+pub fn signal_tree(pgid: u32, signal: Signal) -> usize {
+    if let Some(g) = pid(pgid) {
+        // The group may already be gone; individual descendants are handled below.
+        let _ = rustix::process::kill_process_group(g, signal);
+    }
+    let me = std::process::id();
+    let mut sent = 0;
+    for p in descendants(me) {
+        if let Some(p) = pid(p)
+            && rustix::process::kill_process(p, signal).is_ok()
+        {
+            sent += 1;
+        }
+    }
+    sent
+}
+
+/// What stopping a tree took.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StopReport {
+    /// Live descendants when the stop began.
+    pub initial: usize,
+    /// True when SIGKILL was needed after the grace period.
+    pub killed: bool,
+    /// Descendants still alive at the end (0 unless something is unkillable).
+    pub survivors: usize,
+    /// How long it took.
+    pub elapsed: Duration,
+}
+
+/// Stops every descendant of this process: SIGTERM to the group `pgid` and each descendant,
+/// then, after `grace`, SIGKILL, repeated until none is left (or a bounded number of rounds).
+///
+/// Processes that are stopped (SIGSTOP) are continued after SIGTERM so that they can act on it.
+pub fn stop_tree(pgid: u32, grace: Duration) -> StopReport {
+    stop_tree_with(pgid, Signal::TERM, grace)
+}
+
+/// Like [`stop_tree`], but starts with `first` (e.g. a forwarded SIGINT) instead of SIGTERM.
+pub fn stop_tree_with(pgid: u32, first: Signal, grace: Duration) -> StopReport {
+    let start = Instant::now();
+    let me = std::process::id();
+    let initial = descendants(me).len();
+    signal_tree(pgid, first);
+    signal_tree(pgid, Signal::CONT);
+    let deadline = start + grace;
+    while Instant::now() < deadline {
+        if descendants(me).is_empty() {
+            return StopReport {
+                initial,
+                killed: false,
+                survivors: 0,
+                elapsed: start.elapsed(),
+            };
+        }
+        std::thread::sleep(POLL);
+    }
+    let mut killed = false;
+    for _ in 0..200 {
+        if descendants(me).is_empty() {
+            break;
+        }
+        killed = true;
+        signal_tree(pgid, Signal::KILL);
+        std::thread::sleep(POLL);
+    }
+    StopReport {
+        initial,
+        killed,
+        survivors: descendants(me).len(),
+        elapsed: start.elapsed(),
+    }
+}
+
+/// Pauses (SIGSTOP) or resumes (SIGCONT) the whole tree.
+pub fn pause_tree(pgid: u32, pause: bool) {
+    signal_tree(pgid, if pause { Signal::STOP } else { Signal::CONT });
+}
+
+/// Reaps every child of this process in a background thread, reporting the exit of `watched`.
+pub struct Reaper {
+    stop: Arc<AtomicBool>,
+    handle: Option<JoinHandle<()>>,
+}
+
+impl Reaper {
+    /// Starts reaping; sends `on_exit(status)` once when `watched` exits.
+    pub fn start<T: Send + 'static>(
+        watched: u32,
+        events: Sender<T>,
+        on_exit: fn(ExitStatus) -> T,
+    ) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let handle = std::thread::Builder::new()
+            .name("stepguard-reaper".into())
+            .spawn(move || {
+                while !flag.load(Ordering::Relaxed) {
+                    match rustix::process::wait(WaitOptions::NOHANG) {
+                        Ok(Some((p, status))) => {
+                            let status = match (status.exit_status(), status.terminating_signal()) {
+                                (Some(code), _) => ExitStatus::Code(code),
+                                (None, Some(sig)) => ExitStatus::Signal(sig),
+                                (None, None) => continue,
+                            };
+                            if p.as_raw_pid() as u32 == watched {
+                                let _ = events.send(on_exit(status));
+                            } else {
+                                tracing::debug!(
+                                    pid = p.as_raw_pid(),
+                                    ?status,
+                                    "reaped a descendant"
+                                );
+                            }
+                        }
+                        // Nothing to reap right now (or no children at all yet/any more).
+                        Ok(None) | Err(_) => std::thread::sleep(Duration::from_millis(1)),
+                    }
+                }
+            })
+            .ok();
+        Reaper { stop, handle }
+    }
+}
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_lines_with_odd_command_names() {
+        assert_eq!(parse_stat("42 (sleep) S 7 42 42 0"), Some((42, 'S', 7)));
+        assert_eq!(parse_stat("43 (a) b (c) Z 9 1"), Some((43, 'Z', 9)));
+        assert_eq!(parse_stat("garbage"), None);
+    }
+
+    #[test]
+    fn exit_status_shell_codes() {
+        assert_eq!(ExitStatus::Code(3).shell_code(), 3);
+        assert_eq!(ExitStatus::Signal(15).shell_code(), 143);
+    }
+}
