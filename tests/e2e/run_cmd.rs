@@ -278,7 +278,7 @@ fn missing_executable_is_spawn_failed_exit_2_naming_it() {
 #[test]
 fn garbage_output_is_passed_through_and_counted_as_noise() {
     let sb = Sandbox::new();
-    let garbage = sb.write("garbage.bin", b"plain text\n\xff\xfe\x00binary\n{\"type\":\"item.completed\",\"item\":{\"id\":\"item_0\",\"type\":\"agent_message\",\"text\":\"hi\"}}\n{broken json\nno newline at the end".to_vec());
+    let garbage = sb.write("garbage.bin", b"plain text\n\xff\xfe\x00binary\n{\"type\":\"item.completed\",\"item\":{\"id\":\"item_0\",\"type\":\"agent_message\",\"text\":\"hi\"}}\n{broken json\nno newline at the end");
     let agent = script(&sb, "agent.sh", &format!("cat {}", garbage.display()));
     let run = sb
         .cmd(&["run", "-p", "codex", "--", &agent])
