@@ -40,6 +40,15 @@ enum Bench {
         #[arg(long)]
         no_jq: bool,
     },
+    /// Enforcement latency: breaching line written by the child → SIGTERM delivered to it.
+    Latency {
+        /// Number of supervised runs.
+        #[arg(long, default_value_t = 200)]
+        runs: usize,
+        /// The stepguard binary (build it with `cargo build --release -p stepguard-cli`).
+        #[arg(long, default_value = "target/release/stepguard")]
+        stepguard: PathBuf,
+    },
     /// Per-line cost of the plugin boundary.
     Boundary {
         /// Lines fed per measurement.
@@ -61,6 +70,7 @@ fn main() -> anyhow::Result<()> {
             no_jq,
         } => count(size_mib, runs, &stepguard, no_jq),
         Bench::Boundary { lines, plugin } => boundary(lines, plugin.as_deref()),
+        Bench::Latency { runs, stepguard } => latency(runs, &stepguard),
     }
 }
 
@@ -327,5 +337,82 @@ fn boundary(lines: usize, plugin: Option<&Path>) -> anyhow::Result<()> {
             through(&entry.provider, true),
         );
     }
+    Ok(())
+}
+
+/// The child for the latency benchmark: writes two steps, notes the time, writes the breaching
+/// line, and notes when SIGTERM arrives (both on CLOCK_MONOTONIC, which every process shares).
+const LATENCY_CHILD: &str = r#"
+import os, signal, sys, time
+out = sys.argv[1]
+state = {}
+def on_term(sig, frame):
+    with open(out, "w") as f:
+        f.write(str(time.monotonic_ns() - state["written"]))
+    os._exit(0)
+signal.signal(signal.SIGTERM, on_term)
+line = '{"type":"item.started","item":{"id":"item_%d","type":"command_execution"}}\n'
+for i in range(2):
+    os.write(1, (line % i).encode())
+time.sleep(0.05)
+state["written"] = time.monotonic_ns()
+os.write(1, (line % 2).encode())
+time.sleep(30)
+"#;
+
+fn latency(runs: usize, stepguard: &Path) -> anyhow::Result<()> {
+    if !stepguard.is_file() {
+        bail!(
+            "{} not found: build it with `cargo build --release -p stepguard-cli`",
+            stepguard.display()
+        );
+    }
+    std::fs::create_dir_all("target/bench")?;
+    let child = Path::new("target/bench/latency_child.py");
+    std::fs::write(child, LATENCY_CHILD)?;
+    let result = Path::new("target/bench/latency_result.txt");
+    let mut samples = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let _ = std::fs::remove_file(result);
+        let status = Command::new(stepguard)
+            .args([
+                "run",
+                "-q",
+                "-p",
+                "codex",
+                "--max-steps",
+                "2",
+                "--grace",
+                "2s",
+                "--",
+            ])
+            .arg("python3")
+            .arg(child)
+            .arg(result)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()?;
+        if status.code() != Some(3) {
+            bail!("stepguard exited with {status}, expected 3");
+        }
+        let ns: u64 = std::fs::read_to_string(result)
+            .context("the child recorded no SIGTERM")?
+            .trim()
+            .parse()?;
+        samples.push(Duration::from_nanos(ns));
+    }
+    samples.sort();
+    let at = |q: f64| samples[((samples.len() as f64 - 1.0) * q).round() as usize];
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    println!(
+        "enforcement latency over {runs} runs (breaching line written -> SIGTERM received by the child)"
+    );
+    println!(
+        "median {:.3} ms, p90 {:.3} ms, p99 {:.3} ms, max {:.3} ms",
+        ms(at(0.5)),
+        ms(at(0.9)),
+        ms(at(0.99)),
+        ms(at(1.0))
+    );
     Ok(())
 }

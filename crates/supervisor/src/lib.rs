@@ -162,6 +162,11 @@ pub fn stop_tree(pgid: u32, grace: Duration) -> StopReport {
 pub fn stop_tree_with(pgid: u32, first: Signal, grace: Duration) -> StopReport {
     let start = Instant::now();
     let me = std::process::id();
+    // Signal the group before anything else: this is the latency users feel. Walking /proc for
+    // the descendants outside the group comes right after.
+    if let Some(g) = pid(pgid) {
+        let _ = rustix::process::kill_process_group(g, first);
+    }
     let initial = descendants(me).len();
     signal_tree(pgid, first);
     signal_tree(pgid, Signal::CONT);
@@ -191,6 +196,14 @@ pub fn stop_tree_with(pgid: u32, first: Signal, grace: Duration) -> StopReport {
         killed,
         survivors: descendants(me).len(),
         elapsed: start.elapsed(),
+    }
+}
+
+/// Sends SIGTERM to the process group only: the fastest first move, safe from any thread; a
+/// full [`stop_tree`] should follow.
+pub fn term_group(pgid: u32) {
+    if let Some(g) = pid(pgid) {
+        let _ = rustix::process::kill_process_group(g, Signal::TERM);
     }
 }
 

@@ -151,6 +151,8 @@ pub fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
         .take()
         .ok_or_else(|| UsageError("the agent has no stdout pipe".into()))?;
 
+    let ask =
+        args.on_limit == OnLimit::Ask && io::stdin().is_terminal() && io::stderr().is_terminal();
     let (events_tx, events) = mpsc::channel::<Event>();
     let (decisions_tx, decisions) = mpsc::channel::<Decision>();
     let shared = Arc::new(Shared {
@@ -161,22 +163,21 @@ pub fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
     let reaper = Reaper::start(pgid, events_tx.clone(), Event::ChildExited);
     let _signals = listen_for_signals(events_tx.clone());
     let reader = {
-        let events = events_tx.clone();
-        let shared = Arc::clone(&shared);
-        let ledger = StepLedger::new(resolved.max_steps);
-        let stdout_is_tty = io::stdout().is_terminal() && status.enabled;
+        let reader = StreamReader {
+            counter,
+            ledger: StepLedger::new(resolved.max_steps),
+            events: events_tx.clone(),
+            decisions,
+            shared: Arc::clone(&shared),
+            stdout_is_tty: io::stdout().is_terminal() && status.enabled,
+            // Nobody will be asked: the reader may signal the group at once.
+            term_on_breach: (!ask).then_some(pgid),
+        };
         std::thread::Builder::new()
             .name("stepguard-reader".into())
             .spawn(move || {
-                let end = read_stream(
-                    counter,
-                    stdout,
-                    ledger,
-                    &events,
-                    &decisions,
-                    &shared,
-                    stdout_is_tty,
-                );
+                let events = reader.events.clone();
+                let end = reader.read(stdout);
                 let _ = events.send(Event::ReaderDone(Box::new(end)));
             })?
     };
@@ -184,8 +185,6 @@ pub fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
 
     let grace: Duration = args.grace.into();
     let deadline = args.timeout.map(|t| start + Duration::from(t));
-    let ask =
-        args.on_limit == OnLimit::Ask && io::stdin().is_terminal() && io::stderr().is_terminal();
     let mut limit = resolved.max_steps;
     let mut terminated_by: Option<TerminatedBy> = None;
     let mut breached_at = None;
@@ -361,116 +360,141 @@ pub fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
     Ok(judged.exit_code)
 }
 
-/// Reads the agent's stdout: counts whole lines, passes through what was counted, and stops
-/// right after the line whose step exceeds the budget, waiting for the main thread's decision.
-fn read_stream(
-    mut counter: Counter,
-    pipe: ChildStdout,
-    mut ledger: StepLedger,
-    events: &Sender<Event>,
-    decisions: &Receiver<Decision>,
-    shared: &Shared,
+/// The reader thread's inputs.
+struct StreamReader {
+    counter: Counter,
+    ledger: StepLedger,
+    events: Sender<Event>,
+    decisions: Receiver<Decision>,
+    shared: Arc<Shared>,
     stdout_is_tty: bool,
-) -> ReaderEnd {
-    let mut lines = LineSplitter::new(pipe);
-    let mut out = io::stdout().lock();
-    let mut passthrough = true;
-    let mut oversized_lines = 0;
-    let mut plugin_error = None;
-    loop {
-        let chunk = match lines.next_chunk() {
-            Ok(Some(chunk)) => chunk,
-            Ok(None) => break,
-            Err(e) => {
-                tracing::warn!("reading the agent's output failed: {e}");
-                break;
+    /// The process group to SIGTERM the moment a breach is seen (when nobody will be asked).
+    term_on_breach: Option<u32>,
+}
+
+impl StreamReader {
+    /// Reads the agent's stdout: counts whole lines, passes through what was counted, and stops
+    /// right after the line whose step exceeds the budget, waiting for the main thread's decision.
+    fn read(self, pipe: ChildStdout) -> ReaderEnd {
+        let StreamReader {
+            mut counter,
+            mut ledger,
+            events,
+            decisions,
+            shared,
+            stdout_is_tty,
+            term_on_breach,
+        } = self;
+        let mut lines = LineSplitter::new(pipe);
+        let mut out = io::stdout().lock();
+        let mut passthrough = true;
+        let mut oversized_lines = 0;
+        let mut plugin_error = None;
+        loop {
+            let chunk = match lines.next_chunk() {
+                Ok(Some(chunk)) => chunk,
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::warn!("reading the agent's output failed: {e}");
+                    break;
+                }
+            };
+            let bytes = match chunk {
+                SplitChunk::Lines(bytes) => bytes,
+                SplitChunk::Oversized(len) => {
+                    oversized_lines += 1;
+                    tracing::warn!(
+                        bytes = len,
+                        "a line over the length cap was counted as noise and not passed through"
+                    );
+                    continue;
+                }
+            };
+            let allowance = match ledger.limit() {
+                StepLimit::Limited(n) => u64::from(n).saturating_sub(ledger.steps()),
+                StepLimit::Unlimited => u64::MAX,
+            };
+            let report = match counter.feed_chunk(bytes, allowance) {
+                Ok(r) => r,
+                Err(e) => {
+                    // Fail closed: an agent we cannot count is an agent we cannot bound.
+                    plugin_error = Some(e);
+                    break;
+                }
+            };
+            ledger.begin(u64::from(report.sum.steps_begun));
+            ledger.complete(u64::from(report.sum.steps_completed));
+            shared.steps.store(ledger.steps(), Ordering::Relaxed);
+            // When nobody will be asked, signal the group at once, before even passing the line
+            // through: this is the latency users feel. The main thread then stops the rest.
+            if report.stopped
+                && let Some(pgid) = term_on_breach
+            {
+                stepguard_supervisor::term_group(pgid);
             }
-        };
-        let bytes = match chunk {
-            SplitChunk::Lines(bytes) => bytes,
-            SplitChunk::Oversized(len) => {
-                oversized_lines += 1;
-                tracing::warn!(
-                    bytes = len,
-                    "a line over the length cap was counted as noise and not passed through"
-                );
-                continue;
+            let consumed = usize::try_from(report.consumed)
+                .unwrap_or(bytes.len())
+                .min(bytes.len());
+            if passthrough {
+                let mut write = || -> io::Result<()> {
+                    if stdout_is_tty {
+                        let mut drawn = shared
+                            .status_drawn
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner());
+                        if *drawn {
+                            let _ = io::stderr().write_all(b"\r\x1b[2K");
+                            *drawn = false;
+                        }
+                    }
+                    out.write_all(&bytes[..consumed])?;
+                    out.flush()
+                };
+                if let Err(e) = write() {
+                    // A closed downstream (e.g. `| head`) does not stop the agent; counting goes on.
+                    tracing::debug!("passthrough stopped: {e}");
+                    passthrough = false;
+                }
             }
-        };
-        let allowance = match ledger.limit() {
-            StepLimit::Limited(n) => u64::from(n).saturating_sub(ledger.steps()),
-            StepLimit::Unlimited => u64::MAX,
-        };
-        let report = match counter.feed_chunk(bytes, allowance) {
-            Ok(r) => r,
-            Err(e) => {
-                // Fail closed: an agent we cannot count is an agent we cannot bound.
-                plugin_error = Some(e);
-                break;
-            }
-        };
-        ledger.begin(u64::from(report.sum.steps_begun));
-        ledger.complete(u64::from(report.sum.steps_completed));
-        shared.steps.store(ledger.steps(), Ordering::Relaxed);
-        let consumed = usize::try_from(report.consumed)
-            .unwrap_or(bytes.len())
-            .min(bytes.len());
-        if passthrough {
-            let mut write = || -> io::Result<()> {
-                if stdout_is_tty {
-                    let mut drawn = shared
-                        .status_drawn
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner());
-                    if *drawn {
-                        let _ = io::stderr().write_all(b"\r\x1b[2K");
-                        *drawn = false;
+            if report.stopped {
+                // When nobody will be asked, signal the group at once from here: it saves a thread
+                // hop; the main thread then stops the rest of the tree.
+
+                let rest = bytes.len() - consumed;
+                lines.give_back(rest);
+                let _ = events.send(Event::Breach {
+                    step: ledger.steps(),
+                });
+                match decisions.recv() {
+                    Ok(Decision::Continue(limit)) => {
+                        ledger.set_limit(limit);
+                    }
+                    Ok(Decision::Stop) | Err(_) => {
+                        return ReaderEnd {
+                            stats: counter.finish().ok(),
+                            ledger,
+                            oversized_lines,
+                            truncated_last_line: false,
+                            plugin_error,
+                        };
                     }
                 }
-                out.write_all(&bytes[..consumed])?;
-                out.flush()
-            };
-            if let Err(e) = write() {
-                // A closed downstream (e.g. `| head`) does not stop the agent; counting goes on.
-                tracing::debug!("passthrough stopped: {e}");
-                passthrough = false;
             }
         }
-        if report.stopped {
-            let rest = bytes.len() - consumed;
-            lines.give_back(rest);
-            let _ = events.send(Event::Breach {
-                step: ledger.steps(),
-            });
-            match decisions.recv() {
-                Ok(Decision::Continue(limit)) => {
-                    ledger.set_limit(limit);
-                }
-                Ok(Decision::Stop) | Err(_) => {
-                    return ReaderEnd {
-                        stats: counter.finish().ok(),
-                        ledger,
-                        oversized_lines,
-                        truncated_last_line: false,
-                        plugin_error,
-                    };
-                }
+        let stats = match counter.finish() {
+            Ok(s) => Some(s),
+            Err(e) => {
+                plugin_error.get_or_insert(e);
+                None
             }
+        };
+        ReaderEnd {
+            stats,
+            ledger,
+            oversized_lines,
+            truncated_last_line: lines.last_line_unterminated,
+            plugin_error,
         }
-    }
-    let stats = match counter.finish() {
-        Ok(s) => Some(s),
-        Err(e) => {
-            plugin_error.get_or_insert(e);
-            None
-        }
-    };
-    ReaderEnd {
-        stats,
-        ledger,
-        oversized_lines,
-        truncated_last_line: lines.last_line_unterminated,
-        plugin_error,
     }
 }
 
