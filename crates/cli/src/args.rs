@@ -35,6 +35,7 @@ pub enum Command {
     /// Check every config file in effect; exit 0 when valid, 2 otherwise.
     Validate(ValidateArgs),
     /// Run an agent CLI under a step budget: pass its output through, count steps, stop it.
+    #[command(after_help = exit_codes_help(), after_long_help = exit_codes_help())]
     Run(RunArgs),
     /// Count the steps of recorded provider streams.
     Count(CountArgs),
