@@ -20,6 +20,8 @@ pub enum Outcome {
     Incomplete,
     /// The run is still going (history rows only).
     Running,
+    /// The supervising stepguard died (crash, `kill -9`) before it could record the end.
+    Interrupted,
 }
 
 impl Outcome {
@@ -30,6 +32,7 @@ impl Outcome {
             Outcome::Failed => "failed",
             Outcome::Incomplete => "incomplete",
             Outcome::Running => "running",
+            Outcome::Interrupted => "interrupted",
         }
     }
 }
@@ -48,6 +51,7 @@ impl FromStr for Outcome {
             "failed" => Ok(Outcome::Failed),
             "incomplete" => Ok(Outcome::Incomplete),
             "running" => Ok(Outcome::Running),
+            "interrupted" => Ok(Outcome::Interrupted),
             other => Err(format!("unknown outcome `{other}`")),
         }
     }
