@@ -7,5 +7,6 @@ mod harness;
 
 mod config_cmd;
 mod count_cmd;
+mod history_cmd;
 mod plugins;
 mod run_cmd;

@@ -18,6 +18,11 @@ pub struct Cli {
     #[arg(long, global = true, value_name = "DIR")]
     pub plugin_dir: Vec<PathBuf>,
 
+    /// The history database (default: .stepguard/history.db beside the stepguard.toml in effect,
+    /// else in the working directory).
+    #[arg(long, global = true, value_name = "PATH", env = "STEPGUARD_DB")]
+    pub db: Option<PathBuf>,
+
     /// More log output on stderr (-v info, -vv debug, -vvv trace); RUST_LOG overrides.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
@@ -39,6 +44,12 @@ pub enum Command {
     Run(RunArgs),
     /// Count the steps of recorded provider streams.
     Count(CountArgs),
+    /// List recorded runs, newest first.
+    History(HistoryArgs),
+    /// Show one recorded run in full.
+    Show(ShowArgs),
+    /// Figures over recorded runs: success rate, failure slugs, steps per run, a budget suggestion.
+    Stats(StatsArgs),
     /// List provider plugins, or explain whether a plugin file loads.
     Plugins(PluginsArgs),
 }
@@ -91,6 +102,9 @@ pub struct RunArgs {
     /// No live status line.
     #[arg(long, short = 'q')]
     pub quiet: bool,
+    /// Do not record the run in the history database.
+    #[arg(long)]
+    pub no_record: bool,
     /// Also write the run's summary as one JSON object to this file.
     #[arg(long, value_name = "PATH")]
     pub summary_file: Option<PathBuf>,
@@ -102,6 +116,47 @@ pub struct RunArgs {
         value_name = "COMMAND"
     )]
     pub command: Vec<String>,
+}
+
+/// Arguments of `stepguard history`.
+#[derive(Debug, Args)]
+pub struct HistoryArgs {
+    /// Only the N newest runs.
+    #[arg(long, value_name = "N")]
+    pub last: Option<usize>,
+    /// Only this provider.
+    #[arg(long, value_name = "P")]
+    pub provider: Option<String>,
+    /// Only this task type.
+    #[arg(long, value_name = "T")]
+    pub task_type: Option<String>,
+    /// Only runs that did not succeed.
+    #[arg(long)]
+    pub failed: bool,
+    /// Print a JSON array on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Arguments of `stepguard show`.
+#[derive(Debug, Args)]
+pub struct ShowArgs {
+    /// The run's id (see `stepguard history`).
+    pub id: i64,
+    /// Print one JSON object on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Arguments of `stepguard stats`.
+#[derive(Debug, Args)]
+pub struct StatsArgs {
+    /// Only this provider.
+    #[arg(long, value_name = "P")]
+    pub provider: Option<String>,
+    /// Print one JSON object on stdout.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Arguments of `stepguard count`.

@@ -18,6 +18,9 @@ pub fn exit_code_for(err: &anyhow::Error) -> ExitCode {
             Some(LookupError::FailedToLoad { .. }) => return ExitCode::Plugin,
             None => {}
         }
+        if cause.is::<stepguard_store::StoreError>() {
+            return ExitCode::Usage;
+        }
         if cause.is::<CallError>() || cause.is::<LoadError>() {
             return ExitCode::Plugin;
         }

@@ -50,6 +50,9 @@ where
         Command::Validate(a) => commands::validate::run(config, a),
         Command::Run(a) => commands::run::run(&cli, a),
         Command::Count(a) => commands::count::run(&cli, a),
+        Command::History(a) => commands::history::history(&cli, a),
+        Command::Show(a) => commands::history::show(&cli, a),
+        Command::Stats(a) => commands::history::stats(&cli, a),
         Command::Plugins(a) => commands::plugins::run(&cli, a),
     };
     match result {

@@ -2,6 +2,7 @@
 
 pub mod config;
 pub mod count;
+pub mod history;
 pub mod plugins;
 pub mod run;
 pub mod validate;

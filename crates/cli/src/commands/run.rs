@@ -18,6 +18,7 @@ use stepguard_core::{ExitCode, FailureSlug, RunStats, StepLedger, StepLimit, bud
 use stepguard_jsonl::{LineSplitter, SplitChunk};
 use stepguard_plugin_api::CounterStats;
 use stepguard_plugin_api::host::{CallError, Counter};
+use stepguard_store::{FinishedRun, NewRun, RunId, Store};
 use stepguard_supervisor::{ExitStatus, Reaper};
 
 use crate::args::{Cli, OnLimit, RunArgs, StdinMode};
@@ -135,6 +136,15 @@ pub fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
     let mut child = match stepguard_supervisor::spawn_in_group(&mut cmd) {
         Ok(child) => child,
         Err(e) => {
+            let record = Recorder::begin(
+                cli,
+                args,
+                &config,
+                &resolved,
+                manifest,
+                &selection.request.unit,
+                &command,
+            );
             return spawn_failed(
                 args,
                 &resolved,
@@ -142,10 +152,20 @@ pub fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
                 &command,
                 &e,
                 start,
+                &record,
             );
         }
     };
     let pgid = child.id();
+    let record = Recorder::begin(
+        cli,
+        args,
+        &config,
+        &resolved,
+        manifest,
+        &selection.request.unit,
+        &command,
+    );
     let stdout = child
         .stdout
         .take()
@@ -284,6 +304,7 @@ pub fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
                     &selection.request.unit,
                     start.elapsed(),
                 );
+                record.progress(shared.steps.load(Ordering::Relaxed));
             }
             Err(RecvTimeoutError::Disconnected) => break,
         }
@@ -325,6 +346,16 @@ pub fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
         ));
     }
     output::note(line);
+    record.finish(&FinishedRun {
+        stats: stats.clone(),
+        exit_code: i32::from(judged.exit_code.code()),
+        child_exit_code: child_exit.and_then(|e| match e {
+            ExitStatus::Code(c) => Some(c),
+            ExitStatus::Signal(_) => None,
+        }),
+        terminated_by: terminated_by.map(|t| t.as_str().to_owned()),
+        on_limit_decision: (!decisions_log.is_empty()).then(|| decisions_log.join(",")),
+    });
 
     if let Some(path) = &args.summary_file {
         let stream = StreamReport::new(
@@ -626,6 +657,7 @@ fn spawn_failed(
     command: &[String],
     err: &io::Error,
     start: Instant,
+    record: &Recorder,
 ) -> anyhow::Result<ExitCode> {
     let why = match err.kind() {
         io::ErrorKind::NotFound => "command not found".to_owned(),
@@ -637,6 +669,13 @@ fn spawn_failed(
     stats.slug = Some(FailureSlug::SpawnFailed);
     stats.duration_ms = Some(start.elapsed().as_millis() as u64);
     output::note(stats.summary_line());
+    record.finish(&FinishedRun {
+        stats: stats.clone(),
+        exit_code: i32::from(ExitCode::Usage.code()),
+        child_exit_code: None,
+        terminated_by: None,
+        on_limit_decision: None,
+    });
     if let Some(path) = &args.summary_file {
         let counter_stats = CounterStats::default();
         let stream = StreamReport::new(&args.provider, unit, &stats, &counter_stats, 0, false);
@@ -657,4 +696,92 @@ fn spawn_failed(
         write_summary(path, &summary);
     }
     Ok(ExitCode::Usage)
+}
+
+/// The run's row in the history database, when recording is on and the database opened.
+struct Recorder {
+    row: Option<(Store, RunId)>,
+    last_write: std::cell::Cell<Option<Instant>>,
+    last_steps: std::cell::Cell<u64>,
+}
+
+impl Recorder {
+    /// Opens the history and writes the `running` row. A history problem never stops the run:
+    /// enforcing the budget comes first, so it is reported and the run goes on unrecorded.
+    fn begin(
+        cli: &Cli,
+        args: &RunArgs,
+        config: &stepguard_config::LoadedConfig,
+        resolved: &budget::ResolvedBudget,
+        manifest: &stepguard_plugin_api::Manifest,
+        unit: &str,
+        command: &[String],
+    ) -> Recorder {
+        let none = Recorder {
+            row: None,
+            last_write: std::cell::Cell::new(None),
+            last_steps: std::cell::Cell::new(0),
+        };
+        if args.no_record {
+            return none;
+        }
+        let cwd = std::env::current_dir().unwrap_or_default();
+        let path = stepguard_store::default_location(
+            cli.db.as_deref(),
+            config.project_dir().as_deref(),
+            &cwd,
+        );
+        let opened = Store::open(&path).and_then(|store| {
+            let id = store.begin_run(&NewRun {
+                provider: manifest.name.clone(),
+                plugin_version: Some(manifest.version.clone()),
+                unit: Some(unit.to_owned()),
+                task_type: args.budget.task_type.clone(),
+                profile: resolved.profile.clone(),
+                max_steps: resolved.max_steps.get(),
+                max_steps_source: Some(resolved.source.clone()),
+                command: command.to_vec(),
+                cwd: Some(cwd.display().to_string()),
+            })?;
+            Ok((store, id))
+        });
+        match opened {
+            Ok(row) => {
+                tracing::debug!(db = %path.display(), id = row.1, "recording the run");
+                Recorder {
+                    row: Some(row),
+                    ..none
+                }
+            }
+            Err(e) => {
+                output::diag("warning", format!("not recording this run: {e}"));
+                none
+            }
+        }
+    }
+
+    /// Writes the live step count, at most once a second (a long run must not hammer the disk).
+    fn progress(&self, steps: u64) {
+        let Some((store, id)) = &self.row else { return };
+        let due = self
+            .last_write
+            .get()
+            .is_none_or(|t| t.elapsed() >= Duration::from_secs(1));
+        if due && steps != self.last_steps.get() {
+            if let Err(e) = store.update_progress(*id, steps) {
+                tracing::warn!("cannot record progress: {e}");
+            }
+            self.last_write.set(Some(Instant::now()));
+            self.last_steps.set(steps);
+        }
+    }
+
+    /// Completes the row.
+    fn finish(&self, run: &FinishedRun) {
+        if let Some((store, id)) = &self.row
+            && let Err(e) = store.finish_run(*id, run)
+        {
+            output::diag("warning", format!("cannot record the end of this run: {e}"));
+        }
+    }
 }

@@ -1,0 +1,359 @@
+//! The run history end to end: recording by `run`, `history`, `show`, `stats`, concurrency, crashes.
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::harness::{Sandbox, workspace};
+
+fn fixture(rel: &str) -> String {
+    workspace()
+        .join("tests/fixtures")
+        .join(rel)
+        .display()
+        .to_string()
+}
+
+fn agent(sb: &Sandbox, name: &str, body: &str) -> String {
+    let path = sb.write(name, format!("#!/usr/bin/env bash\n{body}\n"));
+    let mut perms = std::fs::metadata(&path).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+    std::fs::set_permissions(&path, perms).unwrap();
+    path.display().to_string()
+}
+
+/// Replaces what changes from run to run (times, durations, paths) so JSON can be snapshotted.
+fn redact(v: &mut Value, sb: &Sandbox) {
+    let root = sb.root().display().to_string();
+    let fixtures = workspace().join("tests/fixtures").display().to_string();
+    match v {
+        Value::Object(map) => {
+            for (k, x) in map.iter_mut() {
+                match k.as_str() {
+                    "started_at" | "ended_at" if !x.is_null() => *x = "[time]".into(),
+                    "duration_ms" if !x.is_null() => *x = "[ms]".into(),
+                    _ => redact(x, sb),
+                }
+            }
+        }
+        Value::Array(a) => a.iter_mut().for_each(|x| redact(x, sb)),
+        Value::String(s) => {
+            *s = s
+                .replace(&fixtures, "[fixtures]")
+                .replace(&root, "[sandbox]")
+        }
+        _ => {}
+    }
+}
+
+/// Three runs: a success, a budget stop, a rate-limited failure, recorded in the project's db.
+fn three_runs(sb: &Sandbox) {
+    sb.write(
+        "project/stepguard.toml",
+        "[task_types.review]\nmax_steps = 10\n",
+    );
+    let ok = agent(
+        sb,
+        "ok.sh",
+        &format!("cat {}", fixture("real/codex/tools3.jsonl")),
+    );
+    let long = agent(
+        sb,
+        "long.sh",
+        &format!("cat {}\nsleep 30", fixture("streams/codex/long_run.jsonl")),
+    );
+    let limited = agent(
+        sb,
+        "limited.sh",
+        &format!("cat {}\nexit 1", fixture("real/codex/error429.jsonl")),
+    );
+    assert_eq!(
+        sb.run(&["run", "-p", "codex", "--task-type", "review", "--", &ok])
+            .code,
+        Some(0)
+    );
+    assert_eq!(
+        sb.run(&["run", "-p", "codex", "--task-type", "review", "--", &long])
+            .code,
+        Some(3)
+    );
+    assert_eq!(
+        sb.run(&["run", "-p", "codex", "--unit", "tool", "--", &limited])
+            .code,
+        Some(1)
+    );
+}
+
+#[test]
+fn every_run_is_recorded_beside_the_config_with_counts_and_slugs() {
+    let sb = Sandbox::new();
+    three_runs(&sb);
+    assert!(sb.project().join(".stepguard/history.db").is_file());
+    let list = sb.run(&["history", "--json"]).json();
+    let rows: Vec<(i64, &str, Option<&str>, Option<i64>, Option<i64>)> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["id"].as_i64().unwrap(),
+                r["outcome"].as_str().unwrap(),
+                r["failure_slug"].as_str(),
+                r["num_steps_computed"].as_i64(),
+                r["exit_code"].as_i64(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            (3, "failed", Some("rate_limited"), Some(1), Some(1)),
+            (2, "failed", Some("max_steps"), Some(11), Some(3)),
+            (1, "success", None, Some(4), Some(0))
+        ]
+    );
+    let human = sb.run(&["history"]);
+    let lines: Vec<&str> = human.stdout.lines().collect();
+    assert_eq!(lines.len(), 3);
+    assert!(
+        lines[1].starts_with("#2 ")
+            && lines[1]
+                .contains(" codex/item review: Steps: 11 (legacy turns: 1) | failed: max_steps | "),
+        "{}",
+        lines[1]
+    );
+    let filtered = sb
+        .run(&["history", "--json", "--failed", "--task-type", "review"])
+        .json();
+    assert_eq!(filtered.as_array().unwrap().len(), 1);
+    assert_eq!(
+        sb.run(&["history", "--json", "--last", "1"]).json()[0]["id"],
+        3
+    );
+    let show = sb.run(&["show", "2"]);
+    assert!(
+        show.stdout.contains("  Step Limit: 11 / 10\n"),
+        "{}",
+        show.stdout
+    );
+    assert!(
+        show.stdout.contains("  Terminated by: budget\n"),
+        "{}",
+        show.stdout
+    );
+    assert_eq!(sb.run(&["show", "9"]).code, Some(2));
+}
+
+#[test]
+fn json_outputs_are_snapshotted() {
+    let sb = Sandbox::new();
+    three_runs(&sb);
+    for (name, args) in [
+        ("history_json", vec!["history", "--json"]),
+        ("show_json", vec!["show", "2", "--json"]),
+        ("stats_json", vec!["stats", "--json"]),
+    ] {
+        let mut v = sb.run(&args).json();
+        redact(&mut v, &sb);
+        insta::assert_json_snapshot!(name, v);
+    }
+}
+
+#[test]
+fn stats_text_has_rates_spreads_and_a_suggestion() {
+    let sb = Sandbox::new();
+    three_runs(&sb);
+    let run = sb.run(&["stats"]);
+    assert_eq!(
+        run.stdout,
+        "codex / (no task type): 1 run, 0.0% success\n  failures: rate_limited 1\n  steps per run: mean 1.0, p50 1, p95 1, max 1 (1 run)\n  turns per run: mean 1.0, p50 1, p95 1, max 1 (1 run)\n\
+         codex / review: 2 runs, 50.0% success\n  failures: max_steps 1\n  steps per run: mean 7.5, p50 4, p95 11, max 11 (2 runs)\n  turns per run: mean 1.0, p50 1, p95 1, max 1 (2 runs)\n  suggestion: max_steps = 4 would have covered 95% of the 1 successful run\n"
+    );
+}
+
+#[test]
+fn twenty_concurrent_runs_all_land() {
+    let sb = Sandbox::new();
+    let ok = agent(
+        &sb,
+        "ok.sh",
+        &format!("cat {}", fixture("real/codex/tools3.jsonl")),
+    );
+    let db = sb.root().join("shared.db").display().to_string();
+    let children: Vec<_> = (0..20)
+        .map(|_| {
+            sb.cmd(&["--db", &db, "run", "-p", "codex", "--", &ok])
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for c in children {
+        let out = c.wait_with_output().unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            !String::from_utf8_lossy(&out.stderr).contains("not recording"),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let list = sb
+        .run_env(&["history", "--json"], &[("STEPGUARD_DB", &db)])
+        .json();
+    let rows = list.as_array().unwrap();
+    assert_eq!(rows.len(), 20);
+    assert!(
+        rows.iter()
+            .all(|r| r["outcome"] == "success" && r["num_steps_computed"] == 4)
+    );
+}
+
+#[test]
+fn a_killed_stepguard_leaves_a_row_the_next_open_marks_interrupted() {
+    let sb = Sandbox::new();
+    let pid_file = sb.root().join("agent.pid");
+    let slow = agent(
+        &sb,
+        "slow.sh",
+        &format!(
+            "echo $$ > {}\necho '{{\"type\":\"turn.started\"}}'\nsleep 60",
+            pid_file.display()
+        ),
+    );
+    let mut sg = sb
+        .cmd(&["run", "-p", "codex", "--", &slow])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let run = sb.run(&["history", "--json"]);
+        if run.code == Some(0) && run.json()[0]["outcome"] == "running" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no running row: {}", run.stderr);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    sg.kill().unwrap();
+    sg.wait().unwrap();
+    let row = &sb.run(&["history", "--json"]).json()[0];
+    assert_eq!(
+        (row["outcome"].as_str(), row["failure_slug"].as_str()),
+        (Some("interrupted"), Some("interrupted"))
+    );
+    assert!(row["ended_at"].is_string());
+    // The orphaned agent is not ours to wait for any more; clean it up.
+    if let Ok(pid) = std::fs::read_to_string(&pid_file) {
+        let _ = std::process::Command::new("kill").arg(pid.trim()).status();
+    }
+}
+
+#[test]
+fn no_record_db_flag_and_env() {
+    let sb = Sandbox::new();
+    let ok = agent(
+        &sb,
+        "ok.sh",
+        &format!("cat {}", fixture("real/codex/tools3.jsonl")),
+    );
+    assert_eq!(
+        sb.run(&["run", "--no-record", "-p", "codex", "--", &ok])
+            .code,
+        Some(0)
+    );
+    assert!(!sb.project().join(".stepguard").exists());
+    let history = sb.run(&["history"]);
+    assert_eq!(history.code, Some(2));
+    assert!(
+        history.stderr.contains("no history database at "),
+        "{}",
+        history.stderr
+    );
+    let custom = sb.root().join("dbs/custom.db").display().to_string();
+    sb.run(&["run", "--db", &custom, "-p", "codex", "--", &ok]);
+    sb.run_env(
+        &["run", "-p", "codex", "--", &ok],
+        &[("STEPGUARD_DB", &custom)],
+    );
+    assert_eq!(
+        sb.run(&["history", "--json", "--db", &custom])
+            .json()
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+}
+
+#[test]
+fn a_newer_database_is_refused_and_the_run_still_enforces() {
+    let sb = Sandbox::new();
+    let db = sb.root().join("future.db");
+    let conn = rusqlite_free_newer_db(&db);
+    drop(conn);
+    let before = std::fs::read(&db).unwrap();
+    let history = sb.run(&["history", "--db", db.to_str().unwrap()]);
+    assert_eq!(history.code, Some(2));
+    assert!(
+        history
+            .stderr
+            .contains("has schema version 7, newer than this stepguard knows"),
+        "{}",
+        history.stderr
+    );
+    let long = agent(
+        &sb,
+        "long.sh",
+        &format!("cat {}\nsleep 30", fixture("streams/codex/long_run.jsonl")),
+    );
+    let run = sb.run(&[
+        "run",
+        "--db",
+        db.to_str().unwrap(),
+        "-p",
+        "codex",
+        "--max-steps",
+        "3",
+        "--",
+        &long,
+    ]);
+    assert_eq!(run.code, Some(3));
+    assert!(
+        run.stderr
+            .contains("stepguard: warning: not recording this run: history database"),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(std::fs::read(&db).unwrap(), before);
+}
+
+/// Makes a SQLite file with `user_version = 7` using the sqlite3 file format directly: a valid
+/// empty database whose header says version 7 (bytes 60..64, big endian).
+fn rusqlite_free_newer_db(path: &std::path::Path) -> std::fs::File {
+    // An empty database made by SQLite is 4096 bytes of header + empty schema page; build it by
+    // asking stepguard's store to create one, then patch the version field.
+    let sb = Sandbox::new();
+    let fresh = sb.root().join("fresh.db");
+    let ok = agent(&sb, "ok.sh", "true");
+    sb.run(&[
+        "run",
+        "--db",
+        fresh.to_str().unwrap(),
+        "-p",
+        "codex",
+        "--",
+        &ok,
+    ]);
+    let mut bytes = std::fs::read(&fresh).unwrap();
+    bytes[60..64].copy_from_slice(&7u32.to_be_bytes());
+    std::fs::write(path, &bytes).unwrap();
+    std::fs::File::open(path).unwrap()
+}
