@@ -274,6 +274,9 @@ pub struct Filter {
     pub last: Option<usize>,
 }
 
+/// A running row's supervisor identity: (id, boot id, pid, start ticks).
+type SupervisorRow = (RunId, Option<String>, Option<i64>, Option<i64>);
+
 /// The history database.
 pub struct Store {
     conn: Connection,
@@ -468,7 +471,7 @@ impl Store {
                  WHERE outcome = 'running' AND supervisor_host = ?1",
             )
             .map_err(|e| self.err(e))?;
-        let rows: Vec<(RunId, Option<String>, Option<i64>, Option<i64>)> = stmt
+        let rows: Vec<SupervisorRow> = stmt
             .query_map([&me.host], |r| {
                 Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
             })
