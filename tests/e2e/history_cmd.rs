@@ -91,7 +91,8 @@ fn every_run_is_recorded_beside_the_config_with_counts_and_slugs() {
     three_runs(&sb);
     assert!(sb.project().join(".stepguard/history.db").is_file());
     let list = sb.run(&["history", "--json"]).json();
-    let rows: Vec<(i64, &str, Option<&str>, Option<i64>, Option<i64>)> = list
+    type Row<'a> = (i64, &'a str, Option<&'a str>, Option<i64>, Option<i64>);
+    let rows: Vec<Row<'_>> = list
         .as_array()
         .unwrap()
         .iter()
