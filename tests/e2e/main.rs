@@ -10,3 +10,4 @@ mod count_cmd;
 mod history_cmd;
 mod plugins;
 mod run_cmd;
+mod simulate_cmd;

@@ -52,6 +52,9 @@ pub enum Command {
     Stats(StatsArgs),
     /// List provider plugins, or explain whether a plugin file loads.
     Plugins(PluginsArgs),
+    /// Run the agent-loop governor against a scripted scenario and print the JSON transcript
+    /// (exit 0 when its expectations are met, 1 when not).
+    Simulate(SimulateArgs),
 }
 
 /// What to do when the budget is exceeded.
@@ -157,6 +160,13 @@ pub struct StatsArgs {
     /// Print one JSON object on stdout.
     #[arg(long)]
     pub json: bool,
+}
+
+/// Arguments of `stepguard simulate`.
+#[derive(Debug, Args)]
+pub struct SimulateArgs {
+    /// The scenario file (format: docs/scenarios.md).
+    pub scenario: PathBuf,
 }
 
 /// Arguments of `stepguard count`.

@@ -18,7 +18,9 @@ pub fn exit_code_for(err: &anyhow::Error) -> ExitCode {
             Some(LookupError::FailedToLoad { .. }) => return ExitCode::Plugin,
             None => {}
         }
-        if cause.is::<stepguard_store::StoreError>() {
+        if cause.is::<stepguard_store::StoreError>()
+            || cause.is::<stepguard_governor::scenario::ScenarioError>()
+        {
             return ExitCode::Usage;
         }
         if cause.is::<CallError>() || cause.is::<LoadError>() {

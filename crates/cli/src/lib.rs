@@ -54,6 +54,7 @@ where
         Command::Show(a) => commands::history::show(&cli, a),
         Command::Stats(a) => commands::history::stats(&cli, a),
         Command::Plugins(a) => commands::plugins::run(&cli, a),
+        Command::Simulate(a) => commands::simulate::run(a),
     };
     match result {
         Ok(code) => code,

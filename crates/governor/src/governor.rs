@@ -141,7 +141,7 @@ impl Governor {
     }
 
     /// Returns what to do next.
-    pub fn next(&mut self) -> Next {
+    pub fn next_request(&mut self) -> Next {
         if let Some(report) = &self.done {
             return Next::Done(report.clone());
         }

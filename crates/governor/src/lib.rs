@@ -1,6 +1,6 @@
 //! Step budgets inside your own agent loop.
 //!
-//! The [`Governor`] is asked before every model request ([`Governor::next`]) and told after every
+//! The [`Governor`] is asked before every model request ([`Governor::next_request`]) and told after every
 //! response ([`Governor::respond`]). It implements, as one model, the budget semantics that
 //! well-run agent systems converged on:
 //!
@@ -44,7 +44,7 @@
 //! let def = AgentDef { max_steps: Some(5), tools: vec![ToolSpec::real("run_tests")], ..AgentDef::default() };
 //! let mut governor = Governor::new(def).unwrap();
 //! let report = loop {
-//!     let request = match governor.next() {
+//!     let request = match governor.next_request() {
 //!         Next::Request(request) => request,
 //!         Next::Done(report) => break report,
 //!     };

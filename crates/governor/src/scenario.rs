@@ -152,7 +152,7 @@ fn run_agent(script: &AgentScript) -> Result<Value, ScenarioError> {
     let mut subagents = Vec::new();
     let mut sub_error = None;
     let report = loop {
-        let request = match gov.next() {
+        let request = match gov.next_request() {
             Next::Request(r) => r,
             Next::Done(report) => break report,
         };

@@ -61,7 +61,7 @@ fn drive(def: AgentDef, script: Vec<ModelResponse>) -> (Vec<Request>, FinalRepor
     let mut script = script.into_iter();
     let mut requests = Vec::new();
     let report = loop {
-        match gov.next() {
+        match gov.next_request() {
             Next::Done(r) => break r,
             Next::Request(r) => {
                 requests.push(r);
@@ -167,7 +167,7 @@ fn profiles_bound_max_steps() {
 fn what_makes_a_turn_succeed() {
     let mut gov = Governor::new(def(None)).unwrap();
     let mut ok = |_: &ToolCall| ToolOutcome::Ok(json!("ok"));
-    let _ = gov.next();
+    let _ = gov.next_request();
     // Progress report only: no progress.
     let a = gov.respond(
         &calls(vec![call("p", "report_progress", json!({}))]),
@@ -177,7 +177,7 @@ fn what_makes_a_turn_succeed() {
         (a.classification, a.slugs.clone()),
         ("failed", vec![FailureSlug::NoTools])
     );
-    let _ = gov.next();
+    let _ = gov.next_request();
     // A real call that fails still counts.
     let a = gov.respond(
         &calls(vec![call("fail1", "read_file", json!({"path": "x"}))]),
@@ -203,13 +203,13 @@ fn what_makes_a_turn_succeed() {
         ),
     ] {
         let mut gov = Governor::new(def(None)).unwrap();
-        let _ = gov.next();
+        let _ = gov.next_request();
         let a = gov.respond(&resp, &mut ok);
         assert_eq!((a.classification, a.slugs.clone()), ("failed", vec![slug]));
     }
     // A batch's inner real call is progress; the batch itself is not.
     let mut gov = Governor::new(def(None)).unwrap();
-    let _ = gov.next();
+    let _ = gov.next_request();
     let a = gov.respond(
         &calls(vec![call(
             "b",
@@ -377,7 +377,10 @@ fn sub_agents_count_their_own_steps() {
 
 /// Captures the governor's events for one closure.
 #[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<(tracing::Level, String, HashMap<String, String>)>>>);
+struct Captured(Arc<Mutex<Vec<CapturedEvent>>>);
+
+/// (level, target, fields) of one event.
+type CapturedEvent = (tracing::Level, String, HashMap<String, String>);
 
 impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Captured {
     fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
@@ -403,13 +406,12 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Captured {
     }
 }
 
-fn capture(f: impl FnOnce()) -> Vec<(tracing::Level, String, HashMap<String, String>)> {
+fn capture(f: impl FnOnce()) -> Vec<CapturedEvent> {
     use tracing_subscriber::layer::SubscriberExt as _;
     let captured = Captured::default();
     let subscriber = tracing_subscriber::registry().with(captured.clone());
     tracing::subscriber::with_default(subscriber, f);
-    let events = captured.0.lock().unwrap().clone();
-    events
+    captured.0.lock().unwrap().clone()
 }
 
 #[test]

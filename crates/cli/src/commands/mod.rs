@@ -5,4 +5,5 @@ pub mod count;
 pub mod history;
 pub mod plugins;
 pub mod run;
+pub mod simulate;
 pub mod validate;
