@@ -339,6 +339,30 @@ pub mod testing {
     use crate::abi::LineReport;
     use crate::model::CounterStats;
 
+    /// Opens a counter for `unit` on `plugin` and feeds it a whole stream (see [`feed_all`]).
+    pub fn count(
+        plugin: &dyn super::ProviderPlugin,
+        unit: &str,
+        stream: &[u8],
+    ) -> Result<(LineReport, CounterStats), String> {
+        let request = crate::model::CounterRequest {
+            unit: unit.into(),
+            ..Default::default()
+        };
+        let mut counter = plugin.open_counter(&request)?;
+        feed_all(counter.as_mut(), stream)
+    }
+
+    /// Names how a counted stream ended: `success`, `incomplete` (no terminal event), or the
+    /// failure slug.
+    pub fn outcome(stats: &CounterStats) -> String {
+        match &stats.terminal {
+            None => "incomplete".into(),
+            Some(t) if t.success => "success".into(),
+            Some(t) => t.slug.clone().unwrap_or_else(|| "failed".into()),
+        }
+    }
+
     /// Feeds a chunk of lines the way the host does ([`crate::abi::CounterObj::feed_chunk`]).
     pub fn feed_chunk(
         counter: &mut dyn StepCounter,

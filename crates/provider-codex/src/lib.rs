@@ -384,7 +384,7 @@ impl StepCounter for CodexCounter {
 mod tests {
     use std::path::PathBuf;
 
-    use stepguard_plugin_api::testing::feed_all;
+    use stepguard_plugin_api::testing::{feed_all, outcome};
 
     use super::*;
 
@@ -396,13 +396,7 @@ mod tests {
     }
 
     fn count(rel: &str, unit: &str) -> (LineReport, CounterStats) {
-        let mut c = CodexPlugin
-            .open_counter(&CounterRequest {
-                unit: unit.into(),
-                ..Default::default()
-            })
-            .unwrap();
-        feed_all(c.as_mut(), &fixture(rel)).unwrap()
+        stepguard_plugin_api::testing::count(&CodexPlugin, unit, &fixture(rel)).unwrap()
     }
 
     /// (file, [item, actionable, tool, message], turns, outcome slug or "success" / "incomplete").
@@ -447,14 +441,6 @@ mod tests {
         ("real/codex/tools12.jsonl", [13, 13, 12, 1], 1, "success"),
         ("real/codex/error429.jsonl", [1, 1, 1, 0], 1, "rate_limited"),
     ];
-
-    fn outcome(stats: &CounterStats) -> String {
-        match &stats.terminal {
-            None => "incomplete".into(),
-            Some(t) if t.success => "success".into(),
-            Some(t) => t.slug.clone().unwrap_or_default(),
-        }
-    }
 
     #[test]
     fn every_fixture_every_unit() {

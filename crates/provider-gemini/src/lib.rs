@@ -245,7 +245,7 @@ impl StepCounter for GeminiCounter {
 mod tests {
     use std::path::PathBuf;
 
-    use stepguard_plugin_api::testing::feed_all;
+    use stepguard_plugin_api::testing::outcome;
 
     use super::*;
 
@@ -257,21 +257,7 @@ mod tests {
     }
 
     fn count_bytes(bytes: &[u8], unit: &str) -> (LineReport, CounterStats) {
-        let mut c = GeminiPlugin
-            .open_counter(&CounterRequest {
-                unit: unit.into(),
-                ..Default::default()
-            })
-            .unwrap();
-        feed_all(c.as_mut(), bytes).unwrap()
-    }
-
-    fn outcome(stats: &CounterStats) -> String {
-        match &stats.terminal {
-            None => "incomplete".into(),
-            Some(t) if t.success => "success".into(),
-            Some(t) => t.slug.clone().unwrap_or_default(),
-        }
+        stepguard_plugin_api::testing::count(&GeminiPlugin, unit, bytes).unwrap()
     }
 
     #[test]

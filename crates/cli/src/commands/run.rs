@@ -133,18 +133,20 @@ pub fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
         StdinMode::Inherit => Stdio::inherit(),
         StdinMode::Null => Stdio::null(),
     });
-    let mut child = match stepguard_supervisor::spawn_in_group(&mut cmd) {
+    let spawned = stepguard_supervisor::spawn_in_group(&mut cmd);
+    // Recorded whether or not it started: a run that could not start is history too.
+    let record = Recorder::begin(
+        cli,
+        args,
+        &config,
+        &resolved,
+        manifest,
+        &selection.request.unit,
+        &command,
+    );
+    let mut child = match spawned {
         Ok(child) => child,
         Err(e) => {
-            let record = Recorder::begin(
-                cli,
-                args,
-                &config,
-                &resolved,
-                manifest,
-                &selection.request.unit,
-                &command,
-            );
             return spawn_failed(
                 args,
                 &resolved,
@@ -157,15 +159,6 @@ pub fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
         }
     };
     let pgid = child.id();
-    let record = Recorder::begin(
-        cli,
-        args,
-        &config,
-        &resolved,
-        manifest,
-        &selection.request.unit,
-        &command,
-    );
     let stdout = child
         .stdout
         .take()
