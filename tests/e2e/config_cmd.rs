@@ -320,3 +320,21 @@ fn help_documents_exit_codes_and_usage_errors_exit_2() {
     assert_eq!(sb.run(&["no-such-command"]).code, Some(2));
     assert_eq!(sb.run(&["config", "--bogus"]).code, Some(2));
 }
+
+#[test]
+fn validate_asks_plugins_about_provider_options_and_units() {
+    let sb = Sandbox::new();
+    sb.write("project/stepguard.toml", "[codex]\nmax_steps_unit = \"tools\"\n[claude]\ncolour = \"red\"\n[opencod]\nx = 1\n[gemini]\nmax_steps_unit = \"turn\"\n");
+    let file = sb.project().join("stepguard.toml").display().to_string();
+    let run = sb.run(&["validate"]);
+    assert_eq!(run.code, Some(2));
+    assert_eq!(
+        run.stdout,
+        format!(
+            "error: {file}: claude.colour: invalid options: unknown option `colour` for provider `claude`; it accepts none\n\
+             error: {file}: codex.max_steps_unit: unknown unit \"tools\" for provider `codex`; valid units: item, actionable, tool, message\n\
+             warning: {file}: opencod.x: options for a provider that is not available: unknown provider `opencod`; available providers: claude, codex, gemini\n\
+             1 file checked: 2 errors, 1 warning\n"
+        )
+    );
+}

@@ -47,7 +47,7 @@ where
     let config = cli.config.as_deref();
     let result = match &cli.command {
         Command::Config(a) => commands::config::run(config, a),
-        Command::Validate(a) => commands::validate::run(config, a),
+        Command::Validate(a) => commands::validate::run(&cli, config, a),
         Command::Run(a) => commands::run::run(&cli, a),
         Command::Count(a) => commands::count::run(&cli, a),
         Command::History(a) => commands::history::history(&cli, a),
