@@ -48,6 +48,9 @@ enum Bench {
         /// The stepguard binary (build it with `cargo build --release -p stepguard-cli`).
         #[arg(long, default_value = "target/release/stepguard")]
         stepguard: PathBuf,
+        /// Record each run in a history database (in target/bench), as a default run does.
+        #[arg(long)]
+        record: bool,
     },
     /// Per-line cost of the plugin boundary.
     Boundary {
@@ -70,7 +73,11 @@ fn main() -> anyhow::Result<()> {
             no_jq,
         } => count(size_mib, runs, &stepguard, no_jq),
         Bench::Boundary { lines, plugin } => boundary(lines, plugin.as_deref()),
-        Bench::Latency { runs, stepguard } => latency(runs, &stepguard),
+        Bench::Latency {
+            runs,
+            stepguard,
+            record,
+        } => latency(runs, &stepguard, record),
     }
 }
 
@@ -360,7 +367,7 @@ os.write(1, (line % 2).encode())
 time.sleep(30)
 "#;
 
-fn latency(runs: usize, stepguard: &Path) -> anyhow::Result<()> {
+fn latency(runs: usize, stepguard: &Path, record: bool) -> anyhow::Result<()> {
     if !stepguard.is_file() {
         bail!(
             "{} not found: build it with `cargo build --release -p stepguard-cli`",
@@ -378,6 +385,11 @@ fn latency(runs: usize, stepguard: &Path) -> anyhow::Result<()> {
             .args([
                 "run",
                 "-q",
+                if record {
+                    "--db=target/bench/latency-history.db"
+                } else {
+                    "--no-record"
+                },
                 "-p",
                 "codex",
                 "--max-steps",
@@ -405,7 +417,12 @@ fn latency(runs: usize, stepguard: &Path) -> anyhow::Result<()> {
     let at = |q: f64| samples[((samples.len() as f64 - 1.0) * q).round() as usize];
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     println!(
-        "enforcement latency over {runs} runs (breaching line written -> SIGTERM received by the child)"
+        "enforcement latency over {runs} runs, {} (breaching line written -> SIGTERM received by the child)",
+        if record {
+            "each recorded in a history database"
+        } else {
+            "--no-record"
+        }
     );
     println!(
         "median {:.3} ms, p90 {:.3} ms, p99 {:.3} ms, max {:.3} ms",

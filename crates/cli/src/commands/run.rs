@@ -134,18 +134,20 @@ pub fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
         StdinMode::Null => Stdio::null(),
     });
     let spawned = stepguard_supervisor::spawn_in_group(&mut cmd);
-    // Recorded whether or not it started: a run that could not start is history too.
-    let record = Recorder::begin(
-        cli,
-        args,
-        &config,
-        &resolved,
-        manifest,
-        &selection.request.unit,
-        &command,
-    );
+    let record = || {
+        Recorder::begin(
+            cli,
+            args,
+            &config,
+            &resolved,
+            manifest,
+            &selection.request.unit,
+            &command,
+        )
+    };
     let mut child = match spawned {
         Ok(child) => child,
+        // A run that could not start is history too.
         Err(e) => {
             return spawn_failed(
                 args,
@@ -154,7 +156,7 @@ pub fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
                 &command,
                 &e,
                 start,
-                &record,
+                &record(),
             );
         }
     };
@@ -195,6 +197,8 @@ pub fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
             })?
     };
     drop(events_tx);
+    // Opened only now that the reader runs: a slow disk must not delay enforcement.
+    let record = record();
 
     let grace: Duration = args.grace.into();
     let deadline = args.timeout.map(|t| start + Duration::from(t));
