@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use abi_stable::prefix_type::PrefixTypeTrait;
 use abi_stable::sabi_trait::TD_Opaque;
-use abi_stable::std_types::{RBox, RResult, RSlice, RStr, RString};
+use abi_stable::std_types::{RResult, RSlice, RStr, RString};
 
 use crate::abi::{
     ChunkReport, CounterBox, CounterObj, CounterObj_TO, HostCallbacks, LineReport, PluginMod,
@@ -328,10 +328,6 @@ impl tracing::Subscriber for Forwarder {
 
     fn exit(&self, _: &tracing::span::Id) {}
 }
-
-// Keep RBox in scope for the generated trait-object types' documentation links.
-#[allow(dead_code)]
-type _Unused = RBox<()>;
 
 /// Helpers for testing plugins without a host.
 pub mod testing {

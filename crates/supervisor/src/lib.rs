@@ -248,8 +248,9 @@ impl Reaper {
                                 );
                             }
                         }
-                        // Nothing to reap right now (or no children at all yet/any more).
-                        Ok(None) | Err(_) => std::thread::sleep(Duration::from_millis(1)),
+                        // Nothing to reap right now (or no children at all yet/any more). Exit
+                        // detection is not on the enforcement path, so a few ms is plenty.
+                        Ok(None) | Err(_) => std::thread::sleep(Duration::from_millis(5)),
                     }
                 }
             })
