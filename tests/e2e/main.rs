@@ -3,8 +3,10 @@
 // Test helpers may panic on anything unexpected.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod agents;
 mod harness;
 
+mod codex;
 mod config_cmd;
 mod count_cmd;
 mod history_cmd;

@@ -1,0 +1,32 @@
+//! Codex CLI (`codex exec --json`) under stepguard: no native limit, so stepguard is the only one.
+
+use crate::agents::{Cli, scenarios};
+
+/// Item unit: three command_execution items and the final agent_message.
+const STEPS_FOR_3_ROUNDS: u64 = 4;
+
+#[test]
+fn under_budget_succeeds_with_the_served_counts() {
+    scenarios::under_budget(Cli::Codex, STEPS_FOR_3_ROUNDS);
+}
+
+#[test]
+fn over_budget_stops_a_long_shell_command_and_leaves_no_process() {
+    // The breaching step is a command that would run for five minutes.
+    scenarios::over_budget(Cli::Codex, "sleep 300", &[]);
+}
+
+#[test]
+fn persistent_429_is_rate_limited() {
+    scenarios::persistent_rate_limit(Cli::Codex);
+}
+
+#[test]
+fn broken_stream_is_a_provider_error() {
+    scenarios::broken_stream(Cli::Codex);
+}
+
+#[test]
+fn a_single_429_recovers() {
+    scenarios::single_rate_limit_recovers(Cli::Codex, STEPS_FOR_3_ROUNDS);
+}
