@@ -40,9 +40,9 @@ impl Cli {
     }
 }
 
-/// The directory holding the CLIs, or `None` (after one line on stderr) when they are absent
-/// and this is not CI.
-pub fn cli_dir() -> Option<PathBuf> {
+/// The directory holding the CLIs, or why they cannot be used. Under `CI=true` their absence
+/// fails the test.
+fn find_clis() -> Result<PathBuf, String> {
     let dir = std::env::var_os("STEPGUARD_AGENT_CLIS")
         .map(PathBuf::from)
         .unwrap_or_else(|| workspace().join("target/agent-clis/node_modules/.bin"));
@@ -51,7 +51,7 @@ pub fn cli_dir() -> Option<PathBuf> {
         .filter(|c| !dir.join(c).exists())
         .collect();
     if missing.is_empty() {
-        return Some(dir);
+        return Ok(dir);
     }
     let msg = format!(
         "agent CLIs {missing:?} not found in {}; {INSTALL_HINT}",
@@ -60,8 +60,50 @@ pub fn cli_dir() -> Option<PathBuf> {
     if std::env::var("CI").is_ok_and(|v| v == "true") {
         panic!("{msg}");
     }
-    eprintln!("skipping: {msg}");
-    None
+    Err(msg)
+}
+
+/// The directory holding the CLIs, or `None` when they are absent and this is not CI (the one
+/// skip line is printed by [`installed_clis_are_the_pinned_versions`]).
+pub fn cli_dir() -> Option<PathBuf> {
+    find_clis().ok()
+}
+
+#[test]
+fn installed_clis_are_the_pinned_versions() {
+    let dir = match find_clis() {
+        Ok(dir) => dir,
+        Err(msg) => {
+            #[allow(clippy::print_stderr)] // the one line printed when the real-CLI tests skip
+            {
+                eprintln!("skipping the real agent CLI tests: {msg}");
+            }
+            return;
+        }
+    };
+    let pins: Value = serde_json::from_slice(
+        &std::fs::read(workspace().join("tests/agent-clis/package.json")).unwrap(),
+    )
+    .unwrap();
+    for (cli, package) in [
+        ("claude", "@anthropic-ai/claude-code"),
+        ("codex", "@openai/codex"),
+        ("gemini", "@google/gemini-cli"),
+        ("opencode", "opencode-ai"),
+    ] {
+        let pinned = pins["dependencies"][package].as_str().unwrap();
+        let out = Command::new(dir.join(cli))
+            .arg("--version")
+            .env("HOME", std::env::temp_dir())
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let version = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            version.contains(pinned),
+            "{cli} --version says {version:?}, tests/agent-clis pins {pinned}; {INSTALL_HINT}"
+        );
+    }
 }
 
 /// One agent CLI set up in a fresh directory against its own model server.
@@ -203,6 +245,14 @@ impl Agent {
         }
     }
 
+    /// Sets OpenCode's own (advisory) step limit, `agent.build.steps`, in its `opencode.json`.
+    pub fn set_opencode_steps(&self, steps: u32) {
+        let path = self.work().join("opencode.json");
+        let mut config: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        config["agent"] = serde_json::json!({"build": {"steps": steps}});
+        std::fs::write(path, config.to_string()).unwrap();
+    }
+
     /// The environment of the agent: a fresh HOME, the model server, nothing of the developer's.
     fn env(&self) -> Vec<(String, String)> {
         let home = self.home().display().to_string();
@@ -331,10 +381,13 @@ impl Agent {
                 "150s",
             ])
             .arg("--db")
-            .arg(self.db())
-            .args(args)
-            .arg("--")
-            .args(self.argv());
+            .arg(self.db());
+        if self.cli == Cli::OpenCode {
+            // Not built in: the example third-party plugin, loaded like any other.
+            cmd.arg("--plugin-dir")
+                .arg(&crate::harness::plugin_dirs().opencode);
+        }
+        cmd.args(args).arg("--").args(self.argv());
         let output = cmd.output().expect("spawn stepguard");
         AgentRun {
             run: output.into(),
@@ -354,19 +407,18 @@ impl Agent {
         self.stepguard(&["show", "--json", &id.to_string()])
     }
 
-    /// How many runs the history database holds.
-    pub fn recorded_runs(&self) -> usize {
-        self.stepguard(&["history", "--json"])
-            .as_array()
-            .map_or(0, Vec::len)
-    }
-
     fn stepguard(&self, args: &[&str]) -> Value {
-        let out = Command::new(STEPGUARD)
-            .env_clear()
+        let mut cmd = Command::new(STEPGUARD);
+        cmd.env_clear()
             .env("HOME", self.home())
             .arg("--db")
-            .arg(self.db())
+            .arg(self.db());
+        if self.cli == Cli::OpenCode {
+            // Not built in: the example third-party plugin, loaded like any other.
+            cmd.arg("--plugin-dir")
+                .arg(&crate::harness::plugin_dirs().opencode);
+        }
+        let out = cmd
             .args(args)
             .current_dir(self.work())
             .output()
@@ -494,9 +546,15 @@ pub mod scenarios {
 
     /// 12 rounds offered under `--max-steps 5` (plus `extra`): stepguard stops the agent at step
     /// 6, whose tool call is `breaching` (slow, so that stopping in time is observable).
-    pub fn over_budget(cli: Cli, breaching: &str, extra: &[&str]) -> Option<(Agent, AgentRun)> {
+    pub fn over_budget(
+        cli: Cli,
+        breaching: &str,
+        extra: &[&str],
+        setup: impl FnOnce(&Agent),
+    ) -> Option<(Agent, AgentRun)> {
         let script = Script::tool_rounds(12).command_at(6, breaching);
         let agent = Agent::start(cli, script)?;
+        setup(&agent);
         let args: Vec<&str> = ["--max-steps", "5"]
             .into_iter()
             .chain(extra.iter().copied())
@@ -522,8 +580,10 @@ pub mod scenarios {
         Some((agent, run))
     }
 
-    /// HTTP 429 on every request from round 2 on: `rate_limited`, exit 1, after round 1's steps.
-    pub fn persistent_rate_limit(cli: Cli) {
+    /// HTTP 429 on every request from round 2 on: `rate_limited`, exit 1, and `steps` steps
+    /// (round 1's, plus the failing call's where the CLI announces a step before the reply):
+    /// the CLI's retries are not steps.
+    pub fn persistent_rate_limit(cli: Cli, steps: u64) {
         let fault = Fault::persistent(
             2,
             FaultKind::RateLimited {
@@ -536,12 +596,17 @@ pub mod scenarios {
         let run = agent.run(&["--max-steps", "10"]);
         run.assert_exit(1);
         assert_eq!(agent.server.last_round_served(), 1);
-        assert!(agent.server.count(|r| matches!(r.reply, Reply::Fault(_))) >= 1);
+        assert!(
+            agent.server.count(|r| matches!(r.reply, Reply::Fault(_))) >= 2,
+            "retried"
+        );
+        assert_eq!(run.steps_and_turns().0, steps);
         assert_recorded(&agent, &run, 1, Some("rate_limited"));
     }
 
-    /// A stream that breaks off on every request from round 2 on: `provider_error`, exit 1.
-    pub fn broken_stream(cli: Cli) {
+    /// A stream that breaks off on every request from round 2 on: `provider_error`, exit 1,
+    /// `steps` steps as in [`persistent_rate_limit`].
+    pub fn broken_stream(cli: Cli, steps: u64) {
         let fault = Fault::persistent(2, FaultKind::BrokenStream);
         let Some(agent) = Agent::start(cli, Script::tool_rounds(3).fault(fault)) else {
             return;
@@ -549,6 +614,11 @@ pub mod scenarios {
         let run = agent.run(&["--max-steps", "10"]);
         run.assert_exit(1);
         assert_eq!(agent.server.last_round_served(), 1);
+        assert!(
+            agent.server.count(|r| matches!(r.reply, Reply::Fault(_))) >= 2,
+            "retried"
+        );
+        assert_eq!(run.steps_and_turns().0, steps);
         assert_recorded(&agent, &run, 1, Some("provider_error"));
     }
 

@@ -13,17 +13,17 @@ fn under_budget_succeeds_with_the_served_counts() {
 #[test]
 fn over_budget_stops_a_long_shell_command_and_leaves_no_process() {
     // The breaching step is a command that would run for five minutes.
-    scenarios::over_budget(Cli::Codex, "sleep 300", &[]);
+    scenarios::over_budget(Cli::Codex, "sleep 300", &[], |_| {});
 }
 
 #[test]
 fn persistent_429_is_rate_limited() {
-    scenarios::persistent_rate_limit(Cli::Codex);
+    scenarios::persistent_rate_limit(Cli::Codex, 1);
 }
 
 #[test]
 fn broken_stream_is_a_provider_error() {
-    scenarios::broken_stream(Cli::Codex);
+    scenarios::broken_stream(Cli::Codex, 1);
 }
 
 #[test]

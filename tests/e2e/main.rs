@@ -6,10 +6,13 @@
 mod agents;
 mod harness;
 
+mod claude;
 mod codex;
 mod config_cmd;
 mod count_cmd;
+mod gemini;
 mod history_cmd;
+mod opencode;
 mod plugins;
 mod run_cmd;
 mod simulate_cmd;

@@ -99,8 +99,10 @@ impl StepCounter for OpenCodeCounter {
         let part = &event["part"];
         match event["type"].as_str().unwrap_or_default() {
             "step_start" => {
-                let id = part["id"]
+                // A retried model call starts again under the same message: one step, not two.
+                let id = part["messageID"]
                     .as_str()
+                    .or(part["id"].as_str())
                     .map_or_else(|| format!("step_{}", self.steps.len()), str::to_owned);
                 if self.steps.insert(id) {
                     self.terminal = None;
@@ -203,5 +205,31 @@ mod tests {
         assert_eq!(s.terminal.unwrap().slug.as_deref(), Some("rate_limited"));
         let s = count("tools3.jsonl", "step");
         assert_eq!(s.tokens.unwrap().input_tokens, 400);
+    }
+
+    #[test]
+    fn a_retried_step_is_one_step() {
+        // OpenCode retries a failed model call with a new step_start part for the same message
+        // (seen with a broken stream: six starts, one message).
+        let start = |part: &str, msg: &str| {
+            format!(
+                r#"{{"type":"step_start","part":{{"id":"{part}","messageID":"{msg}","type":"step-start"}}}}"#
+            )
+        };
+        let stream = [
+            start("p1", "m1"),
+            start("p2", "m2"),
+            start("p3", "m2"),
+            start("p4", "m2"),
+        ]
+        .join("\n");
+        let mut c = OpenCodePlugin
+            .open_counter(&CounterRequest {
+                unit: "step".into(),
+                ..Default::default()
+            })
+            .unwrap();
+        let stats = feed_all(c.as_mut(), stream.as_bytes()).unwrap().1;
+        assert_eq!(stats.num_steps_computed, 2);
     }
 }

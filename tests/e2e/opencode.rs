@@ -1,0 +1,39 @@
+//! OpenCode (`opencode run --format json`) under stepguard, through the example third-party
+//! plugin in `plugins/opencode`, loaded with `--plugin-dir`.
+
+use crate::agents::{Cli, scenarios};
+
+/// Step unit: three tool steps and the final text step (the title request is not a step).
+const STEPS_FOR_3_ROUNDS: u64 = 4;
+
+#[test]
+fn under_budget_succeeds_with_the_served_counts() {
+    scenarios::under_budget(Cli::OpenCode, STEPS_FOR_3_ROUNDS);
+}
+
+#[test]
+fn over_budget_its_own_steps_setting_only_warns_and_stepguard_stops_it() {
+    // `agent.build.steps = 2` is below the budget, yet OpenCode runs past it: round 6 is served,
+    // and only stepguard ends the run.
+    scenarios::over_budget(
+        Cli::OpenCode,
+        "sleep 2; echo round 6 call 1",
+        &[],
+        |agent| agent.set_opencode_steps(2),
+    );
+}
+
+#[test]
+fn persistent_429_is_rate_limited() {
+    scenarios::persistent_rate_limit(Cli::OpenCode, 1);
+}
+
+#[test]
+fn broken_stream_is_a_provider_error() {
+    scenarios::broken_stream(Cli::OpenCode, 2);
+}
+
+#[test]
+fn a_single_429_recovers() {
+    scenarios::single_rate_limit_recovers(Cli::OpenCode, STEPS_FOR_3_ROUNDS);
+}
