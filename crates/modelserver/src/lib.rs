@@ -546,3 +546,346 @@ fn value_of_schema(schema: &Value) -> Value {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::io::{Read, Write};
+
+    use serde_json::json;
+
+    use super::*;
+
+    /// Sends one raw request; returns the status and the (de-chunked) body, and whether the body
+    /// ended properly.
+    fn send(server: &ModelServer, method: &str, path: &str, body: &str) -> (u16, String, bool) {
+        let mut stream = TcpStream::connect(server.addr()).unwrap();
+        write!(
+            stream,
+            "{method} {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut raw = Vec::new();
+        stream.read_to_end(&mut raw).unwrap();
+        let raw = String::from_utf8(raw).unwrap();
+        let (head, rest) = raw.split_once("\r\n\r\n").unwrap();
+        let status = head[9..12].parse().unwrap();
+        if !head.contains("transfer-encoding: chunked") {
+            return (status, rest.to_owned(), true);
+        }
+        let (mut body, mut rest, mut complete) = (String::new(), rest, false);
+        while let Some((size, after)) = rest.split_once("\r\n") {
+            let size = usize::from_str_radix(size, 16).unwrap();
+            if size == 0 {
+                complete = true;
+                break;
+            }
+            if after.len() < size {
+                body.push_str(after);
+                break;
+            }
+            body.push_str(&after[..size]);
+            rest = &after[size + 2..];
+        }
+        (status, body, complete)
+    }
+
+    fn anthropic_body(results: usize, tools: bool, stream: bool) -> String {
+        let mut messages = vec![json!({"role": "user", "content": "go"})];
+        for i in 0..results {
+            messages.push(json!({"role": "assistant", "content": [{"type": "tool_use", "id": i, "name": "Bash", "input": {}}]}));
+            messages.push(json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": i, "content": "ok"}]}));
+        }
+        let tools = if tools {
+            json!([{"name": "Read"}, {"name": "Bash"}])
+        } else {
+            json!([])
+        };
+        json!({"model": "m", "stream": stream, "messages": messages, "tools": tools}).to_string()
+    }
+
+    /// The `data:` payloads of an event stream.
+    fn events(body: &str) -> Vec<Value> {
+        body.lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .filter(|d| *d != "[DONE]")
+            .map(|d| serde_json::from_str(d).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn the_round_follows_the_tool_results_in_the_request() {
+        let server = ModelServer::start(Script::tool_rounds(2)).unwrap();
+        // Asking twice for the same point of the conversation (a retry) gets the same round.
+        for results in [0, 0, 1, 2, 1] {
+            let (status, body, _) = send(
+                &server,
+                "POST",
+                "/v1/messages",
+                &anthropic_body(results, true, false),
+            );
+            assert_eq!(status, 200);
+            let reply: Value = serde_json::from_str(&body).unwrap();
+            if results < 2 {
+                assert_eq!(reply["stop_reason"], "tool_use");
+                let call = &reply["content"][0];
+                assert_eq!(call["name"], "Bash");
+                let command = format!("echo round {} call 1", results + 1);
+                assert_eq!(call["input"]["command"], command.as_str());
+            } else {
+                assert_eq!(reply["stop_reason"], "end_turn");
+                assert_eq!(reply["content"][0]["text"], "All rounds done.");
+            }
+        }
+        let rounds: Vec<Option<usize>> = server.requests().iter().map(|r| r.round()).collect();
+        assert_eq!(rounds, [Some(1), Some(1), Some(2), None, Some(2)]);
+        assert_eq!(server.finals_served(), 1);
+        assert_eq!(server.last_round_served(), 2);
+        assert_eq!(server.max_tool_results_seen(), 2);
+    }
+
+    #[test]
+    fn a_request_without_tools_is_a_side_request_and_does_not_move_the_script() {
+        let server = ModelServer::start(Script::tool_rounds(1)).unwrap();
+        let (_, body, _) = send(
+            &server,
+            "POST",
+            "/v1/messages",
+            &anthropic_body(0, false, false),
+        );
+        let reply: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(reply["content"][0]["text"], "Scripted side reply");
+        let (_, body, _) = send(
+            &server,
+            "POST",
+            "/v1/messages",
+            &anthropic_body(0, true, false),
+        );
+        assert!(body.contains("tool_use"));
+        let replies: Vec<Reply> = server.requests().into_iter().map(|r| r.reply).collect();
+        assert!(matches!(
+            replies[..],
+            [Reply::Side, Reply::ToolCalls { round: 1, .. }]
+        ));
+    }
+
+    #[test]
+    fn parallel_calls_and_text_stream_in_every_dialect() {
+        let script = Script::tool_rounds(3)
+            .parallel_calls(2)
+            .text_beside("Working on it.");
+        let server = ModelServer::start(script).unwrap();
+        // Two results back with two calls per reply: round 2.
+        let (status, body, complete) = send(
+            &server,
+            "POST",
+            "/v1/messages",
+            &anthropic_body(2, true, true),
+        );
+        assert_eq!((status, complete), (200, true));
+        let ev = events(&body);
+        assert_eq!(ev[0]["type"], "message_start");
+        assert_eq!(ev.last().unwrap()["type"], "message_stop");
+        let starts: Vec<&Value> = ev
+            .iter()
+            .filter(|e| e["type"] == "content_block_start")
+            .map(|e| &e["content_block"])
+            .collect();
+        assert_eq!(starts[0]["type"], "text");
+        let ids: Vec<&str> = starts[1..]
+            .iter()
+            .map(|b| b["id"].as_str().unwrap())
+            .collect();
+        assert_eq!(ids, ["call_r2c1", "call_r2c2"]);
+
+        let responses = json!({"model": "gpt", "stream": true, "tools": [{"type": "function", "name": "exec_command"}],
+            "input": [{"type": "message"}, {"type": "function_call_output"}, {"type": "function_call_output"}]});
+        let (_, body, complete) = send(&server, "POST", "/v1/responses", &responses.to_string());
+        assert!(complete);
+        let ev = events(&body);
+        let items: Vec<&Value> = ev
+            .iter()
+            .filter(|e| e["type"] == "response.output_item.done")
+            .map(|e| &e["item"])
+            .collect();
+        assert_eq!(items[0]["type"], "message");
+        assert_eq!(items[1]["name"], "exec_command");
+        let args: Value = serde_json::from_str(items[2]["arguments"].as_str().unwrap()).unwrap();
+        assert_eq!(args, json!({"cmd": "echo round 2 call 2"}));
+        assert_eq!(ev.last().unwrap()["type"], "response.completed");
+
+        let gemini = json!({"contents": [{"role": "user", "parts": [{"text": "go"}]}],
+            "tools": [{"functionDeclarations": [{"name": "run_shell_command"}]}]});
+        let path = "/v1beta/models/gemini-x:streamGenerateContent?alt=sse";
+        let (_, body, _) = send(&server, "POST", path, &gemini.to_string());
+        let ev = events(&body);
+        let parts = &ev.last().unwrap()["candidates"][0]["content"]["parts"];
+        assert_eq!(parts[0]["text"], "Working on it.");
+        assert_eq!(parts[2]["functionCall"]["name"], "run_shell_command");
+        assert_eq!(ev.last().unwrap()["modelVersion"], "gemini-x");
+
+        let chat = json!({"model": "m", "stream": true, "tools": [{"type": "function", "function": {"name": "bash"}}],
+            "messages": [{"role": "user", "content": "go"}, {"role": "tool"}, {"role": "tool"}, {"role": "tool"}, {"role": "tool"}]});
+        let (_, body, _) = send(&server, "POST", "/v1/chat/completions", &chat.to_string());
+        assert!(body.trim_end().ends_with("data: [DONE]"));
+        let ev = events(&body);
+        let calls: Vec<&Value> = ev
+            .iter()
+            .filter_map(|e| e["choices"][0]["delta"]["tool_calls"].get(0))
+            .collect();
+        assert_eq!(calls.len(), 2);
+        assert_eq!(calls[1]["id"], "call_r3c2");
+        let finish: Vec<&Value> = ev
+            .iter()
+            .map(|e| &e["choices"][0]["finish_reason"])
+            .collect();
+        assert!(finish.contains(&&json!("tool_calls")));
+
+        let apis: Vec<Option<Api>> = server.requests().iter().map(|r| r.api).collect();
+        use Api::*;
+        assert_eq!(
+            apis,
+            [
+                Some(AnthropicMessages),
+                Some(OpenAiResponses),
+                Some(Gemini),
+                Some(ChatCompletions)
+            ]
+        );
+        let rounds: Vec<Option<usize>> = server.requests().iter().map(|r| r.round()).collect();
+        assert_eq!(rounds, [Some(2), Some(2), Some(1), Some(3)]);
+    }
+
+    #[test]
+    fn faults_start_at_their_round_and_stop_after_their_count() {
+        let kind = FaultKind::RateLimited {
+            retry_after_secs: 7,
+        };
+        let server =
+            ModelServer::start(Script::tool_rounds(3).fault(Fault::times(2, kind, 2))).unwrap();
+        let mut seen = Vec::new();
+        for results in [0, 1, 1, 1, 2] {
+            let (status, body, _) = send(
+                &server,
+                "POST",
+                "/v1/messages",
+                &anthropic_body(results, true, false),
+            );
+            seen.push(status);
+            if status == 429 {
+                let error: Value = serde_json::from_str(&body).unwrap();
+                assert_eq!(error["error"]["type"], "rate_limit_error");
+            }
+        }
+        assert_eq!(seen, [200, 429, 429, 200, 200]);
+        assert_eq!(server.count(|r| r.reply == Reply::Fault(kind)), 2);
+
+        let server = ModelServer::start(
+            Script::tool_rounds(1).fault(Fault::persistent(1, FaultKind::ServerError)),
+        )
+        .unwrap();
+        let gemini = json!({"contents": [], "tools": [{"functionDeclarations": [{"name": "run_shell_command"}]}]});
+        for _ in 0..3 {
+            let (status, body, _) = send(
+                &server,
+                "POST",
+                "/v1beta/models/g:generateContent",
+                &gemini.to_string(),
+            );
+            assert_eq!(status, 500);
+            assert!(body.contains("INTERNAL"));
+        }
+    }
+
+    #[test]
+    fn a_broken_stream_starts_then_ends_without_its_last_chunk() {
+        let server = ModelServer::start(
+            Script::tool_rounds(1).fault(Fault::persistent(1, FaultKind::BrokenStream)),
+        )
+        .unwrap();
+        let (status, body, complete) = send(
+            &server,
+            "POST",
+            "/v1/messages",
+            &anthropic_body(0, true, true),
+        );
+        assert_eq!(status, 200);
+        assert!(!complete, "the chunked body must not end properly");
+        assert!(body.starts_with("event: message_start"));
+        assert!(!body.contains("message_stop"));
+    }
+
+    #[test]
+    fn other_requests_are_answered_and_recorded() {
+        let server = ModelServer::start(Script::tool_rounds(1)).unwrap();
+        assert_eq!(send(&server, "HEAD", "/", "").0, 200);
+        assert_eq!(send(&server, "GET", "/v1/models", "").0, 404);
+        let (status, body, _) = send(&server, "POST", "/v1/messages", "{not json");
+        assert_eq!(status, 400);
+        assert!(body.contains("not JSON"));
+        let (status, body, _) = send(
+            &server,
+            "POST",
+            "/v1/chat/completions",
+            &json!({"tools": [{"function": {"name": "python"}}], "messages": []}).to_string(),
+        );
+        assert_eq!(status, 400);
+        assert!(body.contains("no shell tool"), "{body}");
+        let replies: Vec<Reply> = server.requests().into_iter().map(|r| r.reply).collect();
+        assert!(matches!(
+            &replies[..],
+            [
+                Reply::Head,
+                Reply::NotFound,
+                Reply::Rejected(_),
+                Reply::Rejected(_)
+            ]
+        ));
+        assert!(server.model_requests().len() == 2);
+    }
+
+    #[test]
+    fn chunked_request_bodies_are_read() {
+        let server = ModelServer::start(Script::tool_rounds(1)).unwrap();
+        let body = anthropic_body(0, true, false);
+        let (a, b) = body.split_at(10);
+        let mut stream = TcpStream::connect(server.addr()).unwrap();
+        write!(
+            stream,
+            "POST /v1/messages HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{a}\r\n{:x}\r\n{b}\r\n0\r\n\r\n",
+            a.len(),
+            b.len()
+        )
+        .unwrap();
+        let mut raw = String::new();
+        stream.read_to_string(&mut raw).unwrap();
+        assert!(raw.starts_with("HTTP/1.1 200"), "{raw}");
+        assert_eq!(server.requests()[0].round(), Some(1));
+    }
+
+    #[test]
+    fn the_gemini_router_gets_json_of_its_schema() {
+        let schema = json!({"type": "OBJECT", "properties": {
+            "complexity_reasoning": {"type": "STRING"}, "complexity_score": {"type": "INTEGER"},
+            "choice": {"type": "string", "enum": ["flash", "pro"]}}});
+        let body = json!({"contents": [], "generationConfig": {"responseJsonSchema": schema}});
+        let server = ModelServer::start(Script::tool_rounds(1)).unwrap();
+        let (_, reply, _) = send(
+            &server,
+            "POST",
+            "/v1beta/models/lite:generateContent",
+            &body.to_string(),
+        );
+        let reply: Value = serde_json::from_str(&reply).unwrap();
+        let text = reply["candidates"][0]["content"]["parts"][0]["text"]
+            .as_str()
+            .unwrap();
+        let routed: Value = serde_json::from_str(text).unwrap();
+        assert_eq!(
+            routed,
+            json!({"complexity_reasoning": "scripted", "complexity_score": 1, "choice": "flash"})
+        );
+    }
+}
