@@ -544,6 +544,31 @@ pub mod scenarios {
         );
     }
 
+    /// 2 rounds of 2 parallel calls with text beside them, then the final answer, counted with
+    /// `args` (e.g. a `--unit`): exit 0 and `steps` steps; every call ran.
+    pub fn parallel_calls_with_text(cli: Cli, args: &[&str], steps: u64) {
+        let script = Script::tool_rounds(2)
+            .parallel_calls(2)
+            .text_beside("Running two commands.");
+        let Some(agent) = Agent::start(cli, script) else {
+            return;
+        };
+        let args: Vec<&str> = ["--max-steps", "10"]
+            .into_iter()
+            .chain(args.iter().copied())
+            .collect();
+        let run = agent.run(&args);
+        run.assert_exit(0);
+        assert_eq!(agent.server.finals_served(), 1);
+        assert_eq!(
+            agent.server.max_tool_results_seen(),
+            4,
+            "all four calls ran"
+        );
+        assert_eq!(run.steps_and_turns().0, steps);
+        assert_recorded(&agent, &run, 0, None);
+    }
+
     /// 12 rounds offered under `--max-steps 5` (plus `extra`): stepguard stops the agent at step
     /// 6, whose tool call is `breaching` (slow, so that stopping in time is observable).
     pub fn over_budget(

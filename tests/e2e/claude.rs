@@ -73,3 +73,9 @@ fn over_budget_with_the_native_limit_claude_stops_itself() {
     assert!(command.ends_with(&["--max-turns", "5"]), "{command:?}");
     assert!(agent.live_processes().is_empty());
 }
+
+#[test]
+fn parallel_calls_with_text_beside_them() {
+    // Message unit: one message per round, however many calls and text blocks it holds.
+    scenarios::parallel_calls_with_text(Cli::Claude, &[], 3);
+}

@@ -30,3 +30,15 @@ fn broken_stream_is_a_provider_error() {
 fn a_single_429_recovers() {
     scenarios::single_rate_limit_recovers(Cli::Codex, STEPS_FOR_3_ROUNDS);
 }
+
+#[test]
+fn parallel_calls_with_text_beside_them() {
+    // Tool unit: the four commands; the text beside them is an agent_message, not a tool.
+    scenarios::parallel_calls_with_text(Cli::Codex, &["--unit", "tool"], 4);
+}
+
+#[test]
+fn parallel_calls_with_text_beside_them_by_item() {
+    // Item unit: per round the agent_message and two commands, then the final message.
+    scenarios::parallel_calls_with_text(Cli::Codex, &[], 7);
+}

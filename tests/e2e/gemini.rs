@@ -29,3 +29,9 @@ fn broken_stream_is_a_provider_error() {
 fn a_single_429_recovers() {
     scenarios::single_rate_limit_recovers(Cli::Gemini, STEPS_FOR_3_ROUNDS);
 }
+
+#[test]
+fn parallel_calls_with_text_beside_them() {
+    // Tool-use unit: every call is a step.
+    scenarios::parallel_calls_with_text(Cli::Gemini, &[], 4);
+}

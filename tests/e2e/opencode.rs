@@ -37,3 +37,9 @@ fn broken_stream_is_a_provider_error() {
 fn a_single_429_recovers() {
     scenarios::single_rate_limit_recovers(Cli::OpenCode, STEPS_FOR_3_ROUNDS);
 }
+
+#[test]
+fn parallel_calls_with_text_beside_them() {
+    // Step unit: one model step per round, plus the final one.
+    scenarios::parallel_calls_with_text(Cli::OpenCode, &[], 3);
+}
