@@ -502,6 +502,8 @@ fn the_process_check_sees_a_process_in_the_directory() {
 
 /// The scenarios every provider module runs, each with that provider's expected counts.
 pub mod scenarios {
+    use std::ops::RangeInclusive;
+
     use serde_json::Value;
     use stepguard_modelserver::{Fault, FaultKind, Reply, Script};
 
@@ -605,46 +607,43 @@ pub mod scenarios {
         Some((agent, run))
     }
 
-    /// HTTP 429 on every request from round 2 on: `rate_limited`, exit 1, and `steps` steps
-    /// (round 1's, plus the failing call's where the CLI announces a step before the reply):
-    /// the CLI's retries are not steps.
-    pub fn persistent_rate_limit(cli: Cli, steps: u64) {
-        let fault = Fault::persistent(
-            2,
-            FaultKind::RateLimited {
-                retry_after_secs: 1,
-            },
-        );
+    /// `kind` on every request from round 2 on: exit 1 with `slug`, and a step count in `steps`
+    /// (round 1's, plus the failing call's where the CLI may announce a step before the reply
+    /// fails, which for a broken stream depends on timing): however often the CLI retries.
+    fn fails_from_round_2(cli: Cli, kind: FaultKind, slug: &str, steps: RangeInclusive<u64>) {
+        let fault = Fault::persistent(2, kind);
         let Some(agent) = Agent::start(cli, Script::tool_rounds(3).fault(fault)) else {
             return;
         };
         let run = agent.run(&["--max-steps", "10"]);
         run.assert_exit(1);
         assert_eq!(agent.server.last_round_served(), 1);
+        let faults = agent.server.count(|r| r.reply == Reply::Fault(kind));
+        assert!(faults >= 2, "the CLI retried: {faults} faulty replies");
+        let counted = run.steps_and_turns().0;
         assert!(
-            agent.server.count(|r| matches!(r.reply, Reply::Fault(_))) >= 2,
-            "retried"
+            steps.contains(&counted),
+            "{counted} steps, expected {steps:?}"
         );
-        assert_eq!(run.steps_and_turns().0, steps);
-        assert_recorded(&agent, &run, 1, Some("rate_limited"));
+        assert_recorded(&agent, &run, 1, Some(slug));
     }
 
-    /// A stream that breaks off on every request from round 2 on: `provider_error`, exit 1,
-    /// `steps` steps as in [`persistent_rate_limit`].
-    pub fn broken_stream(cli: Cli, steps: u64) {
-        let fault = Fault::persistent(2, FaultKind::BrokenStream);
-        let Some(agent) = Agent::start(cli, Script::tool_rounds(3).fault(fault)) else {
-            return;
+    /// HTTP 429 (Retry-After: 1) from round 2 on: `rate_limited`; see [`fails_from_round_2`].
+    pub fn persistent_rate_limit(cli: Cli, steps: RangeInclusive<u64>) {
+        let kind = FaultKind::RateLimited {
+            retry_after_secs: 1,
         };
-        let run = agent.run(&["--max-steps", "10"]);
-        run.assert_exit(1);
-        assert_eq!(agent.server.last_round_served(), 1);
-        assert!(
-            agent.server.count(|r| matches!(r.reply, Reply::Fault(_))) >= 2,
-            "retried"
-        );
-        assert_eq!(run.steps_and_turns().0, steps);
-        assert_recorded(&agent, &run, 1, Some("provider_error"));
+        fails_from_round_2(cli, kind, "rate_limited", steps);
+    }
+
+    /// A stream that breaks off mid-event from round 2 on: `provider_error`.
+    pub fn broken_stream(cli: Cli, steps: RangeInclusive<u64>) {
+        fails_from_round_2(cli, FaultKind::BrokenStream, "provider_error", steps);
+    }
+
+    /// HTTP 500 from round 2 on: `provider_error`.
+    pub fn server_error(cli: Cli, steps: RangeInclusive<u64>) {
+        fails_from_round_2(cli, FaultKind::ServerError, "provider_error", steps);
     }
 
     /// One 429 at round 2, then the script: the CLI retries and the run succeeds with the same

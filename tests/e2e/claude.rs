@@ -26,12 +26,17 @@ fn over_budget_without_the_native_limit_is_stopped_by_stepguard() {
 
 #[test]
 fn persistent_429_is_rate_limited() {
-    scenarios::persistent_rate_limit(Cli::Claude, 1);
+    scenarios::persistent_rate_limit(Cli::Claude, 1..=1);
 }
 
 #[test]
 fn broken_stream_is_a_provider_error() {
-    scenarios::broken_stream(Cli::Claude, 1);
+    scenarios::broken_stream(Cli::Claude, 1..=1);
+}
+
+#[test]
+fn http_500_is_a_provider_error() {
+    scenarios::server_error(Cli::Claude, 1..=1);
 }
 
 #[test]

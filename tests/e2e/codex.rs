@@ -18,12 +18,17 @@ fn over_budget_stops_a_long_shell_command_and_leaves_no_process() {
 
 #[test]
 fn persistent_429_is_rate_limited() {
-    scenarios::persistent_rate_limit(Cli::Codex, 1);
+    scenarios::persistent_rate_limit(Cli::Codex, 1..=1);
 }
 
 #[test]
 fn broken_stream_is_a_provider_error() {
-    scenarios::broken_stream(Cli::Codex, 1);
+    scenarios::broken_stream(Cli::Codex, 1..=1);
+}
+
+#[test]
+fn http_500_is_a_provider_error() {
+    scenarios::server_error(Cli::Codex, 1..=1);
 }
 
 #[test]

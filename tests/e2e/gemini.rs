@@ -17,12 +17,12 @@ fn over_budget_is_stopped_by_stepguard() {
 
 #[test]
 fn persistent_429_is_rate_limited() {
-    scenarios::persistent_rate_limit(Cli::Gemini, 1);
+    scenarios::persistent_rate_limit(Cli::Gemini, 1..=1);
 }
 
 #[test]
 fn broken_stream_is_a_provider_error() {
-    scenarios::broken_stream(Cli::Gemini, 1);
+    scenarios::broken_stream(Cli::Gemini, 1..=1);
 }
 
 #[test]

@@ -25,12 +25,13 @@ fn over_budget_its_own_steps_setting_only_warns_and_stepguard_stops_it() {
 
 #[test]
 fn persistent_429_is_rate_limited() {
-    scenarios::persistent_rate_limit(Cli::OpenCode, 1);
+    scenarios::persistent_rate_limit(Cli::OpenCode, 1..=1);
 }
 
 #[test]
 fn broken_stream_is_a_provider_error() {
-    scenarios::broken_stream(Cli::OpenCode, 2);
+    // OpenCode announces the failing call's step only if the stream got far enough: 1 or 2.
+    scenarios::broken_stream(Cli::OpenCode, 1..=2);
 }
 
 #[test]
