@@ -579,7 +579,21 @@ pub mod scenarios {
         extra: &[&str],
         setup: impl FnOnce(&Agent),
     ) -> Option<(Agent, AgentRun)> {
-        let script = Script::tool_rounds(12).command_at(6, breaching);
+        over_budget_with(
+            cli,
+            Script::tool_rounds(12).command_at(6, breaching),
+            extra,
+            setup,
+        )
+    }
+
+    /// [`over_budget`] with a script of the caller's (12 rounds or more).
+    pub fn over_budget_with(
+        cli: Cli,
+        script: Script,
+        extra: &[&str],
+        setup: impl FnOnce(&Agent),
+    ) -> Option<(Agent, AgentRun)> {
         let agent = Agent::start(cli, script)?;
         setup(&agent);
         let args: Vec<&str> = ["--max-steps", "5"]

@@ -1,5 +1,7 @@
 //! Codex CLI (`codex exec --json`) under stepguard: no native limit, so stepguard is the only one.
 
+use stepguard_modelserver::Script;
+
 use crate::agents::{Cli, scenarios};
 
 /// Item unit: three command_execution items and the final agent_message.
@@ -12,8 +14,28 @@ fn under_budget_succeeds_with_the_served_counts() {
 
 #[test]
 fn over_budget_stops_a_long_shell_command_and_leaves_no_process() {
-    // The breaching step is a command that would run for five minutes.
-    scenarios::over_budget(Cli::Codex, "sleep 300", &[], |_| {});
+    // The breaching step is a command that would run for five minutes; and round 5 left a
+    // process behind in a session of its own, as a dev server would. Neither survives the stop.
+    let script = Script::tool_rounds(12)
+        .command_at(
+            5,
+            "setsid sleep 300 > /dev/null 2>&1 & echo $! > background.pid",
+        )
+        .command_at(6, "sleep 300");
+    let Some((agent, _)) = scenarios::over_budget_with(Cli::Codex, script, &[], |_| {}) else {
+        return;
+    };
+    let pid = std::fs::read_to_string(agent.work().join("background.pid"))
+        .expect("round 5 started its background process");
+    let pid = pid.trim();
+    assert!(!pid.is_empty());
+    // Gone, or at most a zombie waiting for a reaper that is not ours.
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let state = stat.rsplit(')').next().unwrap_or("").trim_start();
+    assert!(
+        stat.is_empty() || state.starts_with('Z'),
+        "background process {pid} survived: {stat}"
+    );
 }
 
 #[test]
