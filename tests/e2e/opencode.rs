@@ -15,12 +15,24 @@ fn under_budget_succeeds_with_the_served_counts() {
 fn over_budget_its_own_steps_setting_only_warns_and_stepguard_stops_it() {
     // `agent.build.steps = 2` is below the budget, yet OpenCode runs past it: round 6 is served,
     // and only stepguard ends the run.
-    scenarios::over_budget(
+    let Some((agent, _)) = scenarios::over_budget(
         Cli::OpenCode,
         "sleep 2; echo round 6 call 1",
         &[],
         |agent| agent.set_opencode_steps(2),
-    );
+    ) else {
+        return;
+    };
+    // The setting took effect: OpenCode told the model from step 2 on. Tools went on anyway.
+    let warned: Vec<usize> = agent
+        .server
+        .model_requests()
+        .iter()
+        .filter(|r| r.body.to_string().contains("MAXIMUM STEPS REACHED"))
+        .map(|r| r.tool_results)
+        .collect();
+    assert_eq!(warned.first(), Some(&1), "{warned:?}");
+    assert_eq!(warned.last(), Some(&5), "{warned:?}");
 }
 
 #[test]
