@@ -6,7 +6,9 @@
 //! given round on. Which round a request is in is read from the request itself (the tool results
 //! the client sent back), so client retries and side requests (titles, routing) never shift the
 //! script; tool-less requests are side requests and get a short text. Every request is recorded
-//! for assertions. Test support only: it is not part of the `stepguard` binary.
+//! for assertions. Test support only: it is not part of the `stepguard` binary. To watch a CLI's
+//! requests by hand: `cargo run -p stepguard-modelserver --example serve -- 3` prints the URL to
+//! point the CLI at, then one line per request.
 //!
 //! ```
 //! use stepguard_modelserver::{ModelServer, Script};
