@@ -16,7 +16,7 @@ use stepguard_modelserver::{ModelServer, Script};
 
 use crate::harness::{Run, STEPGUARD, workspace};
 
-/// The CLI versions `.ci/install-agent-clis` pins (also in README's compatibility table).
+/// How to get the CLIs, said whenever they are missing.
 const INSTALL_HINT: &str = "run `.ci/install-agent-clis` (or set STEPGUARD_AGENT_CLIS to a directory holding claude, codex, gemini and opencode)";
 
 /// An agent CLI under test.
@@ -81,17 +81,13 @@ fn installed_clis_are_the_pinned_versions() {
             return;
         }
     };
-    let pins: Value = serde_json::from_slice(
-        &std::fs::read(workspace().join("tests/agent-clis/package.json")).unwrap(),
-    )
-    .unwrap();
     for (cli, package) in [
         ("claude", "@anthropic-ai/claude-code"),
         ("codex", "@openai/codex"),
         ("gemini", "@google/gemini-cli"),
         ("opencode", "opencode-ai"),
     ] {
-        let pinned = pins["dependencies"][package].as_str().unwrap();
+        let pinned = pinned_version(package);
         let out = Command::new(dir.join(cli))
             .arg("--version")
             .env("HOME", std::env::temp_dir())
@@ -100,10 +96,22 @@ fn installed_clis_are_the_pinned_versions() {
             .unwrap();
         let version = String::from_utf8_lossy(&out.stdout);
         assert!(
-            version.contains(pinned),
+            version.contains(&pinned),
             "{cli} --version says {version:?}, tests/agent-clis pins {pinned}; {INSTALL_HINT}"
         );
     }
+}
+
+/// The version of npm package `package` that `tests/agent-clis/package.json` pins.
+fn pinned_version(package: &str) -> String {
+    let pins: Value = serde_json::from_slice(
+        &std::fs::read(workspace().join("tests/agent-clis/package.json")).unwrap(),
+    )
+    .unwrap();
+    pins["dependencies"][package]
+        .as_str()
+        .unwrap_or_else(|| panic!("tests/agent-clis/package.json pins no {package}"))
+        .to_owned()
 }
 
 /// One agent CLI set up in a fresh directory against its own model server.
@@ -224,7 +232,7 @@ impl Agent {
                 );
                 // Without this seed OpenCode npm-installs @opencode-ai/plugin on every start.
                 let config = home.join(".config/opencode");
-                let version = "1.18.33";
+                let version = pinned_version("opencode-ai");
                 self.write(
                     config.join("package.json"),
                     &format!(r#"{{"dependencies": {{"@opencode-ai/plugin": "{version}"}}}}"#),
