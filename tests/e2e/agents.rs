@@ -526,9 +526,9 @@ pub mod scenarios {
         assert_eq!(rec["num_steps_computed"], steps, "{rec}");
         assert_eq!(rec["num_turns_computed"], turns, "{rec}");
         match slug {
-            Some(slug) => assert_eq!(rec["failure_slug"], slug, "{rec}"),
+            Some(slug) => assert_eq!(rec["error_type"], slug, "{rec}"),
             None => {
-                assert_eq!(rec["failure_slug"], Value::Null, "{rec}");
+                assert_eq!(rec["error_type"], Value::Null, "{rec}");
                 assert_eq!(rec["outcome"], "success", "{rec}");
             }
         }

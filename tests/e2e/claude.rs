@@ -61,7 +61,7 @@ fn over_budget_with_the_native_limit_claude_stops_itself() {
     assert_eq!(agent.server.last_round_served(), 5);
     assert!(agent.server.max_tool_results_seen() < 5);
     let rec = agent.last_record();
-    assert_eq!(rec["failure_slug"], "max_steps", "{rec}");
+    assert_eq!(rec["error_type"], "max_steps", "{rec}");
     assert_eq!(
         rec["terminated_by"],
         Value::Null,

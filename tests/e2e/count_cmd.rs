@@ -165,9 +165,15 @@ fn empty_file_counts_nothing() {
     assert_eq!(
         v,
         &json!({
+            "schema_version": 1, "id": null,
             "file": fixture("edge/empty.jsonl"), "provider": "gemini", "unit": "tool_use",
+            "plugin_version": "0.1.0", "task_type": null, "profile": null,
+            "max_steps": null, "max_steps_source": null, "command": null, "cwd": null,
+            "started_at": null, "ended_at": null, "duration_ms": null,
             "num_steps_computed": 0, "num_steps_reported": null, "num_turns_reported": null,
             "num_turns_computed": 0, "outcome": "incomplete", "error_type": null, "message": null,
+            "exit_code": null, "child_exit_code": null, "child_signal": null,
+            "terminated_by": null, "breached_at_step": null, "on_limit_decisions": [],
             "noise_lines": 0, "unknown_events": 0, "oversized_lines": 0, "truncated_last_line": false,
             "tokens": null, "cost_usd": null, "sub_agent_steps": {}
         })
@@ -215,15 +221,9 @@ fn stdin_dash_is_read() {
 fn missing_files_and_directories_are_named_and_the_rest_still_counted() {
     let sb = Sandbox::new();
     let good = fixture("real/codex/tools3.jsonl");
-    let run = sb.run(&[
-        "count",
-        "-p",
-        "codex",
-        "--json",
-        "/no/such/file.jsonl",
-        sb.root().to_str().unwrap(),
-        &good,
-    ]);
+    let dir = sb.root().to_str().unwrap().to_owned();
+    let files = ["/no/such/file.jsonl", dir.as_str(), good.as_str()];
+    let run = sb.run(&[&["count", "-p", "codex"][..], &files[..]].concat());
     assert_eq!(run.code, Some(2));
     assert!(
         run.stderr.contains(
@@ -233,14 +233,34 @@ fn missing_files_and_directories_are_named_and_the_rest_still_counted() {
         run.stderr
     );
     assert!(
-        run.stderr.contains(&format!(
-            "cannot read {}: is a directory",
-            sb.root().display()
-        )),
+        run.stderr
+            .contains(&format!("cannot read {dir}: is a directory")),
         "{}",
         run.stderr
     );
     assert_eq!(run.stdout.lines().count(), 1);
+
+    // Under --json each file that cannot be read is an error object in its place, on stdout.
+    let run = sb.run(&[&["count", "-p", "codex", "--json"][..], &files[..]].concat());
+    assert_eq!(run.code, Some(2));
+    let lines: Vec<Value> = run
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("JSON"))
+        .collect();
+    assert_eq!(lines.len(), 3, "{}", run.stdout);
+    assert_eq!(lines[0]["error"]["kind"], "io");
+    assert_eq!(
+        lines[0]["error"]["message"],
+        "cannot read /no/such/file.jsonl: No such file or directory (os error 2)"
+    );
+    assert_eq!(lines[1]["error"]["kind"], "io");
+    assert_eq!(
+        lines[1]["error"]["message"],
+        format!("cannot read {dir}: is a directory")
+    );
+    assert_eq!(lines[2]["num_steps_computed"], 4, "{}", lines[2]);
+    assert_eq!(run.stderr, "");
 }
 
 #[test]

@@ -100,7 +100,7 @@ fn every_run_is_recorded_beside_the_config_with_counts_and_slugs() {
             (
                 r["id"].as_i64().unwrap(),
                 r["outcome"].as_str().unwrap(),
-                r["failure_slug"].as_str(),
+                r["error_type"].as_str(),
                 r["num_steps_computed"].as_i64(),
                 r["exit_code"].as_i64(),
             )
@@ -247,7 +247,7 @@ fn a_killed_stepguard_leaves_a_row_the_next_open_marks_interrupted() {
     sg.wait().unwrap();
     let row = &sb.run(&["history", "--json"]).json()[0];
     assert_eq!(
-        (row["outcome"].as_str(), row["failure_slug"].as_str()),
+        (row["outcome"].as_str(), row["error_type"].as_str()),
         (Some("interrupted"), Some("interrupted"))
     );
     assert!(row["ended_at"].is_string());

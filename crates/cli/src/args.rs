@@ -57,6 +57,21 @@ pub enum Command {
     Simulate(SimulateArgs),
 }
 
+impl Command {
+    /// Returns true when the command was asked for JSON output (`--json`).
+    pub fn wants_json(&self) -> bool {
+        match self {
+            Command::Config(a) => a.json,
+            Command::Count(a) => a.json,
+            Command::History(a) => a.json,
+            Command::Show(a) => a.json,
+            Command::Stats(a) => a.json,
+            Command::Plugins(a) => a.json,
+            Command::Validate(_) | Command::Run(_) | Command::Simulate(_) => false,
+        }
+    }
+}
+
 /// What to do when the budget is exceeded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum OnLimit {

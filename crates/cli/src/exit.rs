@@ -12,27 +12,53 @@ pub struct UsageError(pub String);
 
 /// Returns the exit code for an error that ended a command.
 pub fn exit_code_for(err: &anyhow::Error) -> ExitCode {
+    classify(err).0
+}
+
+/// Returns the exit code and the error's kind (the `kind` of a `--json` error object), deciding
+/// both from the first cause stepguard knows.
+pub fn classify(err: &anyhow::Error) -> (ExitCode, &'static str) {
     for cause in err.chain() {
         match cause.downcast_ref::<LookupError>() {
-            Some(LookupError::Unknown { .. }) => return ExitCode::Usage,
-            Some(LookupError::FailedToLoad { .. }) => return ExitCode::Plugin,
+            Some(LookupError::Unknown { .. }) => return (ExitCode::Usage, "unknown_provider"),
+            Some(LookupError::FailedToLoad { .. }) => return (ExitCode::Plugin, "plugin"),
             None => {}
         }
-        if cause.is::<stepguard_store::StoreError>()
-            || cause.is::<stepguard_governor::scenario::ScenarioError>()
-        {
-            return ExitCode::Usage;
+        if cause.is::<stepguard_store::StoreError>() {
+            return (ExitCode::Usage, "history");
+        }
+        if cause.is::<stepguard_governor::scenario::ScenarioError>() {
+            return (ExitCode::Usage, "scenario");
         }
         if cause.is::<CallError>() || cause.is::<LoadError>() {
-            return ExitCode::Plugin;
+            return (ExitCode::Plugin, "plugin");
         }
-        if cause.is::<ConfigError>() || cause.is::<BudgetError>() || cause.is::<UsageError>() {
-            return ExitCode::Usage;
+        if cause.is::<ConfigError>() {
+            return (ExitCode::Usage, "config");
+        }
+        if cause.is::<BudgetError>() {
+            return (ExitCode::Usage, "budget");
+        }
+        if cause.is::<UsageError>() {
+            return (ExitCode::Usage, "usage");
+        }
+        if cause.is::<std::io::Error>() {
+            return (ExitCode::Usage, "io");
         }
     }
     // Anything unforeseen is reported as a usage/environment problem rather than as the agent
     // failing, so scripts never mistake a stepguard bug for an agent's verdict.
-    ExitCode::Usage
+    (ExitCode::Usage, "usage")
+}
+
+/// Returns the `--json` form of an error: `{"error": {"kind": …, "message": …}}`.
+pub fn error_object(err: &anyhow::Error) -> serde_json::Value {
+    serde_json::json!({
+        "error": {
+            "kind": classify(err).1,
+            "message": format!("{err:#}"),
+        }
+    })
 }
 
 /// Converts our exit code into the process's.

@@ -14,7 +14,9 @@ pub mod commands;
 pub mod exit;
 pub mod output;
 pub mod providers;
+pub mod recording;
 pub mod settings;
+pub mod terminal;
 
 use clap::Parser as _;
 use stepguard_core::ExitCode;
@@ -60,7 +62,12 @@ where
         Ok(code) => code,
         Err(e) if output::is_broken_pipe(&e) => ExitCode::Success,
         Err(e) => {
-            output::diag("error", format!("{e:#}"));
+            if cli.command.wants_json() {
+                // Scripts that asked for JSON get JSON, on stdout, with the same exit code.
+                let _ = output::json(&exit::error_object(&e));
+            } else {
+                output::diag("error", format!("{e:#}"));
+            }
             exit::exit_code_for(&e)
         }
     }

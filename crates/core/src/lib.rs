@@ -10,7 +10,8 @@
 //! * [`slug`]: [`FailureSlug`], the stable machine-readable reasons runs fail;
 //! * [`stats`]: [`RunStats`] and the one-line summary (`Steps: X (legacy turns: Y)`);
 //! * [`exit`]: the exit codes of the `stepguard` binary;
-//! * [`verdict`]: how a supervised run is judged from who stopped it, its stream and its exit.
+//! * [`verdict`]: how a supervised run is judged from who stopped it, its stream and its exit;
+//! * [`record`]: [`RunRecord`], the one JSON shape of a run that every command emits.
 //!
 //! # Stability
 //!
@@ -34,6 +35,7 @@
 pub mod budget;
 pub mod exit;
 pub mod ledger;
+pub mod record;
 pub mod slug;
 pub mod stats;
 pub mod verdict;
@@ -44,5 +46,6 @@ pub use budget::{
 };
 pub use exit::ExitCode;
 pub use ledger::{BudgetStatus, StepLedger};
+pub use record::{RECORD_SCHEMA_VERSION, RunRecord};
 pub use slug::FailureSlug;
 pub use stats::{Outcome, RunStats, TokenUsage};

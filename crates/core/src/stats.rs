@@ -9,6 +9,7 @@ use crate::slug::FailureSlug;
 
 /// How a run ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum Outcome {
@@ -59,6 +60,7 @@ impl FromStr for Outcome {
 
 /// Token counts, as the provider reported them (totals for the run, not per-line sums).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct TokenUsage {
     /// Input tokens, including cached ones.
     pub input_tokens: u64,

@@ -11,14 +11,18 @@
 //!
 //! * version 1: the runs table with turn-only metrics (`num_turns_reported`, `num_turns_computed`),
 //!   as turn-based tools stored them;
-//! * version 2: nullable `num_steps_reported` and `num_steps_computed` (NULL for older rows).
+//! * version 2: nullable `num_steps_reported` and `num_steps_computed` (NULL for older rows);
+//! * version 3: the rest of the run record (`message`, `child_signal`, `breached_at_step`, noise
+//!   and token details, `sub_agent_steps`), NULL for older rows.
+//!
+//! Rows are read back as [`RunRecord`], the same shape every stepguard command emits.
 //!
 //! ```
 //! # let dir = tempfile::tempdir().unwrap();
 //! use stepguard_store::{NewRun, Store};
 //! let store = Store::open(&dir.path().join("history.db")).unwrap();
 //! let id = store.begin_run(&NewRun { provider: "codex".into(), ..NewRun::default() }).unwrap();
-//! assert_eq!(store.get(id).unwrap().unwrap().outcome, "running");
+//! assert_eq!(store.get(id).unwrap().unwrap().outcome.as_str(), "running");
 //! ```
 #![forbid(unsafe_code)]
 
@@ -28,8 +32,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use rusqlite::{Connection, OptionalExtension as _, Row, params};
-use serde::Serialize;
-use stepguard_core::{FailureSlug, Outcome, RunStats, TokenUsage};
+use stepguard_core::{Outcome, TokenUsage};
+
+pub use stepguard_core::RunRecord;
 
 pub use stats::{GroupStats, Spread, StatsReport, compute_stats, percentile};
 
@@ -70,6 +75,17 @@ pub const MIGRATIONS: &[&str] = &[
     // 2: step metrics, nullable so that turn-only rows stay what they are.
     "ALTER TABLE runs ADD COLUMN num_steps_reported INTEGER;
      ALTER TABLE runs ADD COLUMN num_steps_computed INTEGER;",
+    // 3: the rest of the run record, nullable (older rows did not know them).
+    "ALTER TABLE runs ADD COLUMN message TEXT;
+     ALTER TABLE runs ADD COLUMN child_signal INTEGER;
+     ALTER TABLE runs ADD COLUMN breached_at_step INTEGER;
+     ALTER TABLE runs ADD COLUMN noise_lines INTEGER;
+     ALTER TABLE runs ADD COLUMN unknown_events INTEGER;
+     ALTER TABLE runs ADD COLUMN oversized_lines INTEGER;
+     ALTER TABLE runs ADD COLUMN truncated_last_line INTEGER;
+     ALTER TABLE runs ADD COLUMN cached_input_tokens INTEGER;
+     ALTER TABLE runs ADD COLUMN reasoning_output_tokens INTEGER;
+     ALTER TABLE runs ADD COLUMN sub_agent_steps TEXT;",
 ];
 
 /// The newest schema version this stepguard knows.
@@ -137,128 +153,8 @@ pub struct NewRun {
     pub command: Vec<String>,
     /// Working directory.
     pub cwd: Option<String>,
-}
-
-/// What is known when a run ends.
-#[derive(Clone, Debug)]
-pub struct FinishedRun {
-    /// The run's numbers and outcome.
-    pub stats: RunStats,
-    /// stepguard's exit code.
-    pub exit_code: i32,
-    /// The agent's exit code, when it exited normally.
-    pub child_exit_code: Option<i32>,
-    /// `budget`, `timeout`, `signal`, `plugin`, or none.
-    pub terminated_by: Option<String>,
-    /// The human's decisions at the limit, comma-separated (e.g. `allow:2,stop`).
-    pub on_limit_decision: Option<String>,
-}
-
-/// One stored run, as read back.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct RunRecord {
-    /// Row id.
-    pub id: RunId,
-    /// Start time (RFC 3339, UTC).
-    pub started_at: String,
-    /// End time.
-    pub ended_at: Option<String>,
-    /// Provider.
-    pub provider: String,
-    /// Plugin version.
-    pub plugin_version: Option<String>,
-    /// Unit.
-    pub unit: Option<String>,
-    /// Task type.
-    pub task_type: Option<String>,
-    /// Profile.
-    pub profile: Option<String>,
-    /// Budget (`None` = unlimited, or unknown for old rows).
-    pub max_steps: Option<i64>,
-    /// Where the budget came from.
-    pub max_steps_source: Option<String>,
-    /// The agent command.
-    pub command: Vec<String>,
-    /// Working directory.
-    pub cwd: Option<String>,
-    /// `running`, `success`, `failed`, `incomplete` or `interrupted`.
-    pub outcome: String,
-    /// Failure slug as stored (legacy `max_turns` stays `max_turns`).
-    pub failure_slug: Option<String>,
-    /// stepguard's exit code.
-    pub exit_code: Option<i64>,
-    /// The agent's exit code.
-    pub child_exit_code: Option<i64>,
-    /// Who stopped the agent.
-    pub terminated_by: Option<String>,
-    /// Duration.
-    pub duration_ms: Option<i64>,
-    /// Steps the provider reported.
-    pub num_steps_reported: Option<i64>,
-    /// Steps stepguard counted.
-    pub num_steps_computed: Option<i64>,
-    /// Legacy turns the provider reported.
-    pub num_turns_reported: Option<i64>,
-    /// Legacy turns counted.
-    pub num_turns_computed: Option<i64>,
-    /// Input tokens.
-    pub input_tokens: Option<i64>,
-    /// Output tokens.
-    pub output_tokens: Option<i64>,
-    /// Cost in US dollars.
-    pub cost_usd: Option<f64>,
-    /// Decisions at the limit.
-    pub on_limit_decision: Option<String>,
-}
-
-impl RunRecord {
-    /// Returns the core's stats view of the row (for the summary line).
-    pub fn run_stats(&self) -> RunStats {
-        let n = |v: Option<i64>| v.and_then(|v| u64::try_from(v).ok());
-        RunStats {
-            num_steps_reported: n(self.num_steps_reported),
-            num_steps_computed: n(self.num_steps_computed),
-            num_turns_reported: n(self.num_turns_reported),
-            num_turns_computed: n(self.num_turns_computed),
-            outcome: self.outcome.parse().unwrap_or(Outcome::Failed),
-            // Unknown slugs are shown as stored by `slug_label`, not here.
-            slug: self
-                .failure_slug
-                .as_deref()
-                .and_then(|s| s.parse::<FailureSlug>().ok()),
-            duration_ms: n(self.duration_ms),
-            tokens: match (n(self.input_tokens), n(self.output_tokens)) {
-                (Some(i), Some(o)) => Some(TokenUsage {
-                    input_tokens: i,
-                    output_tokens: o,
-                    ..TokenUsage::default()
-                }),
-                _ => None,
-            },
-            cost_usd: self.cost_usd,
-        }
-    }
-
-    /// Returns the summary line; legacy slugs are shown as stored, marked as legacy.
-    pub fn summary_line(&self) -> String {
-        let line = self.run_stats().summary_line();
-        match self.failure_slug.as_deref() {
-            Some(s) if FailureSlug::is_legacy_name(s) => {
-                line.replace("max_steps", &format!("{s} (legacy name of max_steps)"))
-            }
-            _ => line,
-        }
-    }
-
-    /// Returns the step count to judge budgets by: computed, else reported.
-    pub fn steps(&self) -> Option<i64> {
-        self.num_steps_computed.or(self.num_steps_reported)
-    }
-
-    /// Returns the turn count: reported, else computed.
-    pub fn turns(&self) -> Option<i64> {
-        self.num_turns_reported.or(self.num_turns_computed)
-    }
+    /// Start time (RFC 3339, UTC); now when not given.
+    pub started_at: Option<String>,
 }
 
 /// Which runs to list.
@@ -391,7 +287,7 @@ impl Store {
                     supervisor_pid, supervisor_start_ticks)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 'running', ?11, ?12, ?13, ?14)",
                 params![
-                    now(),
+                    run.started_at.clone().unwrap_or_else(now),
                     run.provider,
                     run.plugin_version,
                     run.unit,
@@ -422,34 +318,53 @@ impl Store {
         Ok(())
     }
 
-    /// Completes a run.
-    pub fn finish_run(&self, id: RunId, run: &FinishedRun) -> Result<(), StoreError> {
-        let s = &run.stats;
+    /// Completes a run with its record; the row keeps the start fields [`Store::begin_run`] wrote.
+    pub fn finish_run(&self, id: RunId, run: &RunRecord) -> Result<(), StoreError> {
         let i = |v: Option<u64>| v.map(|v| v as i64);
+        let tokens = run.tokens;
+        let decisions =
+            (!run.on_limit_decisions.is_empty()).then(|| run.on_limit_decisions.join(","));
+        let sub_agents = run
+            .sub_agent_steps
+            .as_ref()
+            .and_then(|m| serde_json::to_string(m).ok());
         self.conn
             .execute(
                 "UPDATE runs SET ended_at = ?2, outcome = ?3, failure_slug = ?4, exit_code = ?5,
                     child_exit_code = ?6, terminated_by = ?7, duration_ms = ?8, num_steps_reported = ?9,
                     num_steps_computed = ?10, num_turns_reported = ?11, num_turns_computed = ?12,
-                    input_tokens = ?13, output_tokens = ?14, cost_usd = ?15, on_limit_decision = ?16
+                    input_tokens = ?13, output_tokens = ?14, cost_usd = ?15, on_limit_decision = ?16,
+                    message = ?17, child_signal = ?18, breached_at_step = ?19, noise_lines = ?20,
+                    unknown_events = ?21, oversized_lines = ?22, truncated_last_line = ?23,
+                    cached_input_tokens = ?24, reasoning_output_tokens = ?25, sub_agent_steps = ?26
                  WHERE id = ?1",
                 params![
                     id,
-                    now(),
-                    s.outcome.as_str(),
-                    s.slug.map(|x| x.as_str()),
+                    run.ended_at.clone().unwrap_or_else(now),
+                    run.outcome.as_str(),
+                    run.error_type,
                     run.exit_code,
                     run.child_exit_code,
                     run.terminated_by,
-                    i(s.duration_ms),
-                    i(s.num_steps_reported),
-                    i(s.num_steps_computed),
-                    i(s.num_turns_reported),
-                    i(s.num_turns_computed),
-                    i(s.tokens.map(|t| t.input_tokens)),
-                    i(s.tokens.map(|t| t.output_tokens)),
-                    s.cost_usd,
-                    run.on_limit_decision,
+                    i(run.duration_ms),
+                    i(run.num_steps_reported),
+                    i(run.num_steps_computed),
+                    i(run.num_turns_reported),
+                    i(run.num_turns_computed),
+                    i(tokens.map(|t| t.input_tokens)),
+                    i(tokens.map(|t| t.output_tokens)),
+                    run.cost_usd,
+                    decisions,
+                    run.message,
+                    run.child_signal,
+                    i(run.breached_at_step),
+                    i(run.noise_lines),
+                    i(run.unknown_events),
+                    i(run.oversized_lines),
+                    run.truncated_last_line,
+                    i(tokens.and_then(|t| t.cached_input_tokens)),
+                    i(tokens.and_then(|t| t.reasoning_output_tokens)),
+                    sub_agents,
                 ],
             )
             .map_err(|e| self.err(e))?;
@@ -539,38 +454,76 @@ impl Store {
 const COLUMNS: &str = "id, started_at, ended_at, provider, plugin_version, unit, task_type, profile, max_steps,
     max_steps_source, command, cwd, outcome, failure_slug, exit_code, child_exit_code, terminated_by,
     duration_ms, num_steps_reported, num_steps_computed, num_turns_reported, num_turns_computed,
-    input_tokens, output_tokens, cost_usd, on_limit_decision";
+    input_tokens, output_tokens, cost_usd, on_limit_decision, message, child_signal, breached_at_step,
+    noise_lines, unknown_events, oversized_lines, truncated_last_line, cached_input_tokens,
+    reasoning_output_tokens, sub_agent_steps";
 
+/// Reads one row as a run record; counts stored as SQLite integers come back unsigned.
 fn record(r: &Row<'_>) -> rusqlite::Result<RunRecord> {
+    let n = |i: usize| -> rusqlite::Result<Option<u64>> {
+        Ok(r.get::<_, Option<i64>>(i)?
+            .and_then(|v| u64::try_from(v).ok()))
+    };
     let command: String = r.get(10)?;
-    Ok(RunRecord {
-        id: r.get(0)?,
-        started_at: r.get(1)?,
-        ended_at: r.get(2)?,
-        provider: r.get(3)?,
-        plugin_version: r.get(4)?,
-        unit: r.get(5)?,
-        task_type: r.get(6)?,
-        profile: r.get(7)?,
-        max_steps: r.get(8)?,
-        max_steps_source: r.get(9)?,
-        command: serde_json::from_str(&command).unwrap_or_else(|_| vec![command]),
-        cwd: r.get(11)?,
-        outcome: r.get(12)?,
-        failure_slug: r.get(13)?,
-        exit_code: r.get(14)?,
-        child_exit_code: r.get(15)?,
-        terminated_by: r.get(16)?,
-        duration_ms: r.get(17)?,
-        num_steps_reported: r.get(18)?,
-        num_steps_computed: r.get(19)?,
-        num_turns_reported: r.get(20)?,
-        num_turns_computed: r.get(21)?,
-        input_tokens: r.get(22)?,
-        output_tokens: r.get(23)?,
-        cost_usd: r.get(24)?,
-        on_limit_decision: r.get(25)?,
-    })
+    let outcome: String = r.get(12)?;
+    let decisions: Option<String> = r.get(25)?;
+    let sub_agents: Option<String> = r.get(35)?;
+    let tokens = match (n(22)?, n(23)?) {
+        (Some(input_tokens), Some(output_tokens)) => Some(TokenUsage {
+            input_tokens,
+            output_tokens,
+            cached_input_tokens: n(33)?,
+            reasoning_output_tokens: n(34)?,
+        }),
+        _ => None,
+    };
+    // Outcomes are written by this crate only; an unreadable one is shown as a failed run.
+    let mut rec = RunRecord::new(
+        r.get::<_, String>(3)?,
+        outcome.parse().unwrap_or(Outcome::Failed),
+    );
+    rec.id = r.get(0)?;
+    rec.started_at = r.get(1)?;
+    rec.ended_at = r.get(2)?;
+    rec.plugin_version = r.get(4)?;
+    rec.unit = r.get(5)?;
+    rec.task_type = r.get(6)?;
+    rec.profile = r.get(7)?;
+    rec.max_steps = r
+        .get::<_, Option<i64>>(8)?
+        .and_then(|v| u32::try_from(v).ok());
+    rec.max_steps_source = r.get(9)?;
+    rec.command = Some(serde_json::from_str(&command).unwrap_or_else(|_| vec![command]));
+    rec.cwd = r.get(11)?;
+    rec.error_type = r.get(13)?;
+    rec.exit_code = r.get(14)?;
+    rec.child_exit_code = r.get(15)?;
+    rec.terminated_by = r.get(16)?;
+    rec.duration_ms = n(17)?;
+    rec.num_steps_reported = n(18)?;
+    rec.num_steps_computed = n(19)?;
+    rec.num_turns_reported = n(20)?;
+    rec.num_turns_computed = n(21)?;
+    rec.tokens = tokens;
+    rec.cost_usd = r.get(24)?;
+    // Stored comma-joined; decisions (`stop`, `allow:N`, `continue`) never contain a comma.
+    rec.on_limit_decisions = decisions
+        .map(|d| {
+            d.split(',')
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default();
+    rec.message = r.get(26)?;
+    rec.child_signal = r.get(27)?;
+    rec.breached_at_step = n(28)?;
+    rec.noise_lines = n(29)?;
+    rec.unknown_events = n(30)?;
+    rec.oversized_lines = n(31)?;
+    rec.truncated_last_line = r.get(32)?;
+    rec.sub_agent_steps = sub_agents.and_then(|s| serde_json::from_str(&s).ok());
+    Ok(rec)
 }
 
 enum Migrate {

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::RunRecord;
+use stepguard_core::{Outcome, RunRecord};
 
 /// Returns the `p`th percentile (0–100) of sorted values by the nearest-rank method: the value at
 /// rank ⌈p/100 · n⌉ (1-based). `None` for no values.
@@ -91,7 +91,7 @@ pub struct StatsReport {
 /// Computes the figures over `records` (running rows are left out).
 pub fn compute_stats(records: &[RunRecord]) -> StatsReport {
     let mut groups: BTreeMap<(String, Option<String>), Vec<&RunRecord>> = BTreeMap::new();
-    for r in records.iter().filter(|r| r.outcome != "running") {
+    for r in records.iter().filter(|r| r.outcome != Outcome::Running) {
         groups
             .entry((r.provider.clone(), r.task_type.clone()))
             .or_default()
@@ -101,17 +101,20 @@ pub fn compute_stats(records: &[RunRecord]) -> StatsReport {
         .into_iter()
         .map(|((provider, task_type), rows)| {
             let runs = rows.len();
-            let successes = rows.iter().filter(|r| r.outcome == "success").count();
+            let successes = rows
+                .iter()
+                .filter(|r| r.outcome == Outcome::Success)
+                .count();
             let mut failure_slugs = BTreeMap::new();
             for r in &rows {
-                if let Some(s) = &r.failure_slug {
+                if let Some(s) = &r.error_type {
                     *failure_slugs.entry(s.clone()).or_default() += 1;
                 }
             }
             let successful_steps: Vec<i64> = rows
                 .iter()
-                .filter(|r| r.outcome == "success")
-                .filter_map(|r| r.steps())
+                .filter(|r| r.outcome == Outcome::Success)
+                .filter_map(|r| r.steps().map(|s| s as i64))
                 .collect();
             let suggested_max_steps = Spread::of(successful_steps).map(|s| s.p95.max(1));
             GroupStats {
@@ -125,8 +128,16 @@ pub fn compute_stats(records: &[RunRecord]) -> StatsReport {
                     (successes as f64 / runs as f64 * 10_000.0).round() / 10_000.0
                 },
                 failure_slugs,
-                steps: Spread::of(rows.iter().filter_map(|r| r.steps()).collect()),
-                turns: Spread::of(rows.iter().filter_map(|r| r.turns()).collect()),
+                steps: Spread::of(
+                    rows.iter()
+                        .filter_map(|r| r.steps().map(|s| s as i64))
+                        .collect(),
+                ),
+                turns: Spread::of(
+                    rows.iter()
+                        .filter_map(|r| r.turns().map(|t| t as i64))
+                        .collect(),
+                ),
                 suggested_max_steps,
             }
         })

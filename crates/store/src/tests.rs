@@ -1,5 +1,7 @@
 use std::collections::BTreeMap;
 
+use stepguard_core::{FailureSlug, RunStats};
+
 use super::*;
 
 fn db() -> (tempfile::TempDir, PathBuf) {
@@ -13,20 +15,18 @@ fn finished(
     slug: Option<FailureSlug>,
     steps: Option<u64>,
     turns: Option<u64>,
-) -> FinishedRun {
-    FinishedRun {
-        stats: RunStats {
-            num_steps_computed: steps,
-            num_turns_computed: turns,
-            slug,
-            duration_ms: Some(1000),
-            ..RunStats::new(outcome)
-        },
-        exit_code: 0,
-        child_exit_code: Some(0),
-        terminated_by: None,
-        on_limit_decision: None,
-    }
+) -> RunRecord {
+    let mut record = RunRecord::new("ignored", outcome);
+    record.set_stats(&RunStats {
+        num_steps_computed: steps,
+        num_turns_computed: turns,
+        slug,
+        duration_ms: Some(1000),
+        ..RunStats::new(outcome)
+    });
+    record.exit_code = Some(0);
+    record.child_exit_code = Some(0);
+    record
 }
 
 #[test]
@@ -70,11 +70,14 @@ fn a_version_1_database_with_rows_migrates_with_every_value_intact() {
         ),
         ("claude", Some("turn"), Some("review"), Some(10))
     );
-    assert_eq!(old.command, ["claude", "-p"]);
+    assert_eq!(
+        old.command.as_deref(),
+        Some(&["claude".to_owned(), "-p".to_owned()][..])
+    );
     assert_eq!(
         (
             old.outcome.as_str(),
-            old.failure_slug.as_deref(),
+            old.error_type.as_deref(),
             old.exit_code
         ),
         ("failed", Some("MAX_TURNS"), Some(3))
@@ -127,7 +130,7 @@ fn a_newer_database_is_refused_and_left_untouched() {
     assert!(matches!(err, StoreError::NewerSchema { found: 99, .. }));
     assert!(
         err.to_string().contains(
-            "has schema version 99, newer than this stepguard knows (2); refusing to modify it"
+            "has schema version 99, newer than this stepguard knows (3); refusing to modify it"
         ),
         "{err}"
     );
@@ -162,15 +165,15 @@ fn lifecycle_running_progress_finished() {
         Some(31),
         Some(1),
     );
-    fin.exit_code = 3;
+    fin.exit_code = Some(3);
     fin.terminated_by = Some("budget".into());
-    fin.on_limit_decision = Some("allow:2,stop".into());
+    fin.on_limit_decisions = vec!["allow:2".into(), "stop".into()];
     store.finish_run(id, &fin).unwrap();
     let done = store.get(id).unwrap().unwrap();
     assert_eq!(
         (
             done.outcome.as_str(),
-            done.failure_slug.as_deref(),
+            done.error_type.as_deref(),
             done.exit_code
         ),
         ("failed", Some("max_steps"), Some(3))
@@ -179,7 +182,7 @@ fn lifecycle_running_progress_finished() {
         (done.num_steps_computed, done.terminated_by.as_deref()),
         (Some(31), Some("budget"))
     );
-    assert_eq!(done.on_limit_decision.as_deref(), Some("allow:2,stop"));
+    assert_eq!(done.on_limit_decisions, ["allow:2", "stop"]);
     assert!(done.ended_at.is_some());
     // A finished row takes no more progress updates.
     store.update_progress(id, 99).unwrap();
@@ -233,13 +236,13 @@ fn runs_of_dead_supervisors_are_marked_interrupted_live_ones_are_not() {
     store.conn.execute("UPDATE runs SET supervisor_host = 'elsewhere', supervisor_pid = 2147483000 WHERE id = ?1", [other_host]).unwrap();
     drop(store);
     let store = Store::open(&path).unwrap();
-    let outcome = |id| store.get(id).unwrap().unwrap().outcome;
+    let outcome = |id| store.get(id).unwrap().unwrap().outcome.as_str();
     assert_eq!(outcome(live), "running");
     assert_eq!(outcome(dead), "interrupted");
     assert_eq!(outcome(reused), "interrupted");
     assert_eq!(outcome(other_host), "running");
     assert_eq!(
-        store.get(dead).unwrap().unwrap().failure_slug.as_deref(),
+        store.get(dead).unwrap().unwrap().error_type.as_deref(),
         Some("interrupted")
     );
 }
@@ -270,7 +273,7 @@ fn list_filters_and_orders_newest_first() {
             .list(&f)
             .unwrap()
             .iter()
-            .map(|r| r.id)
+            .filter_map(|r| r.id)
             .collect::<Vec<_>>()
     };
     assert_eq!(ids(Filter::default()), [3, 2, 1]);
@@ -319,7 +322,7 @@ fn percentiles_by_nearest_rank() {
 fn stats_match_hand_computed_figures() {
     let (_dir, path) = db();
     let store = Store::open(&path).unwrap();
-    let add = |provider: &str, task: Option<&str>, fin: FinishedRun| {
+    let add = |provider: &str, task: Option<&str>, fin: RunRecord| {
         let id = store
             .begin_run(&NewRun {
                 provider: provider.into(),
@@ -463,4 +466,61 @@ fn default_location_prefers_flag_then_config_dir_then_cwd() {
         default_location(None, None, cwd),
         PathBuf::from("/work/.stepguard/history.db")
     );
+}
+
+#[test]
+fn every_field_of_a_run_record_survives_the_round_trip() {
+    let (_dir, path) = db();
+    let store = Store::open(&path).unwrap();
+    let id = store
+        .begin_run(&NewRun {
+            provider: "codex".into(),
+            plugin_version: Some("0.1.0".into()),
+            unit: Some("item".into()),
+            max_steps: Some(5),
+            max_steps_source: Some("--max-steps".into()),
+            command: vec!["codex".into(), "exec".into()],
+            started_at: Some("2026-01-01T00:00:00.000Z".into()),
+            ..NewRun::default()
+        })
+        .unwrap();
+    let mut fin = finished(
+        Outcome::Failed,
+        Some(FailureSlug::MaxSteps),
+        Some(6),
+        Some(1),
+    );
+    fin.ended_at = Some("2026-01-01T00:00:01.000Z".into());
+    fin.message = Some("stopped".into());
+    fin.exit_code = Some(3);
+    fin.child_exit_code = None;
+    fin.child_signal = Some(15);
+    fin.terminated_by = Some("budget".into());
+    fin.breached_at_step = Some(6);
+    fin.on_limit_decisions = vec!["allow:1".into(), "stop".into()];
+    fin.noise_lines = Some(2);
+    fin.unknown_events = Some(3);
+    fin.oversized_lines = Some(1);
+    fin.truncated_last_line = Some(true);
+    fin.tokens = Some(TokenUsage {
+        input_tokens: 100,
+        output_tokens: 20,
+        cached_input_tokens: Some(50),
+        reasoning_output_tokens: Some(7),
+    });
+    fin.cost_usd = Some(0.5);
+    fin.sub_agent_steps = Some(BTreeMap::from([("task-1".to_owned(), 4)]));
+    store.finish_run(id, &fin).unwrap();
+
+    let back = store.get(id).unwrap().unwrap();
+    let mut want = fin.clone();
+    want.id = Some(id);
+    want.provider = "codex".into();
+    want.plugin_version = Some("0.1.0".into());
+    want.unit = Some("item".into());
+    want.max_steps = Some(5);
+    want.max_steps_source = Some("--max-steps".into());
+    want.command = Some(vec!["codex".into(), "exec".into()]);
+    want.started_at = Some("2026-01-01T00:00:00.000Z".into());
+    assert_eq!(back, want);
 }

@@ -45,12 +45,10 @@ fn headline(r: &RunRecord) -> String {
         (None, Some(t)) => format!("{} {t}", r.provider),
         (None, None) => r.provider.clone(),
     };
-    let when = r
-        .started_at
-        .get(..19)
-        .unwrap_or(&r.started_at)
-        .replace('T', " ");
-    format!("#{} {when} {scope}: {}", r.id, r.summary_line())
+    let started = r.started_at.as_deref().unwrap_or("-");
+    let when = started.get(..19).unwrap_or(started).replace('T', " ");
+    let id = r.id.map_or_else(|| "-".to_owned(), |id| id.to_string());
+    format!("#{id} {when} {scope}: {}", r.summary_line())
 }
 
 /// Runs `stepguard history`.
@@ -83,21 +81,18 @@ pub fn show(cli: &Cli, args: &ShowArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::Success);
     }
     let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
-    let num = |v: Option<i64>| v.map_or_else(|| "-".into(), |v| v.to_string());
+    fn num<T: ToString>(v: Option<T>) -> String {
+        v.map_or_else(|| "-".into(), |v| v.to_string())
+    }
     output::line(headline(&r))?;
     let budget = r
         .max_steps
         .map_or_else(|| "unlimited".to_owned(), |m| m.to_string());
     let mut lines = vec![
         format!("Outcome: {}", r.outcome),
-        format!("Failure: {}", opt(&r.failure_slug)),
+        format!("Failure: {}", opt(&r.error_type)),
     ];
-    let budget_failure = r
-        .failure_slug
-        .as_deref()
-        .and_then(|s| s.parse::<stepguard_core::FailureSlug>().ok())
-        .is_some_and(|s| s.is_budget_failure());
-    if budget_failure {
+    if r.is_budget_failure() {
         lines.push(format!("Step Limit: {} / {budget}", num(r.steps())));
     }
     lines.extend([
@@ -123,13 +118,13 @@ pub fn show(cli: &Cli, args: &ShowArgs) -> anyhow::Result<ExitCode> {
             opt(&r.task_type),
             opt(&r.profile)
         ),
-        format!("Started: {}", r.started_at),
+        format!("Started: {}", opt(&r.started_at)),
         format!("Ended: {}", opt(&r.ended_at)),
         format!(
             "Duration: {}",
             r.duration_ms.map_or_else(
                 || "-".into(),
-                |d| stepguard_core::stats::format_duration_ms(d as u64)
+                |d| stepguard_core::stats::format_duration_ms(d)
             )
         ),
         format!(
@@ -138,15 +133,26 @@ pub fn show(cli: &Cli, args: &ShowArgs) -> anyhow::Result<ExitCode> {
             num(r.child_exit_code)
         ),
         format!("Terminated by: {}", opt(&r.terminated_by)),
-        format!("On-limit decisions: {}", opt(&r.on_limit_decision)),
+        format!(
+            "On-limit decisions: {}",
+            if r.on_limit_decisions.is_empty() {
+                "-".to_owned()
+            } else {
+                r.on_limit_decisions.join(", ")
+            }
+        ),
         format!(
             "Tokens: {} in / {} out, cost {}",
-            num(r.input_tokens),
-            num(r.output_tokens),
+            num(r.tokens.map(|t| t.input_tokens)),
+            num(r.tokens.map(|t| t.output_tokens)),
             r.cost_usd
                 .map_or_else(|| "-".into(), |c| format!("${c:.4}"))
         ),
-        format!("Command: {}", r.command.join(" ")),
+        format!("Message: {}", opt(&r.message)),
+        format!(
+            "Command: {}",
+            r.command.as_deref().unwrap_or_default().join(" ")
+        ),
         format!("Working directory: {}", opt(&r.cwd)),
     ]);
     for l in lines {

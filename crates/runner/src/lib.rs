@@ -1,0 +1,48 @@
+//! Supervising one agent run as a library: the engine behind `stepguard run`.
+//!
+//! A run is described by a [`RunSpec`] (the command, the provider's counter, the budget and its
+//! source, grace, timeout, stdin, the on-limit policy) and yields a [`RunReport`] (the run
+//! record, stats, exit code, who stopped it, the breach step, decisions, durations). The engine
+//! owns the threads, the signals and the process tree:
+//!
+//! * a reader thread counts the agent's stdout a run of whole lines at a time through the
+//!   provider plugin, passes through exactly what was counted, and stops right after the line
+//!   whose step exceeds the budget (SIGTERMing the group at once when nobody is to be asked);
+//! * a reaper collects exits (stepguard is a child subreaper, so orphans come back to it);
+//! * a signal listener turns SIGINT, SIGTERM and SIGHUP into a stop of the tree;
+//! * the calling thread owns every decision: stop the tree, ask the [`LimitPolicy`], time out.
+//!
+//! What varies around a run plugs in through two small interfaces: [`RunObserver`]s see the
+//! start, progress ticks and the end (a terminal status line, a history recorder, a summary file,
+//! telemetry), and the [`LimitPolicy`] decides at the limit. The library never prints: the
+//! agent's output goes to the writer the spec names, diagnostics go to `tracing`.
+//!
+//! [`count_stream`] is the same counting path without a process, for recorded streams.
+//!
+//! ```no_run
+//! use stepguard_core::StepLimit;
+//! use stepguard_plugin_api::host::Provider;
+//! use stepguard_runner::{RunSpec, Runner};
+//!
+//! let codex = Provider::new(stepguard_provider_codex::provider()).unwrap();
+//! let counter = codex.open_counter(&Default::default()).unwrap();
+//! let command = vec!["codex".into(), "exec".into(), "--json".into(), "fix it".into()];
+//! let report = Runner::new(RunSpec::new(command, counter, StepLimit::Limited(30))).run(&mut []);
+//! println!("{} -> exit {}", report.summary_line(), report.exit_code.code());
+//! ```
+#![forbid(unsafe_code)]
+
+mod engine;
+mod reader;
+mod report;
+mod spec;
+mod stream;
+
+pub use engine::{Interrupter, Runner};
+pub use report::RunReport;
+pub use spec::{
+    Breach, LimitDecision, LimitPolicy, Progress, RunMeta, RunObserver, RunSpec, RunStarted,
+    StdinMode, StopAtLimit,
+};
+pub use stepguard_supervisor::{ExitStatus, StopReport};
+pub use stream::{CountError, StreamCount, count_stream, run_stats, stream_record};

@@ -1,0 +1,153 @@
+//! The reader thread: counts the agent's stdout, passes through what was counted, and stops
+//! right after the line whose step exceeds the budget.
+
+use std::io::{Read, Write};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, Sender};
+
+use stepguard_core::{StepLedger, StepLimit};
+use stepguard_jsonl::{LineSplitter, SplitChunk};
+use stepguard_plugin_api::CounterStats;
+use stepguard_plugin_api::host::{CallError, Counter};
+
+use crate::engine::Event;
+
+/// The engine's answer to a breach.
+pub(crate) enum Resume {
+    /// Keep counting under a new limit.
+    Continue(StepLimit),
+    /// Stop reading: the tree is being stopped.
+    Stop,
+}
+
+/// How the reader ended.
+pub(crate) struct ReaderEnd {
+    pub stats: Option<CounterStats>,
+    pub ledger: StepLedger,
+    pub oversized_lines: u64,
+    pub truncated_last_line: bool,
+    pub plugin_error: Option<CallError>,
+}
+
+/// The reader thread's inputs.
+pub(crate) struct StreamReader {
+    pub counter: Counter,
+    pub ledger: StepLedger,
+    pub output: Box<dyn Write + Send>,
+    pub events: Sender<Event>,
+    pub resume: Receiver<Resume>,
+    /// Steps begun so far, for progress ticks.
+    pub steps: Arc<AtomicU64>,
+    /// The process group to SIGTERM the moment a breach is seen (when nobody will be asked).
+    pub term_on_breach: Option<u32>,
+}
+
+impl StreamReader {
+    /// Reads `pipe` to its end (or to a breach the engine stops at) and reports how it ended.
+    pub fn read(self, pipe: impl Read) -> ReaderEnd {
+        let StreamReader {
+            mut counter,
+            mut ledger,
+            mut output,
+            events,
+            resume,
+            steps,
+            term_on_breach,
+        } = self;
+        let mut lines = LineSplitter::new(pipe);
+        let mut passthrough = true;
+        let mut oversized_lines = 0;
+        let mut plugin_error = None;
+        loop {
+            let chunk = match lines.next_chunk() {
+                Ok(Some(chunk)) => chunk,
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::warn!("reading the agent's output failed: {e}");
+                    break;
+                }
+            };
+            let bytes = match chunk {
+                SplitChunk::Lines(bytes) => bytes,
+                SplitChunk::Oversized(len) => {
+                    oversized_lines += 1;
+                    tracing::warn!(
+                        bytes = len,
+                        "a line over the length cap was counted as noise and not passed through"
+                    );
+                    continue;
+                }
+            };
+            let allowance = match ledger.limit() {
+                StepLimit::Limited(n) => u64::from(n).saturating_sub(ledger.steps()),
+                StepLimit::Unlimited => u64::MAX,
+            };
+            let report = match counter.feed_chunk(bytes, allowance) {
+                Ok(r) => r,
+                Err(e) => {
+                    // Fail closed: an agent we cannot count is an agent we cannot bound.
+                    plugin_error = Some(e);
+                    break;
+                }
+            };
+            ledger.begin(u64::from(report.sum.steps_begun));
+            ledger.complete(u64::from(report.sum.steps_completed));
+            steps.store(ledger.steps(), Ordering::Relaxed);
+            // When nobody will be asked, signal the group at once, before even passing the line
+            // through: this is the latency users feel. The engine then stops the rest.
+            if report.stopped
+                && let Some(pgid) = term_on_breach
+            {
+                stepguard_supervisor::term_group(pgid);
+            }
+            let consumed = usize::try_from(report.consumed)
+                .unwrap_or(bytes.len())
+                .min(bytes.len());
+            if passthrough
+                && let Err(e) = output
+                    .write_all(&bytes[..consumed])
+                    .and_then(|()| output.flush())
+            {
+                // A closed downstream (e.g. `| head`) does not stop the agent; counting goes on.
+                tracing::debug!("passthrough stopped: {e}");
+                passthrough = false;
+            }
+            if report.stopped {
+                let rest = bytes.len() - consumed;
+                lines.give_back(rest);
+                let _ = events.send(Event::Breach {
+                    step: ledger.steps(),
+                });
+                match resume.recv() {
+                    Ok(Resume::Continue(limit)) => {
+                        ledger.set_limit(limit);
+                    }
+                    Ok(Resume::Stop) | Err(_) => {
+                        return ReaderEnd {
+                            stats: counter.finish().ok(),
+                            ledger,
+                            oversized_lines,
+                            truncated_last_line: false,
+                            plugin_error,
+                        };
+                    }
+                }
+            }
+        }
+        let stats = match counter.finish() {
+            Ok(s) => Some(s),
+            Err(e) => {
+                plugin_error.get_or_insert(e);
+                None
+            }
+        };
+        ReaderEnd {
+            stats,
+            ledger,
+            oversized_lines,
+            truncated_last_line: lines.last_line_unterminated,
+            plugin_error,
+        }
+    }
+}

@@ -1,0 +1,211 @@
+//! What a run yields: the report, and the run record built from it.
+
+use std::fmt::Write as _;
+use std::time::{Duration, SystemTime};
+
+use stepguard_core::verdict::{self, ChildExit, StreamVerdict, TerminatedBy};
+use stepguard_core::{ExitCode, FailureSlug, Outcome, RunRecord, RunStats};
+use stepguard_plugin_api::CounterStats;
+use stepguard_plugin_api::host::CallError;
+use stepguard_supervisor::{ExitStatus, StopReport};
+
+use crate::engine::Labels;
+use crate::reader::ReaderEnd;
+use crate::spec::LimitDecision;
+use crate::stream::{StreamCount, run_stats, stream_record};
+
+/// How a run went, gathered by the engine.
+pub(crate) struct Ending {
+    pub started_at: SystemTime,
+    pub duration: Duration,
+    pub pid: Option<u32>,
+    pub reader: Option<ReaderEnd>,
+    pub child_exit: Option<ExitStatus>,
+    pub terminated_by: Option<TerminatedBy>,
+    pub stop: Option<StopReport>,
+    pub breached_at: Option<u64>,
+    pub decisions: Vec<LimitDecision>,
+    pub spawn_error: Option<std::io::Error>,
+}
+
+impl Ending {
+    /// A run whose agent could not be started.
+    pub fn not_started(
+        error: std::io::Error,
+        start: std::time::Instant,
+        started_at: SystemTime,
+    ) -> Self {
+        Ending {
+            started_at,
+            duration: start.elapsed(),
+            pid: None,
+            reader: None,
+            child_exit: None,
+            terminated_by: None,
+            stop: None,
+            breached_at: None,
+            decisions: Vec::new(),
+            spawn_error: Some(error),
+        }
+    }
+}
+
+/// Everything a supervised run produced.
+#[derive(Debug)]
+pub struct RunReport {
+    /// The run record, as every stepguard command emits it (`id` is set by a history
+    /// recorder, when one observed the run).
+    pub record: RunRecord,
+    /// The run's numbers and verdict.
+    pub stats: RunStats,
+    /// The counter's own final numbers (default when the plugin failed).
+    pub counter_stats: CounterStats,
+    /// What stepguard exits with.
+    pub exit_code: ExitCode,
+    /// Who stopped the agent, when stepguard did.
+    pub terminated_by: Option<TerminatedBy>,
+    /// The step whose beginning exceeded the budget.
+    pub breached_at_step: Option<u64>,
+    /// The on-limit policy's decisions, in order (only a policy that asks records them).
+    pub decisions: Vec<LimitDecision>,
+    /// The budget in force at the start.
+    pub budget: stepguard_core::StepLimit,
+    /// How the agent process ended, when it was seen to end.
+    pub child_exit: Option<ExitStatus>,
+    /// The agent's pid (also its process group id), when it started.
+    pub pid: Option<u32>,
+    /// Wall-clock time from start to the end of supervision.
+    pub duration: Duration,
+    /// What stopping the tree took, when stepguard stopped it.
+    pub stop: Option<StopReport>,
+    /// The plugin failure that ended the run (fail closed), if any.
+    pub plugin_error: Option<CallError>,
+    /// Why the agent could not be started, if it could not.
+    pub spawn_error: Option<std::io::Error>,
+}
+
+impl RunReport {
+    pub(crate) fn new(spec: &Labels, ending: Ending) -> Self {
+        let duration_ms = u64::try_from(ending.duration.as_millis()).unwrap_or(u64::MAX);
+        let (counter_stats, oversized_lines, truncated_last_line, plugin_error, steps) =
+            match ending.reader {
+                Some(end) => (
+                    end.stats.unwrap_or_default(),
+                    end.oversized_lines,
+                    end.truncated_last_line,
+                    end.plugin_error,
+                    Some(end.ledger.steps()),
+                ),
+                None => (CounterStats::default(), 0, false, None, None),
+            };
+        let mut counter_stats = counter_stats;
+        counter_stats.noise_lines += oversized_lines;
+        let (stats, exit_code) = match &ending.spawn_error {
+            Some(_) => {
+                let mut stats = RunStats::new(Outcome::Failed);
+                stats.slug = Some(FailureSlug::SpawnFailed);
+                (stats, ExitCode::Usage)
+            }
+            None => {
+                let stream = counter_stats.terminal.as_ref().map(|t| StreamVerdict {
+                    success: t.success,
+                    slug: t
+                        .slug
+                        .as_deref()
+                        .map(|s| s.parse().unwrap_or(FailureSlug::ProviderError)),
+                });
+                let child = ending.child_exit.map(|e| match e {
+                    ExitStatus::Code(c) => ChildExit::Code(c),
+                    ExitStatus::Signal(s) => ChildExit::Signal(s),
+                });
+                let judged = verdict::classify(ending.terminated_by, stream, child);
+                let mut stats = run_stats(&counter_stats);
+                stats.num_steps_computed = steps;
+                stats.outcome = judged.outcome;
+                stats.slug = judged.slug;
+                (stats, judged.exit_code)
+            }
+        };
+        let mut stats = stats;
+        stats.duration_ms = Some(duration_ms);
+
+        let count = StreamCount {
+            stats: counter_stats,
+            oversized_lines,
+            truncated_last_line,
+        };
+        let mut record = stream_record(&spec.meta, &stats, &count);
+        let counter_stats = count.stats;
+        record.max_steps = spec.budget.get();
+        record.max_steps_source = Some(spec.budget_source.clone());
+        record.command = Some(spec.command.clone());
+        record.started_at = Some(rfc3339(ending.started_at));
+        record.ended_at = Some(rfc3339(ending.started_at + ending.duration));
+        record.exit_code = Some(i32::from(exit_code.code()));
+        record.child_exit_code = ending.child_exit.and_then(|e| match e {
+            ExitStatus::Code(c) => Some(c),
+            ExitStatus::Signal(_) => None,
+        });
+        record.child_signal = ending.child_exit.and_then(|e| match e {
+            ExitStatus::Signal(s) => Some(s),
+            ExitStatus::Code(_) => None,
+        });
+        record.terminated_by = ending.terminated_by.map(|t| t.as_str().to_owned());
+        record.breached_at_step = ending.breached_at;
+        record.on_limit_decisions = ending.decisions.iter().map(|d| d.label()).collect();
+        if let Some(e) = &ending.spawn_error {
+            record.message = Some(spawn_message(&spec.command, e));
+            // Nothing ran, so nothing was counted.
+            record.noise_lines = None;
+            record.unknown_events = None;
+            record.oversized_lines = None;
+            record.truncated_last_line = None;
+            record.sub_agent_steps = None;
+        } else if let Some(e) = &plugin_error {
+            record.message = Some(e.to_string());
+        }
+        RunReport {
+            record,
+            stats,
+            counter_stats,
+            exit_code,
+            terminated_by: ending.terminated_by,
+            breached_at_step: ending.breached_at,
+            decisions: ending.decisions,
+            budget: spec.budget,
+            child_exit: ending.child_exit,
+            pid: ending.pid,
+            duration: ending.duration,
+            stop: ending.stop,
+            plugin_error,
+            spawn_error: ending.spawn_error,
+        }
+    }
+
+    /// Returns the one-line summary, e.g.
+    /// `Steps: 6 (legacy turns: 1) | failed: max_steps | 194ms | stopped at step 6 of 5`.
+    pub fn summary_line(&self) -> String {
+        let mut line = self.stats.summary_line();
+        if let (Some(step), Some(TerminatedBy::Budget)) =
+            (self.breached_at_step, self.terminated_by)
+        {
+            let _ = write!(line, " | stopped at step {step} of {}", self.budget);
+        }
+        line
+    }
+}
+
+/// Says why a command could not be started, naming it: `cannot run `x`: command not found`.
+fn spawn_message(command: &[String], err: &std::io::Error) -> String {
+    let why = match err.kind() {
+        std::io::ErrorKind::NotFound => "command not found".to_owned(),
+        std::io::ErrorKind::PermissionDenied => "permission denied".to_owned(),
+        _ => err.to_string(),
+    };
+    let program = command.first().map_or("", String::as_str);
+    format!("cannot run `{program}`: {why}")
+}
+
+fn rfc3339(t: SystemTime) -> String {
+    humantime::format_rfc3339_millis(t).to_string()
+}
