@@ -2,8 +2,11 @@
 
 use stepguard_core::FailureSlug;
 
+use crate::attempt::AttemptReport;
 use crate::conversation::ModelResponse;
-use crate::governor::{AttemptReport, MAX_LOGGED_RESPONSE};
+
+/// The largest model response carried in a warning event.
+pub const MAX_LOGGED_RESPONSE: usize = 128 * 1024;
 
 /// Returns the response as JSON, cut to [`MAX_LOGGED_RESPONSE`] bytes (on a char boundary), and
 /// whether it was cut.

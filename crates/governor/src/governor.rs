@@ -7,8 +7,8 @@ use crate::agent::{AgentDef, DefinitionError, ReportFormat, ToolKind, ToolSpec};
 use crate::conversation::{Message, ModelResponse, Notice, Request, ToolCall, ToolOutcome};
 use crate::events;
 
-/// The largest model response carried in a warning event.
-pub const MAX_LOGGED_RESPONSE: usize = 128 * 1024;
+pub use crate::attempt::AttemptReport;
+pub use crate::events::MAX_LOGGED_RESPONSE;
 
 /// The final report a session always ends with.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -23,23 +23,6 @@ pub struct FinalReport {
     pub slug: Option<FailureSlug>,
     /// A status message for people (e.g. "stopped at the step limit (5 steps)").
     pub status: String,
-}
-
-/// How one attempt went.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct AttemptReport {
-    /// The step (request) number.
-    pub step: u32,
-    /// The turn it belonged to (1-based).
-    pub turn: u32,
-    /// The attempt within the turn (1-based).
-    pub attempt: u32,
-    /// `progress`, `final_report` or `failed`.
-    pub classification: &'static str,
-    /// The slugs found (failed attempts; `tool_exec_failed` may accompany progress).
-    pub slugs: Vec<FailureSlug>,
-    /// Real tool calls executed (including failed ones).
-    pub executed: u32,
 }
 
 /// What the loop does next.

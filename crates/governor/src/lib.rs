@@ -60,6 +60,7 @@
 #![forbid(unsafe_code)]
 
 pub mod agent;
+mod attempt;
 pub mod conversation;
 pub mod events;
 pub mod governor;
