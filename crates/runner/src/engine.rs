@@ -1,9 +1,9 @@
 //! The engine: start the agent, then own every decision until the run ends.
 
 use std::process::{Command, Stdio};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use rustix::process::Signal;
@@ -14,6 +14,9 @@ use stepguard_supervisor::{ExitStatus, Reaper, StopReport};
 use crate::reader::{ReaderEnd, Resume, StreamReader};
 use crate::report::{Ending, RunReport};
 use crate::spec::{Breach, LimitDecision, Progress, RunObserver, RunSpec, RunStarted, StdinMode};
+
+/// Held for the whole of a run: runs in one process take turns (see the crate docs).
+static ONE_RUN_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 /// How often the engine wakes when nothing happens (deadline checks, progress ticks).
 const TICK: Duration = Duration::from_millis(200);
@@ -67,12 +70,15 @@ impl Runner {
 
     /// Runs the agent to its end and reports the run; `observers` see its start, progress and
     /// end. Never panics on the agent's behaviour: every way a run can go is in the report.
+    /// A second run started meanwhile in the same process waits for this one to end.
     pub fn run(self, observers: &mut [&mut dyn RunObserver]) -> RunReport {
         let Runner {
             spec,
             events_tx,
             events,
         } = self;
+        // A poisoned lock only means an earlier run panicked; this one starts clean.
+        let _turn = ONE_RUN_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
         let RunSpec {
             command,
             counter,

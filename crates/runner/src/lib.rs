@@ -19,6 +19,14 @@
 //!
 //! [`count_stream`] is the same counting path without a process, for recorded streams.
 //!
+//! # One run at a time per process
+//!
+//! The supervising process becomes a child subreaper, reaps every child it has, and stops every
+//! descendant it finds when a run ends, so two runs sharing a process could not tell their
+//! processes apart. Runs in one process therefore take turns: [`Runner::run`] waits for any
+//! run already under way. Run agents in parallel from separate processes (as `stepguard run`
+//! does), and do not wait for other children of your own while a run goes on.
+//!
 //! ```no_run
 //! use stepguard_core::StepLimit;
 //! use stepguard_plugin_api::host::Provider;

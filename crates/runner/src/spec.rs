@@ -58,6 +58,8 @@ pub struct RunSpec {
     /// Where the agent's counted output is passed through (stepguard's stdout in the CLI).
     pub output: Box<dyn Write + Send>,
     /// Whether SIGINT, SIGTERM and SIGHUP to this process stop the run (slug `interrupted`).
+    /// Once set, the process keeps handlers for them after the run (they then do nothing), so
+    /// a long-lived host should use an [`crate::Interrupter`] instead.
     pub forward_signals: bool,
 }
 

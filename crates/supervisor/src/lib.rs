@@ -10,7 +10,8 @@
 //! * finds every live descendant by walking `/proc` ([`descendants`]);
 //! * stops the tree ([`stop_tree`]): SIGTERM to the group and to every descendant, a grace
 //!   period, then SIGKILL, repeated until nothing is left;
-//! * reaps every child it inherits ([`Reaper`]), reporting the agent's own exit.
+//! * reaps every child it inherits ([`Reaper`], one thread per process however many runs),
+//!   reporting each run's agent exit to that run.
 //!
 //! Linux only (`/proc`, `PR_SET_CHILD_SUBREAPER`).
 //!
@@ -22,14 +23,12 @@
 //! ```
 #![forbid(unsafe_code)]
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::os::unix::process::CommandExt as _;
 use std::process::{Child, Command};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
-use std::thread::JoinHandle;
+use std::sync::{LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, Signal, WaitOptions};
@@ -212,59 +211,114 @@ pub fn pause_tree(pgid: u32, pause: bool) {
     signal_tree(pgid, if pause { Signal::STOP } else { Signal::CONT });
 }
 
-/// Reaps every child of this process in a background thread, reporting the exit of `watched`.
+/// What the process-wide reaper knows: who waits for which child, and exits nobody claimed yet.
+#[derive(Default)]
+struct Reaping {
+    /// Exit callbacks of the children runs are watching, by pid.
+    watched: HashMap<u32, Box<dyn FnOnce(ExitStatus) + Send>>,
+    /// Recent exits of children nobody watched (yet): a child may exit before its run registers.
+    unclaimed: VecDeque<(u32, ExitStatus)>,
+    /// Live [`Reaper`]s; the thread ends when none is left.
+    active: usize,
+    /// Whether the reaping thread runs.
+    running: bool,
+}
+
+/// How many unclaimed exits are remembered (orphans of finished runs mostly).
+const UNCLAIMED: usize = 1024;
+
+static REAPING: LazyLock<Mutex<Reaping>> = LazyLock::new(Mutex::default);
+
+fn reaping() -> std::sync::MutexGuard<'static, Reaping> {
+    REAPING.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Reports the exit of one child while one thread per process reaps every child (orphans
+/// reparented to a subreaper included), so that concurrent runs in one process never take each
+/// other's exits.
+///
+/// While any `Reaper` lives, every child of the process is reaped by it: a host that also
+/// spawns and waits for its own children should not run agents at the same time.
 pub struct Reaper {
-    stop: Arc<AtomicBool>,
-    handle: Option<JoinHandle<()>>,
+    watched: u32,
 }
 
 impl Reaper {
-    /// Starts reaping; sends `on_exit(status)` once when `watched` exits.
+    /// Starts watching `watched`; sends `on_exit(status)` once when it exits.
     pub fn start<T: Send + 'static>(
         watched: u32,
         events: Sender<T>,
         on_exit: fn(ExitStatus) -> T,
     ) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = Arc::clone(&stop);
-        let handle = std::thread::Builder::new()
-            .name("stepguard-reaper".into())
-            .spawn(move || {
-                while !flag.load(Ordering::Relaxed) {
-                    match rustix::process::wait(WaitOptions::NOHANG) {
-                        Ok(Some((p, status))) => {
-                            let status = match (status.exit_status(), status.terminating_signal()) {
-                                (Some(code), _) => ExitStatus::Code(code),
-                                (None, Some(sig)) => ExitStatus::Signal(sig),
-                                (None, None) => continue,
-                            };
-                            if p.as_raw_pid() as u32 == watched {
-                                let _ = events.send(on_exit(status));
-                            } else {
-                                tracing::debug!(
-                                    pid = p.as_raw_pid(),
-                                    ?status,
-                                    "reaped a descendant"
-                                );
-                            }
+        let notify = move |status| {
+            let _ = events.send(on_exit(status));
+        };
+        let mut state = reaping();
+        state.active += 1;
+        let early = state.unclaimed.iter().position(|(p, _)| *p == watched);
+        match early.and_then(|i| state.unclaimed.remove(i)) {
+            // It exited before this run registered.
+            Some((_, status)) => notify(status),
+            None => {
+                state.watched.insert(watched, Box::new(notify));
+            }
+        }
+        if !state.running {
+            let spawned = std::thread::Builder::new()
+                .name("stepguard-reaper".into())
+                .spawn(reap);
+            state.running = spawned.is_ok();
+        }
+        Reaper { watched }
+    }
+}
+
+/// The reaping thread: collects every exit, tells whoever watches it, ends with the last Reaper.
+fn reap() {
+    loop {
+        match rustix::process::wait(WaitOptions::NOHANG) {
+            Ok(Some((p, status))) => {
+                let status = match (status.exit_status(), status.terminating_signal()) {
+                    (Some(code), _) => ExitStatus::Code(code),
+                    (None, Some(sig)) => ExitStatus::Signal(sig),
+                    (None, None) => continue,
+                };
+                let pid = p.as_raw_pid() as u32;
+                let mut state = reaping();
+                match state.watched.remove(&pid) {
+                    Some(notify) => {
+                        drop(state);
+                        notify(status);
+                    }
+                    None => {
+                        tracing::debug!(pid, ?status, "reaped a descendant");
+                        if state.unclaimed.len() == UNCLAIMED {
+                            state.unclaimed.pop_front();
                         }
-                        // Nothing to reap right now (or no children at all yet/any more). Exit
-                        // detection is not on the enforcement path, so a few ms is plenty.
-                        Ok(None) | Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                        state.unclaimed.push_back((pid, status));
                     }
                 }
-            })
-            .ok();
-        Reaper { stop, handle }
+            }
+            // Nothing to reap right now (or no children at all yet/any more). Exit detection is
+            // not on the enforcement path, so a few ms is plenty.
+            Ok(None) | Err(_) => {
+                let mut state = reaping();
+                if state.active == 0 {
+                    state.running = false;
+                    return;
+                }
+                drop(state);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
     }
 }
 
 impl Drop for Reaper {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(h) = self.handle.take() {
-            let _ = h.join();
-        }
+        let mut state = reaping();
+        state.active = state.active.saturating_sub(1);
+        state.watched.remove(&self.watched);
     }
 }
 

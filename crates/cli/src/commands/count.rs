@@ -71,8 +71,10 @@ fn count_file(selection: &providers::Selection<'_>, path: &Path) -> anyhow::Resu
     } else {
         let file = File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
         if file.metadata().is_ok_and(|m| m.is_dir()) {
-            return Err(anyhow::Error::from(io::Error::from(io::ErrorKind::IsADirectory))
-                .context(format!("cannot read {}", path.display())));
+            return Err(
+                anyhow::Error::from(io::Error::from(io::ErrorKind::IsADirectory))
+                    .context(format!("cannot read {}", path.display())),
+            );
         }
         count_stream(&mut counter, file, &path.display().to_string())
     };

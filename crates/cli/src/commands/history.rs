@@ -122,10 +122,8 @@ pub fn show(cli: &Cli, args: &ShowArgs) -> anyhow::Result<ExitCode> {
         format!("Ended: {}", opt(&r.ended_at)),
         format!(
             "Duration: {}",
-            r.duration_ms.map_or_else(
-                || "-".into(),
-                |d| stepguard_core::stats::format_duration_ms(d)
-            )
+            r.duration_ms
+                .map_or_else(|| "-".into(), stepguard_core::stats::format_duration_ms)
         ),
         format!(
             "Exit code: {} (agent: {})",

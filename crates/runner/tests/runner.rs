@@ -1,0 +1,302 @@
+//! The runner on its own, without the binary: real agent processes (shell scripts printing a
+//! Codex stream), the built-in Codex counter, and every way a run ends.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use stepguard_core::{ExitCode, FailureSlug, Outcome, StepLimit};
+use stepguard_plugin_api::{
+    CounterRequest, CounterStats, LineReport, Manifest, ProviderPlugin, StepCounter,
+};
+use stepguard_runner::{
+    Breach, ExitStatus, LimitDecision, LimitPolicy, Progress, RunObserver, RunReport, RunStarted,
+    Runner,
+};
+use support::{Dir, TURN_COMPLETED, alive, codex, counter_of, item, read_pid, spec};
+
+#[test]
+fn under_budget_the_agent_finishes_and_its_output_passes_through_byte_for_byte() {
+    let dir = Dir::new();
+    let (spec, out) = spec(dir.items(3, "0"), codex(), 5);
+    let report = Runner::new(spec).run(&mut []);
+    assert_eq!(report.exit_code, ExitCode::Success);
+    assert_eq!(report.stats.outcome, Outcome::Success);
+    assert_eq!(report.stats.num_steps_computed, Some(3));
+    assert_eq!(report.child_exit, Some(ExitStatus::Code(0)));
+    assert_eq!(report.terminated_by, None);
+    let want: String = (0..3)
+        .map(item)
+        .chain([TURN_COMPLETED.to_owned()])
+        .map(|l| l + "\n")
+        .collect();
+    assert_eq!(out.text(), want);
+    let r = &report.record;
+    assert_eq!(
+        (r.exit_code, r.child_exit_code, r.error_type.as_deref()),
+        (Some(0), Some(0), None)
+    );
+    assert_eq!(r.max_steps, Some(5));
+    assert_eq!(r.num_steps_computed, Some(3));
+    assert_eq!(r.tokens.map(|t| t.input_tokens), Some(10));
+    assert!(r.started_at.is_some() && r.ended_at.is_some());
+}
+
+#[test]
+fn a_breach_stops_the_tree_right_after_the_breaching_line() {
+    let dir = Dir::new();
+    let pidfile = dir.file("tool.pid");
+    // A background "tool" in its own session, outside the agent's group.
+    let mut body = format!("setsid sleep 300 & echo $! > {}\n", pidfile.display());
+    for i in 0..10 {
+        body.push_str(&format!("echo '{}'\nsleep 0.05\n", item(i)));
+    }
+    let (spec, out) = spec(dir.script("long.sh", &body), codex(), 3);
+    let report = Runner::new(spec).run(&mut []);
+    assert_eq!(report.exit_code, ExitCode::BudgetExceeded);
+    assert_eq!(report.stats.slug, Some(FailureSlug::MaxSteps));
+    assert_eq!(report.breached_at_step, Some(4));
+    assert_eq!(report.stats.num_steps_computed, Some(4));
+    assert_eq!(report.terminated_by.map(|t| t.as_str()), Some("budget"));
+    // Exactly the breaching line is the last one passed through.
+    let lines: Vec<String> = out.text().lines().map(str::to_owned).collect();
+    assert_eq!(lines, (0..4).map(item).collect::<Vec<_>>());
+    assert_eq!(report.record.breached_at_step, Some(4));
+    assert_eq!(report.record.terminated_by.as_deref(), Some("budget"));
+    assert!(report.record.on_limit_decisions.is_empty());
+    assert!(
+        report.summary_line().ends_with("| stopped at step 4 of 3"),
+        "{}",
+        report.summary_line()
+    );
+    let tool = read_pid(&pidfile);
+    assert!(!alive(tool), "the background tool {tool} survived");
+    assert!(!alive(report.pid.unwrap()));
+    assert_eq!(report.stop.map(|s| s.survivors), Some(0));
+}
+
+#[test]
+fn a_child_ignoring_sigterm_is_killed_after_the_grace() {
+    let dir = Dir::new();
+    let mut body = String::from("trap '' TERM\n");
+    for i in 0..5 {
+        body.push_str(&format!("echo '{}'\n", item(i)));
+    }
+    body.push_str("while :; do sleep 0.1; done\n");
+    let (mut spec, _) = spec(dir.script("stubborn.sh", &body), codex(), 2);
+    spec.grace = Duration::from_millis(300);
+    let started = Instant::now();
+    let report = Runner::new(spec).run(&mut []);
+    assert_eq!(report.exit_code, ExitCode::BudgetExceeded);
+    assert_eq!(report.child_exit, Some(ExitStatus::Signal(9)));
+    assert_eq!(report.record.child_signal, Some(9));
+    assert!(report.stop.is_some_and(|s| s.killed && s.survivors == 0));
+    assert!(started.elapsed() < Duration::from_secs(10));
+}
+
+#[test]
+fn the_timeout_stops_the_agent() {
+    let dir = Dir::new();
+    let body = format!("echo '{}'\nsleep 30\n", item(0));
+    let (mut spec, _) = spec(dir.script("slow.sh", &body), codex(), 10);
+    spec.timeout = Some(Duration::from_millis(300));
+    let started = Instant::now();
+    let report = Runner::new(spec).run(&mut []);
+    assert_eq!(report.exit_code, ExitCode::Timeout);
+    assert_eq!(report.stats.slug, Some(FailureSlug::Timeout));
+    assert_eq!(report.record.terminated_by.as_deref(), Some("timeout"));
+    assert_eq!(report.stats.num_steps_computed, Some(1));
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert!(!alive(report.pid.unwrap()));
+}
+
+#[test]
+fn an_interrupt_stops_the_tree_with_the_signal_first() {
+    let dir = Dir::new();
+    let marker = dir.file("got-int");
+    let body = format!(
+        "trap 'echo int > {}; exit 0' INT\necho '{}'\nwhile :; do sleep 0.05; done\n",
+        marker.display(),
+        item(0)
+    );
+    let (spec, _) = spec(dir.script("interruptible.sh", &body), codex(), 10);
+    let runner = Runner::new(spec);
+    let interrupter = runner.interrupter();
+    let poke = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        interrupter.interrupt(2)
+    });
+    let report = runner.run(&mut []);
+    assert!(poke.join().unwrap());
+    assert_eq!(report.exit_code, ExitCode::Interrupted);
+    assert_eq!(report.stats.slug, Some(FailureSlug::Interrupted));
+    assert_eq!(report.record.terminated_by.as_deref(), Some("signal"));
+    // SIGINT, not SIGTERM, reached the agent first.
+    assert!(marker.exists(), "the agent never saw SIGINT");
+}
+
+/// A provider whose counter fails on a line containing `BOOM`.
+struct Failing;
+
+struct FailingCounter(u64);
+
+impl ProviderPlugin for Failing {
+    fn manifest(&self) -> Manifest {
+        Manifest::new("failing", "1.0.0").unit("line", "every line", true)
+    }
+
+    fn open_counter(&self, _: &CounterRequest) -> Result<Box<dyn StepCounter>, String> {
+        Ok(Box::new(FailingCounter(0)))
+    }
+}
+
+impl StepCounter for FailingCounter {
+    fn feed(&mut self, line: &[u8]) -> Result<LineReport, String> {
+        if line.windows(4).any(|w| w == b"BOOM") {
+            return Err("cannot trust this stream any more".into());
+        }
+        self.0 += 1;
+        Ok(LineReport {
+            steps_begun: 1,
+            ..LineReport::default()
+        })
+    }
+
+    fn finish(&mut self) -> CounterStats {
+        CounterStats {
+            num_steps_computed: self.0,
+            ..CounterStats::default()
+        }
+    }
+}
+
+#[test]
+fn a_plugin_error_fails_closed_and_names_the_error() {
+    let dir = Dir::new();
+    let body = "echo one\necho BOOM\necho three\nsleep 30\n";
+    let counter = counter_of(stepguard_plugin_api::provider_box(Failing), "line");
+    let (spec, out) = spec(dir.script("boom.sh", body), counter, 10);
+    let started = Instant::now();
+    let report = Runner::new(spec).run(&mut []);
+    assert_eq!(report.exit_code, ExitCode::Plugin);
+    assert_eq!(report.stats.slug, Some(FailureSlug::PluginError));
+    assert_eq!(report.record.terminated_by.as_deref(), Some("plugin"));
+    let message = report.record.message.clone().unwrap_or_default();
+    assert!(
+        message.contains("cannot trust this stream any more"),
+        "{message}"
+    );
+    assert!(report.plugin_error.is_some());
+    assert!(
+        !out.text().contains("BOOM"),
+        "an uncounted line passed through"
+    );
+    assert!(!alive(report.pid.unwrap()));
+    assert!(started.elapsed() < Duration::from_secs(10));
+}
+
+/// Allows `more` steps at the first breach, then stops.
+struct AllowOnce {
+    more: u32,
+    seen: Vec<Breach>,
+}
+
+impl LimitPolicy for AllowOnce {
+    fn asks(&self) -> bool {
+        true
+    }
+
+    fn decide(&mut self, breach: &Breach) -> LimitDecision {
+        self.seen.push(*breach);
+        if self.seen.len() == 1 {
+            LimitDecision::Allow(self.more)
+        } else {
+            LimitDecision::Stop
+        }
+    }
+}
+
+#[test]
+fn an_asking_policy_can_allow_more_steps() {
+    let dir = Dir::new();
+    let (mut spec, out) = spec(dir.items(10, "0.02"), codex(), 2);
+    spec.on_limit = Box::new(AllowOnce {
+        more: 2,
+        seen: Vec::new(),
+    });
+    let report = Runner::new(spec).run(&mut []);
+    assert_eq!(report.exit_code, ExitCode::BudgetExceeded);
+    assert_eq!(
+        report.decisions,
+        [LimitDecision::Allow(2), LimitDecision::Stop]
+    );
+    assert_eq!(report.record.on_limit_decisions, ["allow:2", "stop"]);
+    // 2 allowed, step 3 breached, 2 more allowed, step 5 breached.
+    assert_eq!(report.breached_at_step, Some(3));
+    assert_eq!(report.stats.num_steps_computed, Some(5));
+    assert_eq!(out.text().lines().count(), 5);
+}
+
+#[test]
+fn a_command_that_cannot_start_is_spawn_failed() {
+    let (spec, _) = spec(vec!["/no/such/agent".into()], codex(), 5);
+    let report = Runner::new(spec).run(&mut []);
+    assert_eq!(report.exit_code, ExitCode::Usage);
+    assert_eq!(report.stats.slug, Some(FailureSlug::SpawnFailed));
+    assert_eq!(
+        report.record.message.as_deref(),
+        Some("cannot run `/no/such/agent`: command not found")
+    );
+    assert_eq!(report.pid, None);
+    assert_eq!(report.record.noise_lines, None);
+}
+
+/// Remembers what it saw and names the run, as a history recorder would.
+#[derive(Default)]
+struct Watcher {
+    started: Option<u32>,
+    ticks: Vec<Progress>,
+    finished: usize,
+}
+
+impl RunObserver for Watcher {
+    fn started(&mut self, run: &RunStarted<'_>) {
+        self.started = Some(run.pid);
+        assert_eq!(run.budget, StepLimit::Limited(50));
+    }
+
+    fn tick(&mut self, progress: &Progress) {
+        self.ticks.push(*progress);
+    }
+
+    fn finished(&mut self, report: &mut RunReport) {
+        self.finished += 1;
+        report.record.id = Some(42);
+    }
+}
+
+#[test]
+fn observers_see_the_start_progress_and_end_in_order() {
+    let dir = Dir::new();
+    let (spec, _) = spec(dir.items(3, "0.3"), codex(), 50);
+    let mut first = Watcher::default();
+    let mut second = Watcher::default();
+    let report = Runner::new(spec).run(&mut [&mut first, &mut second]);
+    assert_eq!(first.started, report.pid);
+    assert_eq!((first.finished, second.finished), (1, 1));
+    assert_eq!(report.record.id, Some(42));
+    assert!(!first.ticks.is_empty(), "no progress tick in ~1 s");
+    let steps: Vec<u64> = first.ticks.iter().map(|t| t.steps).collect();
+    assert!(steps.windows(2).all(|w| w[0] <= w[1]), "{steps:?}");
+    assert!(steps.iter().all(|s| *s <= 3));
+}
+
+#[test]
+fn a_command_without_a_program_is_refused() {
+    let (spec, _) = spec(Vec::new(), codex(), 5);
+    let report = Runner::new(spec).run(&mut []);
+    assert_eq!(report.stats.slug, Some(FailureSlug::SpawnFailed));
+    assert_eq!(report.exit_code, ExitCode::Usage);
+}
