@@ -14,5 +14,6 @@ mod gemini;
 mod history_cmd;
 mod opencode;
 mod plugins;
+mod record_schema;
 mod run_cmd;
 mod simulate_cmd;

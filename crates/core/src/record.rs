@@ -19,7 +19,10 @@ pub const RECORD_SCHEMA_VERSION: u32 = 1;
 /// of a file has no process; an old history row has no noise count), never zero.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[cfg_attr(feature = "schema", schemars(title = "stepguard run record"))]
+#[cfg_attr(
+    feature = "schema",
+    schemars(title = "stepguard run record", transform = every_key_required)
+)]
 pub struct RunRecord {
     /// The version of this shape ([`RECORD_SCHEMA_VERSION`]).
     pub schema_version: u32,
@@ -91,6 +94,17 @@ pub struct RunRecord {
     pub cost_usd: Option<f64>,
     /// Steps per sub-agent (never counted against the budget).
     pub sub_agent_steps: Option<BTreeMap<String, u64>>,
+}
+
+/// Marks every key required: a record always carries every key, `null` when unknown.
+#[cfg(feature = "schema")]
+fn every_key_required(schema: &mut schemars::Schema) {
+    let keys: Vec<serde_json::Value> = schema
+        .get("properties")
+        .and_then(serde_json::Value::as_object)
+        .map(|p| p.keys().cloned().map(serde_json::Value::String).collect())
+        .unwrap_or_default();
+    schema.insert("required".to_owned(), serde_json::Value::Array(keys));
 }
 
 impl RunRecord {
