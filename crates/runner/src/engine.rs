@@ -70,7 +70,8 @@ impl Runner {
 
     /// Runs the agent to its end and reports the run; `observers` see its start, progress and
     /// end. Never panics on the agent's behaviour: every way a run can go is in the report.
-    /// A second run started meanwhile in the same process waits for this one to end.
+    /// A second run started meanwhile in the same process waits for this one to end, so never
+    /// start a run from an observer or a policy (it would wait for itself).
     pub fn run(self, observers: &mut [&mut dyn RunObserver]) -> RunReport {
         let Runner {
             spec,
@@ -150,10 +151,10 @@ impl Runner {
                 };
                 let _ = events.send(Event::ReaderDone(Box::new(end)));
             });
-        let reader = match reader {
-            Ok(handle) => Some(handle),
+        let (reader, reader_failed) = match reader {
+            Ok(handle) => (Some(handle), false),
             Err(e) => {
-                // Without a reader nothing is counted: fail closed.
+                // Without a reader nothing is counted: fail closed (the tree is stopped below).
                 tracing::error!("cannot start the stream reader: {e}");
                 let _ = events_tx.send(Event::ReaderDone(Box::new(ReaderEnd {
                     stats: None,
@@ -162,7 +163,7 @@ impl Runner {
                     truncated_last_line: false,
                     plugin_error: None,
                 })));
-                None
+                (None, true)
             }
         };
         drop(events_tx);
@@ -186,6 +187,9 @@ impl Runner {
             breached_at: None,
             decisions: Vec::new(),
         };
+        if reader_failed {
+            run.stop(TerminatedBy::Plugin, Signal::TERM);
+        }
         let deadline = timeout.and_then(|t| start.checked_add(t));
         let mut child_exit: Option<ExitStatus> = None;
         let mut reader_end: Option<ReaderEnd> = None;
@@ -268,8 +272,8 @@ impl Runner {
         }
         drop(reaper);
         if let Some(signals) = signals {
-            // Ends the listener, which unregisters the handlers: the process's signals are its
-            // own again.
+            // Ends the listener thread. The handlers stay installed (doing nothing) for the
+            // life of the process: signal-hook never restores the default actions.
             signals.close();
         }
         if let Some(reader) = reader {

@@ -58,14 +58,15 @@ pub struct RunSpec {
     /// Where the agent's counted output is passed through (stepguard's stdout in the CLI).
     pub output: Box<dyn Write + Send>,
     /// Whether SIGINT, SIGTERM and SIGHUP to this process stop the run (slug `interrupted`).
-    /// Once set, the process keeps handlers for them after the run (they then do nothing), so
-    /// a long-lived host should use an [`crate::Interrupter`] instead.
+    /// Off by default: once on, the process keeps handlers for them after the run (doing
+    /// nothing, so they no longer end it). A short-lived supervisor like `stepguard run` turns
+    /// it on; a long-lived host should keep it off and use an [`crate::Interrupter`].
     pub forward_signals: bool,
 }
 
 impl RunSpec {
     /// Creates a spec with the defaults of `stepguard run`: 5 s grace, no timeout, inherited
-    /// stdin, stop at the limit, output to stdout, signals forwarded.
+    /// stdin, stop at the limit, output to stdout; signals are not forwarded.
     pub fn new(command: Vec<String>, counter: Counter, budget: StepLimit) -> Self {
         RunSpec {
             command,
@@ -78,7 +79,7 @@ impl RunSpec {
             stdin: StdinMode::Inherit,
             on_limit: Box::new(StopAtLimit),
             output: Box::new(std::io::stdout()),
-            forward_signals: true,
+            forward_signals: false,
         }
     }
 }

@@ -1,5 +1,6 @@
-//! A real SIGTERM to the supervising process stops the run (its own test binary: the signal
-//! goes to the whole process, so no other run may share it).
+//! What a run does to its whole process: a real SIGTERM stops it, and once it is over the
+//! process's own children are its own again. One test in its own binary: no other run may
+//! share the process.
 
 #![allow(clippy::unwrap_used)]
 

@@ -29,6 +29,7 @@ use std::os::unix::process::CommandExt as _;
 use std::process::{Child, Command};
 use std::sync::mpsc::Sender;
 use std::sync::{LazyLock, Mutex};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, Signal, WaitOptions};
@@ -220,8 +221,8 @@ struct Reaping {
     unclaimed: VecDeque<(u32, ExitStatus)>,
     /// Live [`Reaper`]s; the thread ends when none is left.
     active: usize,
-    /// Whether the reaping thread runs.
-    running: bool,
+    /// The reaping thread, while it runs.
+    thread: Option<JoinHandle<()>>,
 }
 
 /// How many unclaimed exits are remembered (orphans of finished runs mostly).
@@ -234,11 +235,11 @@ fn reaping() -> std::sync::MutexGuard<'static, Reaping> {
 }
 
 /// Reports the exit of one child while one thread per process reaps every child (orphans
-/// reparented to a subreaper included), so that concurrent runs in one process never take each
-/// other's exits.
+/// reparented to a subreaper included), so that two reapers never take each other's exits.
 ///
-/// While any `Reaper` lives, every child of the process is reaped by it: a host that also
-/// spawns and waits for its own children should not run agents at the same time.
+/// From the first `Reaper`'s start until the last one is dropped (which waits for the thread to
+/// end), every child of the process is reaped by it: a host that also spawns and waits for its
+/// own children should not do so meanwhile.
 pub struct Reaper {
     watched: u32,
 }
@@ -255,19 +256,22 @@ impl Reaper {
         };
         let mut state = reaping();
         state.active += 1;
-        let early = state.unclaimed.iter().position(|(p, _)| *p == watched);
+        let early = state.unclaimed.iter().rposition(|(p, _)| *p == watched);
         match early.and_then(|i| state.unclaimed.remove(i)) {
-            // It exited before this run registered.
-            Some((_, status)) => notify(status),
-            None => {
+            // It exited (and was reaped) before it was watched: its pid is free. An entry for a
+            // pid that is alive belonged to an earlier process that had the same pid.
+            Some((_, status)) if !std::path::Path::new(&format!("/proc/{watched}")).exists() => {
+                notify(status);
+            }
+            _ => {
                 state.watched.insert(watched, Box::new(notify));
             }
         }
-        if !state.running {
-            let spawned = std::thread::Builder::new()
+        if state.thread.is_none() {
+            state.thread = std::thread::Builder::new()
                 .name("stepguard-reaper".into())
-                .spawn(reap);
-            state.running = spawned.is_ok();
+                .spawn(reap)
+                .ok();
         }
         Reaper { watched }
     }
@@ -302,9 +306,8 @@ fn reap() {
             // Nothing to reap right now (or no children at all yet/any more). Exit detection is
             // not on the enforcement path, so a few ms is plenty.
             Ok(None) | Err(_) => {
-                let mut state = reaping();
+                let state = reaping();
                 if state.active == 0 {
-                    state.running = false;
                     return;
                 }
                 drop(state);
@@ -315,10 +318,21 @@ fn reap() {
 }
 
 impl Drop for Reaper {
+    /// Stops watching; the last one also ends the thread (waiting for it) and forgets the exits
+    /// nobody claimed, so nothing is reaped behind the host's back once no run goes on.
     fn drop(&mut self) {
         let mut state = reaping();
         state.active = state.active.saturating_sub(1);
         state.watched.remove(&self.watched);
+        if state.active > 0 {
+            return;
+        }
+        state.unclaimed.clear();
+        let thread = state.thread.take();
+        drop(state);
+        if let Some(thread) = thread {
+            let _ = thread.join();
+        }
     }
 }
 

@@ -79,6 +79,8 @@ pub fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
     };
     spec.on_limit = on_limit;
     spec.output = status.passthrough();
+    // SIGINT, SIGTERM and SIGHUP stop the agent's tree (exit 130); stepguard exits right after.
+    spec.forward_signals = true;
 
     let db = (!args.no_record).then(|| {
         stepguard_store::default_location(cli.db.as_deref(), config.project_dir().as_deref(), &cwd)
