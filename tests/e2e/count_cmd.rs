@@ -167,13 +167,13 @@ fn empty_file_counts_nothing() {
         &json!({
             "schema_version": 1, "id": null,
             "file": fixture("edge/empty.jsonl"), "provider": "gemini", "unit": "tool_use",
-            "plugin_version": "0.1.0", "task_type": null, "profile": null,
+            "plugin_version": "0.1.0", "plugin_source": "builtin", "task_type": null, "profile": null,
             "max_steps": null, "max_steps_source": null, "command": null, "cwd": null,
             "started_at": null, "ended_at": null, "duration_ms": null,
             "num_steps_computed": 0, "num_steps_reported": null, "num_turns_reported": null,
             "num_turns_computed": 0, "outcome": "incomplete", "error_type": null, "message": null,
             "exit_code": null, "child_exit_code": null, "child_signal": null,
-            "terminated_by": null, "breached_at_step": null, "on_limit_decisions": [],
+            "terminated_by": null, "containment": null, "breached_at_step": null, "on_limit_decisions": [],
             "noise_lines": 0, "unknown_events": 0, "oversized_lines": 0, "truncated_last_line": false,
             "tokens": null, "cost_usd": null, "sub_agent_steps": {}
         })

@@ -1,6 +1,7 @@
 //! Command-line arguments of `stepguard`.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use stepguard_core::ExitCode;
@@ -22,6 +23,10 @@ pub struct Cli {
     /// else in the working directory).
     #[arg(long, global = true, value_name = "PATH", env = "STEPGUARD_DB")]
     pub db: Option<PathBuf>,
+
+    /// Let a plugin file replace a built-in provider of the same name (named in the run record).
+    #[arg(long, global = true)]
+    pub allow_override: bool,
 
     /// More log output on stderr (-v info, -vv debug, -vvv trace); RUST_LOG overrides.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
@@ -102,12 +107,12 @@ pub struct RunArgs {
     /// Step unit (default: `[P] max_steps_unit` from the config, else the provider's default).
     #[arg(long, value_name = "U")]
     pub unit: Option<String>,
-    /// Stop the agent after this long (e.g. 90s, 30m, 1h30m); exit 124.
-    #[arg(long, value_name = "DURATION")]
-    pub timeout: Option<humantime::Duration>,
-    /// Time between SIGTERM and SIGKILL when stopping the agent.
-    #[arg(long, value_name = "DURATION", default_value = "5s")]
-    pub grace: humantime::Duration,
+    /// Stop the agent after this long (e.g. 90s, 30m, 1h30m; at most 30 days); exit 124.
+    #[arg(long, value_name = "DURATION", value_parser = parse_timeout)]
+    pub timeout: Option<Duration>,
+    /// Time between SIGTERM and SIGKILL when stopping the agent (at most 1h).
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_grace)]
+    pub grace: Duration,
     /// What to do at the limit.
     #[arg(long, value_enum, default_value_t = OnLimit::Stop)]
     pub on_limit: OnLimit,
@@ -261,6 +266,37 @@ pub struct ValidateArgs {
     pub strict: bool,
 }
 
+/// The longest `--timeout`: a month is beyond any agent run, and far from overflowing a clock.
+const MAX_TIMEOUT: Duration = Duration::from_secs(30 * 24 * 3600);
+/// The longest `--grace`.
+const MAX_GRACE: Duration = Duration::from_secs(3600);
+
+/// Parses a humane duration no longer than `max`; `zero_ok` says whether 0 is meaningful.
+fn parse_duration(text: &str, max: Duration, zero_ok: bool) -> Result<Duration, String> {
+    let d: Duration = humantime::parse_duration(text.trim())
+        .map_err(|e| format!("`{text}` is not a duration ({e}); write e.g. 90s, 30m or 1h30m"))?;
+    if d.is_zero() && !zero_ok {
+        return Err(format!(
+            "`{text}` is zero; give a positive duration such as 30m"
+        ));
+    }
+    if d > max {
+        return Err(format!(
+            "`{text}` is longer than the maximum of {}",
+            humantime::format_duration(max)
+        ));
+    }
+    Ok(d)
+}
+
+fn parse_timeout(text: &str) -> Result<Duration, String> {
+    parse_duration(text, MAX_TIMEOUT, false)
+}
+
+fn parse_grace(text: &str) -> Result<Duration, String> {
+    parse_duration(text, MAX_GRACE, true)
+}
+
 fn exit_codes_help() -> String {
     let mut s = String::from("Exit codes:\n");
     for code in ExitCode::ALL {
@@ -278,5 +314,27 @@ mod tests {
     #[test]
     fn clap_definition_is_valid() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn durations_are_checked_before_anything_runs() {
+        assert_eq!(parse_timeout("1h30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_grace("0s"), Ok(Duration::ZERO));
+        assert!(parse_timeout("0s").unwrap_err().contains("is zero"));
+        assert!(
+            parse_timeout("18446744073709551615s")
+                .unwrap_err()
+                .contains("`18446744073709551615s`")
+        );
+        assert!(
+            parse_grace("2h")
+                .unwrap_err()
+                .contains("longer than the maximum of 1h")
+        );
+        assert!(
+            parse_timeout("abc")
+                .unwrap_err()
+                .contains("`abc` is not a duration")
+        );
     }
 }

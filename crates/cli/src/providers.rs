@@ -40,6 +40,8 @@ pub fn load_registry(plugin_dirs: &[PathBuf]) -> Registry {
 pub struct Selection<'r> {
     /// The provider.
     pub provider: &'r Provider,
+    /// Where it came from: `builtin` or the plugin file.
+    pub source: String,
     /// The unit and options to count with.
     pub request: CounterRequest,
 }
@@ -52,7 +54,8 @@ pub fn select<'r>(
     unit_flag: Option<&str>,
     config: Option<&LoadedConfig>,
 ) -> anyhow::Result<Selection<'r>> {
-    let provider = &registry.get(name)?.provider;
+    let entry = registry.get(name)?;
+    let provider = &entry.provider;
     let manifest = provider.manifest();
     let mut options = serde_json::Map::new();
     let mut unit_from_config = None;
@@ -91,6 +94,7 @@ pub fn select<'r>(
     })?;
     Ok(Selection {
         provider,
+        source: entry.source.to_string(),
         request: CounterRequest { unit, options },
     })
 }

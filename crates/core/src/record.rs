@@ -34,6 +34,9 @@ pub struct RunRecord {
     pub provider: String,
     /// The provider plugin's version.
     pub plugin_version: Option<String>,
+    /// Where the provider came from: `builtin`, or the plugin file (a replaced built-in is
+    /// named here, allowed by `--allow-override`).
+    pub plugin_source: Option<String>,
     /// The step unit counted.
     pub unit: Option<String>,
     /// The task type the budget was resolved for.
@@ -68,6 +71,9 @@ pub struct RunRecord {
     pub child_signal: Option<i32>,
     /// Who stopped the agent: `budget`, `timeout`, `signal`, `plugin`, or null (it ended itself).
     pub terminated_by: Option<String>,
+    /// How the run's processes were contained: `cgroup` (a cgroup v2 of its own) or
+    /// `process-walk` (process group, subreaper and `/proc`).
+    pub containment: Option<String>,
     /// The step whose beginning exceeded the budget.
     pub breached_at_step: Option<u64>,
     /// The human's decisions at the limit, in order: `stop`, `allow:N`, `continue`.
@@ -116,6 +122,7 @@ impl RunRecord {
             file: None,
             provider: provider.into(),
             plugin_version: None,
+            plugin_source: None,
             unit: None,
             task_type: None,
             profile: None,
@@ -133,6 +140,7 @@ impl RunRecord {
             child_exit_code: None,
             child_signal: None,
             terminated_by: None,
+            containment: None,
             breached_at_step: None,
             on_limit_decisions: Vec::new(),
             num_steps_computed: None,
@@ -251,7 +259,7 @@ mod tests {
     fn every_field_is_present_in_json_even_when_unknown() {
         let json = serde_json::to_value(RunRecord::new("codex", Outcome::Success)).unwrap();
         let object = json.as_object().unwrap();
-        assert_eq!(object.len(), 35);
+        assert_eq!(object.len(), 37);
         assert_eq!(object["schema_version"], RECORD_SCHEMA_VERSION);
         assert!(object["id"].is_null());
         assert_eq!(object["on_limit_decisions"], serde_json::json!([]));

@@ -25,6 +25,8 @@ pub struct RunMeta {
     pub provider: String,
     /// The provider plugin's version.
     pub plugin_version: Option<String>,
+    /// Where the provider came from (`builtin` or the plugin file).
+    pub plugin_source: Option<String>,
     /// The step unit counted.
     pub unit: Option<String>,
     /// The task type the budget was resolved for.

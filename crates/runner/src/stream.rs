@@ -117,6 +117,7 @@ pub fn run_stats(stats: &CounterStats) -> RunStats {
 pub fn stream_record(meta: &RunMeta, stats: &RunStats, count: &StreamCount) -> RunRecord {
     let mut record = RunRecord::new(meta.provider.clone(), stats.outcome);
     record.plugin_version = meta.plugin_version.clone();
+    record.plugin_source = meta.plugin_source.clone();
     record.unit = meta.unit.clone();
     record.task_type = meta.task_type.clone();
     record.profile = meta.profile.clone();

@@ -85,7 +85,9 @@ pub const MIGRATIONS: &[&str] = &[
      ALTER TABLE runs ADD COLUMN truncated_last_line INTEGER;
      ALTER TABLE runs ADD COLUMN cached_input_tokens INTEGER;
      ALTER TABLE runs ADD COLUMN reasoning_output_tokens INTEGER;
-     ALTER TABLE runs ADD COLUMN sub_agent_steps TEXT;",
+     ALTER TABLE runs ADD COLUMN sub_agent_steps TEXT;
+     ALTER TABLE runs ADD COLUMN plugin_source TEXT;
+     ALTER TABLE runs ADD COLUMN containment TEXT;",
 ];
 
 /// The newest schema version this stepguard knows.
@@ -336,7 +338,8 @@ impl Store {
                     input_tokens = ?13, output_tokens = ?14, cost_usd = ?15, on_limit_decision = ?16,
                     message = ?17, child_signal = ?18, breached_at_step = ?19, noise_lines = ?20,
                     unknown_events = ?21, oversized_lines = ?22, truncated_last_line = ?23,
-                    cached_input_tokens = ?24, reasoning_output_tokens = ?25, sub_agent_steps = ?26
+                    cached_input_tokens = ?24, reasoning_output_tokens = ?25, sub_agent_steps = ?26,
+                    plugin_source = ?27, containment = ?28
                  WHERE id = ?1",
                 params![
                     id,
@@ -365,6 +368,8 @@ impl Store {
                     i(tokens.and_then(|t| t.cached_input_tokens)),
                     i(tokens.and_then(|t| t.reasoning_output_tokens)),
                     sub_agents,
+                    run.plugin_source,
+                    run.containment,
                 ],
             )
             .map_err(|e| self.err(e))?;
@@ -456,7 +461,7 @@ const COLUMNS: &str = "id, started_at, ended_at, provider, plugin_version, unit,
     duration_ms, num_steps_reported, num_steps_computed, num_turns_reported, num_turns_computed,
     input_tokens, output_tokens, cost_usd, on_limit_decision, message, child_signal, breached_at_step,
     noise_lines, unknown_events, oversized_lines, truncated_last_line, cached_input_tokens,
-    reasoning_output_tokens, sub_agent_steps";
+    reasoning_output_tokens, sub_agent_steps, plugin_source, containment";
 
 /// Reads one row as a run record; counts stored as SQLite integers come back unsigned.
 fn record(r: &Row<'_>) -> rusqlite::Result<RunRecord> {
@@ -523,6 +528,8 @@ fn record(r: &Row<'_>) -> rusqlite::Result<RunRecord> {
     rec.oversized_lines = n(31)?;
     rec.truncated_last_line = r.get(32)?;
     rec.sub_agent_steps = sub_agents.and_then(|s| serde_json::from_str(&s).ok());
+    rec.plugin_source = r.get(36)?;
+    rec.containment = r.get(37)?;
     Ok(rec)
 }
 

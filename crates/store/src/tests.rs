@@ -510,6 +510,8 @@ fn every_field_of_a_run_record_survives_the_round_trip() {
     });
     fin.cost_usd = Some(0.5);
     fin.sub_agent_steps = Some(BTreeMap::from([("task-1".to_owned(), 4)]));
+    fin.plugin_source = Some("/opt/plugins/libcodex.so".into());
+    fin.containment = Some("cgroup".into());
     store.finish_run(id, &fin).unwrap();
 
     let back = store.get(id).unwrap().unwrap();

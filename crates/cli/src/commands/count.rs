@@ -91,6 +91,7 @@ fn record(selection: &providers::Selection<'_>, path: &Path, count: &StreamCount
     let meta = RunMeta {
         provider: manifest.name.clone(),
         plugin_version: Some(manifest.version.clone()),
+        plugin_source: Some(selection.source.clone()),
         unit: Some(selection.request.unit.clone()),
         ..RunMeta::default()
     };

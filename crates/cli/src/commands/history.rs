@@ -108,11 +108,13 @@ pub fn show(cli: &Cli, args: &ShowArgs) -> anyhow::Result<ExitCode> {
             num(r.num_turns_computed)
         ),
         format!(
-            "Provider: {} (plugin {}), unit {}",
+            "Provider: {} (plugin {}, {}), unit {}",
             r.provider,
             opt(&r.plugin_version),
+            opt(&r.plugin_source),
             opt(&r.unit)
         ),
+        format!("Containment: {}", opt(&r.containment)),
         format!(
             "Task type: {}, profile {}",
             opt(&r.task_type),

@@ -66,13 +66,14 @@ pub fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
     spec.meta = RunMeta {
         provider: manifest.name.clone(),
         plugin_version: Some(manifest.version.clone()),
+        plugin_source: Some(selection.source.clone()),
         unit: Some(unit.clone()),
         task_type: args.budget.task_type.clone(),
         profile: resolved.profile.clone(),
         cwd: Some(cwd.display().to_string()),
     };
-    spec.grace = args.grace.into();
-    spec.timeout = args.timeout.map(Into::into);
+    spec.grace = args.grace;
+    spec.timeout = args.timeout;
     spec.stdin = match args.stdin {
         StdinMode::Inherit => stepguard_runner::StdinMode::Inherit,
         StdinMode::Null => stepguard_runner::StdinMode::Null,
