@@ -33,6 +33,8 @@ fn redact(v: &mut Value, sb: &Sandbox) {
                 match k.as_str() {
                     "started_at" | "ended_at" if !x.is_null() => *x = "[time]".into(),
                     "duration_ms" if !x.is_null() => *x = "[ms]".into(),
+                    // `cgroup` where stepguard may create one, else `process-walk`.
+                    "containment" if !x.is_null() => *x = "[containment]".into(),
                     _ => redact(x, sb),
                 }
             }

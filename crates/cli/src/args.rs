@@ -86,6 +86,17 @@ pub enum OnLimit {
     Ask,
 }
 
+/// How the agent's processes are contained.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ContainmentArg {
+    /// A cgroup of the run's own when possible, else the process walk.
+    Auto,
+    /// A cgroup of the run's own, or the run does not start (exit 2).
+    Cgroup,
+    /// Process group, subreaper and the /proc walk only.
+    ProcessWalk,
+}
+
 /// Where the agent's standard input comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum StdinMode {
@@ -119,6 +130,11 @@ pub struct RunArgs {
     /// The agent's standard input.
     #[arg(long, value_enum, default_value_t = StdinMode::Inherit)]
     pub stdin: StdinMode,
+    /// How the agent's processes are contained: `auto` (a cgroup v2 of the run's own when
+    /// stepguard may create one, else the process walk), `cgroup` (or refuse to start), or
+    /// `process-walk`.
+    #[arg(long, value_enum, default_value_t = ContainmentArg::Auto, value_name = "HOW")]
+    pub containment: ContainmentArg,
     /// Do not pass the budget to the provider CLI's own limit (e.g. Claude's --max-turns).
     #[arg(long)]
     pub no_native_limit: bool,

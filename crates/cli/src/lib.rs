@@ -20,6 +20,7 @@ pub mod terminal;
 
 use clap::Parser as _;
 use stepguard_core::ExitCode;
+use stepguard_supervisor::guard;
 
 use crate::args::{Cli, Command};
 
@@ -34,6 +35,24 @@ where
     I: IntoIterator<Item = T>,
     T: Into<std::ffi::OsString> + Clone,
 {
+    let argv: Vec<std::ffi::OsString> = argv.into_iter().map(Into::into).collect();
+    // The two helper roles `stepguard run` gives its own binary (see stepguard_supervisor::guard).
+    match argv.get(1).and_then(|a| a.to_str()) {
+        Some(guard::EXEC_ARG) => {
+            let err = guard::exec_agent(&argv[2..]);
+            output::diag("error", format!("cannot start the agent: {err}"));
+            return ExitCode::Usage;
+        }
+        Some(guard::GUARDIAN_ARG) => {
+            if guard::guardian_main(&argv[2..]) {
+                output::note(
+                    "guardian: the supervising stepguard is gone; the run's processes were stopped",
+                );
+            }
+            return ExitCode::Success;
+        }
+        _ => {}
+    }
     let cli = match Cli::try_parse_from(argv) {
         Ok(cli) => cli,
         Err(e) => {

@@ -9,14 +9,20 @@ use std::time::{Duration, Instant, SystemTime};
 use rustix::process::Signal;
 use stepguard_core::verdict::TerminatedBy;
 use stepguard_core::{StepLedger, StepLimit};
-use stepguard_supervisor::{ExitStatus, Reaper, StopReport};
+use stepguard_supervisor::guard::{self, Guardian};
+use stepguard_supervisor::{ExitStatus, Reaper, RunCgroup, StopReport, Tree};
 
 use crate::reader::{ReaderEnd, Resume, StreamReader};
 use crate::report::{Ending, RunReport};
-use crate::spec::{Breach, LimitDecision, Progress, RunObserver, RunSpec, RunStarted, StdinMode};
+use crate::spec::{
+    Breach, Containment, LimitDecision, Progress, RunObserver, RunSpec, RunStarted, StdinMode,
+};
 
 /// Held for the whole of a run: runs in one process take turns (see the crate docs).
 static ONE_RUN_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// How long the run may take to wind down once its tree is stopped.
+const DRAIN: Duration = Duration::from_secs(2);
 
 /// How often the engine wakes when nothing happens (deadline checks, progress ticks).
 const TICK: Duration = Duration::from_millis(200);
@@ -92,7 +98,11 @@ impl Runner {
             mut on_limit,
             output,
             forward_signals,
+            containment,
+            trampoline,
+            plugin_timeout,
         } = spec;
+        let plugin_timeout_ms = u64::try_from(plugin_timeout.as_millis()).unwrap_or(u64::MAX);
         let spec = Labels {
             command,
             budget,
@@ -106,13 +116,46 @@ impl Runner {
         }
         let start = Instant::now();
         let started_at = SystemTime::now();
-        let Some((program, args)) = spec.command.split_first() else {
+        let Some(program) = spec.command.first() else {
             let e = std::io::Error::new(std::io::ErrorKind::InvalidInput, "empty command");
             return finish(spec, Ending::not_started(e, start, started_at), observers);
         };
-        let mut cmd = Command::new(program);
-        cmd.args(args)
-            .stdout(Stdio::piped())
+        let cgroup = match containment {
+            Containment::ProcessWalk => None,
+            Containment::Auto | Containment::Cgroup => match RunCgroup::create() {
+                Ok(cg) => Some(cg),
+                Err(e) if containment == Containment::Cgroup => {
+                    let e = std::io::Error::other(format!("no cgroup for the run ({e})"));
+                    return finish(spec, Ending::not_started(e, start, started_at), observers);
+                }
+                Err(e) => {
+                    tracing::info!("no cgroup for the run ({e}); containing it by process walk");
+                    None
+                }
+            },
+        };
+        let mut cmd = match &trampoline {
+            // The trampoline joins the cgroup and asks for SIGKILL on our death before it
+            // becomes the agent: nothing the agent forks can start outside.
+            Some(binary) => {
+                if let Err(e) = resolve(program) {
+                    return finish(spec, Ending::not_started(e, start, started_at), observers);
+                }
+                let mut cmd = Command::new(binary);
+                cmd.args(guard::exec_args(
+                    std::process::id(),
+                    cgroup.as_ref().map(RunCgroup::path),
+                    &spec.command,
+                ));
+                cmd
+            }
+            None => {
+                let mut cmd = Command::new(program);
+                cmd.args(&spec.command[1..]);
+                cmd
+            }
+        };
+        cmd.stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .stdin(match stdin {
                 StdinMode::Inherit => Stdio::inherit(),
@@ -122,10 +165,32 @@ impl Runner {
             Ok(child) => child,
             Err(e) => return finish(spec, Ending::not_started(e, start, started_at), observers),
         };
+        if trampoline.is_none()
+            && let Some(cg) = &cgroup
+            && let Err(e) = cg.add(child.id())
+        {
+            tracing::warn!("cannot move the agent into its cgroup: {e}");
+        }
         let pgid = child.id();
+        let mut tree = Tree::new(pgid, cgroup);
+        let guardian = trampoline.as_deref().and_then(|binary| {
+            let cg = tree.cgroup().map(RunCgroup::path);
+            match Guardian::spawn(binary, pgid, cg) {
+                Ok(g) => Some(g),
+                Err(e) => {
+                    tracing::warn!("no guardian for the run ({e}): if stepguard is killed, processes the agent started may outlive it");
+                    None
+                }
+            }
+        });
+        if let Some(g) = &guardian {
+            tree.spare(g.pid());
+        }
+        tracing::info!(containment = tree.mechanism().as_str(), "agent started");
         let asks = on_limit.asks();
         let (resume_tx, resume) = mpsc::channel();
         let steps = Arc::new(AtomicU64::new(0));
+        let feeding_since = Arc::new(AtomicU64::new(0));
         let reaper = Reaper::start(pgid, events_tx.clone(), Event::ChildExited);
         let signals = forward_signals
             .then(|| listen_for_signals(events_tx.clone()))
@@ -138,6 +203,7 @@ impl Runner {
             events: events_tx.clone(),
             resume,
             steps: Arc::clone(&steps),
+            feeding_since: Arc::clone(&feeding_since),
             // Nobody will be asked: the reader may signal the group at once.
             term_on_breach: (!asks).then_some(pgid),
         };
@@ -179,7 +245,7 @@ impl Runner {
         }
 
         let mut run = Supervision {
-            pgid,
+            tree: &tree,
             grace,
             limit: spec.budget,
             terminated_by: None,
@@ -193,15 +259,31 @@ impl Runner {
         let deadline = timeout.and_then(|t| start.checked_add(t));
         let mut child_exit: Option<ExitStatus> = None;
         let mut reader_end: Option<ReaderEnd> = None;
+        // Once the tree is stopped (or the agent is gone and its leftovers too), the rest of the
+        // run may take this long: a pipe a survivor holds or a stuck plugin never keeps
+        // stepguard from exiting.
+        let mut drain_until: Option<Instant> = None;
+        let mut abandoned: Option<String> = None;
         while child_exit.is_none() || reader_end.is_none() {
-            let wait = deadline.map_or(TICK, |d| {
-                d.saturating_duration_since(Instant::now()).min(TICK)
-            });
+            if drain_until.is_some_and(|d| Instant::now() >= d) {
+                tracing::warn!(
+                    agent_exited = child_exit.is_some(),
+                    reader_done = reader_end.is_some(),
+                    "the run did not wind down after the stop; not waiting any longer"
+                );
+                break;
+            }
+            let now = Instant::now();
+            let wait = [deadline, drain_until]
+                .into_iter()
+                .flatten()
+                .map(|d| d.saturating_duration_since(now))
+                .fold(TICK, Duration::min);
             match events.recv_timeout(wait) {
                 Ok(Event::Breach { step }) => {
                     run.breached_at.get_or_insert(step);
                     let decision = if asks {
-                        stepguard_supervisor::pause_tree(pgid, true);
+                        tree.pause(true);
                         let d = on_limit.decide(&Breach {
                             step,
                             limit: run.limit,
@@ -229,20 +311,21 @@ impl Runner {
                     if stopping {
                         run.stop(TerminatedBy::Budget, Signal::TERM);
                     } else {
-                        stepguard_supervisor::pause_tree(pgid, false);
+                        tree.pause(false);
                     }
                 }
                 Ok(Event::ChildExited(exit)) => {
                     child_exit = Some(exit);
                     // Nothing the agent started may outlive it; this also closes stdout pipes
                     // that leftover descendants still hold.
-                    let report = stepguard_supervisor::stop_tree(pgid, grace);
+                    let report = tree.stop(Signal::TERM, grace);
                     if report.initial > 0 {
                         tracing::info!(
                             processes = report.initial,
                             "stopped processes the agent left behind"
                         );
                     }
+                    drain_until.get_or_insert(Instant::now() + DRAIN);
                 }
                 Ok(Event::ReaderDone(end)) => {
                     if end.plugin_error.is_some() {
@@ -258,6 +341,20 @@ impl Runner {
                     if deadline.is_some_and(|d| Instant::now() >= d) {
                         run.stop(TerminatedBy::Timeout, Signal::TERM);
                     }
+                    // A plugin call that does not return is abandoned: fail closed.
+                    let since = feeding_since.load(Ordering::Relaxed);
+                    if since > 0
+                        && abandoned.is_none()
+                        && start.elapsed().as_millis() as u64 > since + plugin_timeout_ms
+                    {
+                        let why = format!(
+                            "the provider plugin did not return from a call within {}; abandoned it",
+                            humantime::format_duration(plugin_timeout)
+                        );
+                        tracing::error!("{why}");
+                        abandoned = Some(why);
+                        run.stop(TerminatedBy::Plugin, Signal::TERM);
+                    }
                     let progress = Progress {
                         steps: steps.load(Ordering::Relaxed),
                         limit: run.limit,
@@ -270,15 +367,23 @@ impl Runner {
                 Err(RecvTimeoutError::Disconnected) => break,
             }
         }
+        if run.stop.is_some() {
+            drain_until.get_or_insert(Instant::now());
+        }
         drop(reaper);
+        if let Some(g) = guardian {
+            g.release();
+        }
         if let Some(signals) = signals {
             // Ends the listener thread. The handlers stay installed (doing nothing) for the
             // life of the process: signal-hook never restores the default actions.
             signals.close();
         }
-        if let Some(reader) = reader {
+        // A reader still blocked (a pipe held open, a plugin stuck) is left behind, not joined.
+        if let Some(reader) = reader.filter(|_| reader_end.is_some()) {
             let _ = reader.join();
         }
+        let containment_used = tree.mechanism();
         let ending = Ending {
             started_at,
             duration: start.elapsed(),
@@ -290,14 +395,19 @@ impl Runner {
             breached_at: run.breached_at,
             decisions: run.decisions,
             spawn_error: None,
+            steps_seen: steps.load(Ordering::Relaxed),
+            containment: Some(containment_used.as_str()),
+            abandoned,
         };
+        // Removes the run's cgroup (empty by now).
+        drop(tree);
         finish(spec, ending, observers)
     }
 }
 
 /// The engine's decisions so far.
-struct Supervision {
-    pgid: u32,
+struct Supervision<'t> {
+    tree: &'t Tree,
     grace: Duration,
     limit: StepLimit,
     terminated_by: Option<TerminatedBy>,
@@ -306,7 +416,7 @@ struct Supervision {
     decisions: Vec<LimitDecision>,
 }
 
-impl Supervision {
+impl Supervision<'_> {
     /// Stops the tree once, for the first reason that asked.
     fn stop(&mut self, why: TerminatedBy, first: Signal) {
         if self.terminated_by.is_some() {
@@ -314,7 +424,7 @@ impl Supervision {
         }
         self.terminated_by = Some(why);
         tracing::info!(reason = why.as_str(), "stopping the agent's process tree");
-        let report = stepguard_supervisor::stop_tree_with(self.pgid, first, self.grace);
+        let report = self.tree.stop(first, self.grace);
         tracing::debug!(?report, "process tree stopped");
         self.stop = Some(report);
     }
@@ -353,4 +463,29 @@ fn listen_for_signals(events: Sender<Event>) -> Option<signal_hook::iterator::Ha
         })
         .ok()?;
     Some(handle)
+}
+
+/// Finds `program` as `exec` would (a path, or a name on `PATH`), so that a missing agent is
+/// `spawn_failed` even when a trampoline runs it.
+fn resolve(program: &str) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let runnable = |p: &std::path::Path| {
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    let found = if program.contains('/') {
+        let path = std::path::Path::new(program);
+        if path.exists() && !runnable(path) {
+            return Err(std::io::ErrorKind::PermissionDenied.into());
+        }
+        runnable(path)
+    } else {
+        std::env::var_os("PATH").is_some_and(|paths| {
+            std::env::split_paths(&paths).any(|dir| runnable(&dir.join(program)))
+        })
+    };
+    if found {
+        Ok(())
+    } else {
+        Err(std::io::ErrorKind::NotFound.into())
+    }
 }

@@ -39,6 +39,9 @@ pub(crate) struct StreamReader {
     pub resume: Receiver<Resume>,
     /// Steps begun so far, for progress ticks.
     pub steps: Arc<AtomicU64>,
+    /// When the plugin call under way began (ms since the run's start, plus one), 0 when none
+    /// is: the engine abandons a call that does not return.
+    pub feeding_since: Arc<AtomicU64>,
     /// The process group to SIGTERM the moment a breach is seen (when nobody will be asked).
     pub term_on_breach: Option<u32>,
 }
@@ -53,8 +56,10 @@ impl StreamReader {
             events,
             resume,
             steps,
+            feeding_since,
             term_on_breach,
         } = self;
+        let started = std::time::Instant::now();
         let mut lines = LineSplitter::new(pipe);
         let mut passthrough = true;
         let mut oversized_lines = 0;
@@ -83,7 +88,10 @@ impl StreamReader {
                 StepLimit::Limited(n) => u64::from(n).saturating_sub(ledger.steps()),
                 StepLimit::Unlimited => u64::MAX,
             };
-            let report = match counter.feed_chunk(bytes, allowance) {
+            feeding_since.store(started.elapsed().as_millis() as u64 + 1, Ordering::Relaxed);
+            let fed = counter.feed_chunk(bytes, allowance);
+            feeding_since.store(0, Ordering::Relaxed);
+            let report = match fed {
                 Ok(r) => r,
                 Err(e) => {
                     // Fail closed: an agent we cannot count is an agent we cannot bound.

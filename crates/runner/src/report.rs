@@ -26,6 +26,12 @@ pub(crate) struct Ending {
     pub breached_at: Option<u64>,
     pub decisions: Vec<LimitDecision>,
     pub spawn_error: Option<std::io::Error>,
+    /// Steps the reader had counted (the only count left when it was abandoned).
+    pub steps_seen: u64,
+    /// The containment mechanism used.
+    pub containment: Option<&'static str>,
+    /// Why the engine stopped waiting for a plugin call.
+    pub abandoned: Option<String>,
 }
 
 impl Ending {
@@ -46,6 +52,9 @@ impl Ending {
             breached_at: None,
             decisions: Vec::new(),
             spawn_error: Some(error),
+            steps_seen: 0,
+            containment: None,
+            abandoned: None,
         }
     }
 }
@@ -96,7 +105,14 @@ impl RunReport {
                     end.plugin_error,
                     Some(end.ledger.steps()),
                 ),
-                None => (CounterStats::default(), 0, false, None, None),
+                // The reader was abandoned (a stuck plugin, a pipe held open): what it counted.
+                None => (
+                    CounterStats::default(),
+                    0,
+                    false,
+                    None,
+                    ending.pid.map(|_| ending.steps_seen),
+                ),
             };
         let mut counter_stats = counter_stats;
         counter_stats.noise_lines += oversized_lines;
@@ -151,6 +167,7 @@ impl RunReport {
             ExitStatus::Code(_) => None,
         });
         record.terminated_by = ending.terminated_by.map(|t| t.as_str().to_owned());
+        record.containment = ending.containment.map(str::to_owned);
         record.breached_at_step = ending.breached_at;
         record.on_limit_decisions = ending.decisions.iter().map(|d| d.label()).collect();
         if let Some(e) = &ending.spawn_error {
@@ -163,6 +180,8 @@ impl RunReport {
             record.sub_agent_steps = None;
         } else if let Some(e) = &plugin_error {
             record.message = Some(e.to_string());
+        } else if let Some(why) = &ending.abandoned {
+            record.message = Some(why.clone());
         }
         RunReport {
             record,

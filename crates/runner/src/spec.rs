@@ -18,6 +18,18 @@ pub enum StdinMode {
     Null,
 }
 
+/// How a run's processes are contained.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Containment {
+    /// A cgroup v2 of the run's own when one can be created, else the process walk.
+    #[default]
+    Auto,
+    /// A cgroup of the run's own, or the run does not start.
+    Cgroup,
+    /// Process group, subreaper and the `/proc` walk only.
+    ProcessWalk,
+}
+
 /// Labels of a run that the engine does not need but every record of it carries.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RunMeta {
@@ -64,6 +76,16 @@ pub struct RunSpec {
     /// nothing, so they no longer end it). A short-lived supervisor like `stepguard run` turns
     /// it on; a long-lived host should keep it off and use an [`crate::Interrupter`].
     pub forward_signals: bool,
+    /// How the run's processes are contained.
+    pub containment: Containment,
+    /// A program that acts as the agent's trampoline and as the guardian when given
+    /// [`stepguard_supervisor::guard::EXEC_ARG`] or [`stepguard_supervisor::guard::GUARDIAN_ARG`]
+    /// (`stepguard` itself). Without one the agent is moved into its cgroup just after it
+    /// starts (a fork in that instant stays outside), it does not die with this process, and
+    /// no guardian stops the run if this process is killed.
+    pub trampoline: Option<std::path::PathBuf>,
+    /// A plugin call that does not return within this is abandoned and the run stopped.
+    pub plugin_timeout: Duration,
 }
 
 impl RunSpec {
@@ -82,6 +104,9 @@ impl RunSpec {
             on_limit: Box::new(StopAtLimit),
             output: Box::new(std::io::stdout()),
             forward_signals: false,
+            containment: Containment::Auto,
+            trampoline: None,
+            plugin_timeout: Duration::from_secs(10),
         }
     }
 }

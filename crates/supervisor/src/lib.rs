@@ -1,19 +1,26 @@
-//! Runs an agent CLI as a supervised process tree and stops every descendant on demand.
+//! Runs an agent CLI as a contained process tree and stops every process of it on demand.
 //!
 //! Agent CLIs are hard to stop: Codex runs each tool command in its own session (setsid and a
-//! pseudo-terminal), outside its process group, so signalling the group leaves `sleep 300`
-//! running. This crate therefore:
+//! pseudo-terminal), outside its process group, and a tool call can run anything (double forks,
+//! PID hoppers, a main thread that exits while a worker runs on). This crate therefore:
 //!
-//! * makes the supervisor a child subreaper ([`become_subreaper`]), so orphans of the agent are
-//!   reparented to it rather than to init and stay findable;
-//! * starts the agent in its own process group ([`spawn_in_group`]);
-//! * finds every live descendant by walking `/proc` ([`descendants`]);
-//! * stops the tree ([`stop_tree`]): SIGTERM to the group and to every descendant, a grace
-//!   period, then SIGKILL, repeated until nothing is left;
+//! * puts the run in a cgroup v2 of its own when it may create one ([`RunCgroup`]: root, or a
+//!   delegated subtree), so that `cgroup.kill` stops every process of the run at once, whatever
+//!   it did to its session, group or threads;
+//! * makes the supervisor a child subreaper ([`become_subreaper`]) and starts the agent in its
+//!   own process group ([`spawn_in_group`]), so that the fallback walk of `/proc` finds every
+//!   descendant, orphans included;
+//! * stops a run's [`Tree`]: SIGTERM to the group and every process, a grace period, then (the
+//!   walk freezing everything it finds with SIGSTOP first) SIGKILL, until several scans in a row
+//!   find nothing; a zombie whose threads still run counts as alive;
+//! * plays two small programs from the supervisor's own binary: the agent's trampoline
+//!   ([`guard::exec_agent`]: `PR_SET_PDEATHSIG`, join the cgroup, exec) and the guardian
+//!   ([`guard::guardian_main`]: in a session of its own, it stops the run when the supervisor is
+//!   gone, however it went);
 //! * reaps every child it inherits ([`Reaper`], one thread per process however many runs),
 //!   reporting each run's agent exit to that run.
 //!
-//! Linux only (`/proc`, `PR_SET_CHILD_SUBREAPER`).
+//! Linux only (`/proc`, cgroup v2, `PR_SET_CHILD_SUBREAPER`).
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -23,19 +30,30 @@
 //! ```
 #![forbid(unsafe_code)]
 
-use std::collections::{HashMap, VecDeque};
+mod cgroup;
+pub mod guard;
+mod reaper;
+mod walk;
+
+
+use std::collections::HashSet;
 use std::io;
 use std::os::unix::process::CommandExt as _;
 use std::process::{Child, Command};
-use std::sync::mpsc::Sender;
-use std::sync::{LazyLock, Mutex};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use rustix::process::{Pid, Signal, WaitOptions};
+use rustix::process::{Pid, Signal};
+
+pub use cgroup::RunCgroup;
+pub use reaper::Reaper;
 
 /// How often the tree is re-examined while it is being stopped.
 const POLL: Duration = Duration::from_millis(5);
+/// Empty scans in a row, [`POLL`] apart, before a tree counts as gone: one empty scan can fall
+/// between a fork and the parent's exit.
+const EMPTY_SCANS: usize = 3;
+/// How long the kill phase keeps at it before reporting survivors.
+const KILL_FOR: Duration = Duration::from_secs(2);
 
 /// How a process ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,282 +88,261 @@ fn pid(raw: u32) -> Option<Pid> {
     i32::try_from(raw).ok().and_then(Pid::from_raw)
 }
 
-/// One line of `/proc/PID/stat`: (pid, state, ppid). The command name may hold spaces and
-/// parentheses, so the fields are read after the last `)`.
-fn parse_stat(stat: &str) -> Option<(u32, char, u32)> {
-    let pid = stat.split_whitespace().next()?.parse().ok()?;
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let mut fields = rest.split_whitespace();
-    let state = fields.next()?.chars().next()?;
-    let ppid = fields.next()?.parse().ok()?;
-    Some((pid, state, ppid))
-}
-
-/// Returns every live (non-zombie) descendant of `root`, found by walking `/proc`.
+/// Returns every live descendant of `root`, found by walking `/proc` (a zombie whose threads
+/// still run is live).
 pub fn descendants(root: u32) -> Vec<u32> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    let mut children: HashMap<u32, Vec<(u32, bool)>> = HashMap::new();
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let Some(name) = name
-            .to_str()
-            .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
-        else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{name}/stat")) else {
-            continue;
-        };
-        if let Some((pid, state, ppid)) = parse_stat(&stat) {
-            children
-                .entry(ppid)
-                .or_default()
-                .push((pid, state != 'Z' && state != 'X'));
-        }
-    }
-    let mut out = Vec::new();
-    let mut stack = vec![root];
-    while let Some(p) = stack.pop() {
-        for &(child, alive) in children.get(&p).map(Vec::as_slice).unwrap_or_default() {
-            if alive {
-                out.push(child);
-            }
-            stack.push(child);
-        }
-    }
-    out
+    walk::scan(root).into_iter().map(|p| p.pid).collect()
 }
 
-/// Sends `signal` to the process group `pgid` and to every descendant of this process; returns
-/// how many processes were signalled individually.
-pub fn signal_tree(pgid: u32, signal: Signal) -> usize {
-    if let Some(g) = pid(pgid) {
-        // The group may already be gone; individual descendants are handled below.
-        let _ = rustix::process::kill_process_group(g, signal);
-    }
-    let me = std::process::id();
-    let mut sent = 0;
-    for p in descendants(me) {
-        if let Some(p) = pid(p)
-            && rustix::process::kill_process(p, signal).is_ok()
-        {
-            sent += 1;
+/// How a run's processes are contained.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mechanism {
+    /// A cgroup v2 of the run's own, plus the walk.
+    Cgroup,
+    /// Process group, subreaper and the `/proc` walk only.
+    ProcessWalk,
+}
+
+impl Mechanism {
+    /// Returns the name the run record uses: `cgroup` or `process-walk`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Mechanism::Cgroup => "cgroup",
+            Mechanism::ProcessWalk => "process-walk",
         }
     }
-    sent
 }
 
 /// What stopping a tree took.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StopReport {
-    /// Live descendants when the stop began.
+    /// Live processes when the stop began.
     pub initial: usize,
     /// True when SIGKILL was needed after the grace period.
     pub killed: bool,
-    /// Descendants still alive at the end (0 unless something is unkillable).
+    /// Processes still alive at the end (0 unless something is unkillable).
     pub survivors: usize,
     /// How long it took.
     pub elapsed: Duration,
 }
 
-/// Stops every descendant of this process: SIGTERM to the group `pgid` and each descendant,
-/// then, after `grace`, SIGKILL, repeated until none is left (or a bounded number of rounds).
-///
-/// Processes that are stopped (SIGSTOP) are continued after SIGTERM so that they can act on it.
+/// One run's processes: the agent's process group, every descendant of this process (it is
+/// their subreaper) and, when there is one, the run's cgroup. Processes in `spared` (the
+/// guardian) are never signalled.
+#[derive(Debug)]
+pub struct Tree {
+    pgid: u32,
+    cgroup: Option<RunCgroup>,
+    spared: Vec<u32>,
+}
+
+impl Tree {
+    /// The tree of the agent leading process group `pgid`, contained by `cgroup` if any.
+    pub fn new(pgid: u32, cgroup: Option<RunCgroup>) -> Self {
+        Tree {
+            pgid,
+            cgroup,
+            spared: Vec::new(),
+        }
+    }
+
+    /// Never signals `pid` (a helper of the supervisor's own, such as the guardian).
+    pub fn spare(&mut self, pid: u32) {
+        self.spared.push(pid);
+    }
+
+    /// The run's cgroup, when it has one.
+    pub fn cgroup(&self) -> Option<&RunCgroup> {
+        self.cgroup.as_ref()
+    }
+
+    /// How the tree is contained.
+    pub fn mechanism(&self) -> Mechanism {
+        if self.cgroup.is_some() {
+            Mechanism::Cgroup
+        } else {
+            Mechanism::ProcessWalk
+        }
+    }
+
+    /// Every live process of the run: descendants of this process and the cgroup's members.
+    fn members(&self) -> Vec<walk::Proc> {
+        self.scan().descendants
+    }
+
+    /// Walks `/proc` for the run's processes (spared ones left out, cgroup members added).
+    fn scan(&self) -> walk::Scan {
+        let mut scan = walk::scan_all(std::process::id());
+        scan.descendants.retain(|p| !self.spared.contains(&p.pid));
+        let found = &mut scan.descendants;
+        if let Some(cg) = &self.cgroup {
+            for pid in cg.pids() {
+                if !found.iter().any(|p| p.pid == pid) {
+                    let pgid = walk::pgid_of(pid).unwrap_or(0);
+                    found.push(walk::Proc { pid, pgid });
+                }
+            }
+        }
+        scan
+    }
+
+    /// Signals the agent's group, then each of `procs` and each of their process groups (a PID
+    /// hopper keeps its group while its pid changes), never a group that has a member outside
+    /// the run (this process's own, or a shell's a descendant joined).
+    fn signal(&self, procs: &[walk::Proc], foreign: &HashSet<u32>, signal: Signal) {
+        let own_group = rustix::process::getpgrp().as_raw_pid() as u32;
+        let mut groups: HashSet<u32> = HashSet::from([self.pgid]);
+        for p in procs {
+            if let Some(pid) = pid(p.pid) {
+                let _ = rustix::process::kill_process(pid, signal);
+            }
+            groups.insert(p.pgid);
+        }
+        for g in groups {
+            if g != own_group
+                && g != 0
+                && !foreign.contains(&g)
+                && !self.spared.contains(&g)
+                && let Some(g) = pid(g)
+            {
+                let _ = rustix::process::kill_process_group(g, signal);
+            }
+        }
+    }
+
+    /// Scans and signals everything found; returns what was found.
+    fn signal_all(&self, signal: Signal) -> Vec<walk::Proc> {
+        let scan = self.scan();
+        self.signal(&scan.descendants, &scan.foreign_groups, signal);
+        scan.descendants
+    }
+
+    /// Returns true when [`EMPTY_SCANS`] scans in a row find no process of the run.
+    fn gone(&self) -> bool {
+        for i in 0..EMPTY_SCANS {
+            let populated = self.cgroup.as_ref().is_some_and(RunCgroup::populated);
+            if populated || !self.members().is_empty() {
+                return false;
+            }
+            if i + 1 < EMPTY_SCANS {
+                std::thread::sleep(POLL);
+            }
+        }
+        true
+    }
+
+    /// Sends SIGTERM to the agent's group only: the fastest first move, safe from any thread;
+    /// a full [`Tree::stop`] should follow.
+    pub fn term_group(&self) {
+        term_group(self.pgid);
+    }
+
+    /// Pauses (SIGSTOP) or resumes (SIGCONT) every process of the run.
+    pub fn pause(&self, pause: bool) {
+        self.signal_all(if pause { Signal::STOP } else { Signal::CONT });
+    }
+
+    /// Stops every process of the run: `first` (SIGTERM, or a forwarded signal) and SIGCONT to
+    /// all, `grace` to exit, then SIGKILL (the cgroup at once; the walk freezing all it finds
+    /// with SIGSTOP first, until a scan finds nothing new), repeated until the run is gone.
+    pub fn stop(&self, first: Signal, grace: Duration) -> StopReport {
+        let start = Instant::now();
+        // Signal the group before anything else: this is the latency users feel.
+        term_or(self.pgid, first);
+        let scan = self.scan();
+        let initial = scan.descendants.len();
+        self.signal(&scan.descendants, &scan.foreign_groups, first);
+        self.signal(&scan.descendants, &scan.foreign_groups, Signal::CONT);
+        let mut told: HashSet<u32> = scan.descendants.iter().map(|p| p.pid).collect();
+        let deadline = start + grace;
+        while Instant::now() < deadline {
+            if self.gone() {
+                return StopReport {
+                    initial,
+                    killed: false,
+                    survivors: 0,
+                    elapsed: start.elapsed(),
+                };
+            }
+            // Processes that appeared since are told once too.
+            let scan = self.scan();
+            let late: Vec<walk::Proc> = scan
+                .descendants
+                .into_iter()
+                .filter(|p| told.insert(p.pid))
+                .collect();
+            self.signal(&late, &scan.foreign_groups, first);
+            self.signal(&late, &scan.foreign_groups, Signal::CONT);
+            std::thread::sleep(POLL);
+        }
+        if let Some(cg) = &self.cgroup {
+            let _ = cg.kill();
+        }
+        // Freeze: nothing stopped can fork, so repeated scans converge.
+        let mut frozen: HashSet<u32> = HashSet::new();
+        for _ in 0..50 {
+            let scan = self.scan();
+            let fresh: Vec<walk::Proc> = scan
+                .descendants
+                .into_iter()
+                .filter(|p| !frozen.contains(&p.pid))
+                .collect();
+            if fresh.is_empty() {
+                break;
+            }
+            self.signal(&fresh, &scan.foreign_groups, Signal::STOP);
+            frozen.extend(fresh.iter().map(|p| p.pid));
+        }
+        let kill_until = Instant::now() + KILL_FOR;
+        loop {
+            self.signal_all(Signal::KILL);
+            if let Some(cg) = &self.cgroup {
+                let _ = cg.kill();
+            }
+            if self.gone() || Instant::now() >= kill_until {
+                break;
+            }
+            std::thread::sleep(POLL);
+        }
+        StopReport {
+            initial,
+            killed: true,
+            survivors: self.members().len(),
+            elapsed: start.elapsed(),
+        }
+    }
+}
+
+fn term_or(pgid: u32, signal: Signal) {
+    if let Some(g) = pid(pgid) {
+        let _ = rustix::process::kill_process_group(g, signal);
+    }
+}
+
+/// Stops every descendant of this process and the group `pgid` (no cgroup): see [`Tree::stop`].
 pub fn stop_tree(pgid: u32, grace: Duration) -> StopReport {
     stop_tree_with(pgid, Signal::TERM, grace)
 }
 
 /// Like [`stop_tree`], but starts with `first` (e.g. a forwarded SIGINT) instead of SIGTERM.
 pub fn stop_tree_with(pgid: u32, first: Signal, grace: Duration) -> StopReport {
-    let start = Instant::now();
-    let me = std::process::id();
-    // Signal the group before anything else: this is the latency users feel. Walking /proc for
-    // the descendants outside the group comes right after.
-    if let Some(g) = pid(pgid) {
-        let _ = rustix::process::kill_process_group(g, first);
-    }
-    let initial = descendants(me).len();
-    signal_tree(pgid, first);
-    signal_tree(pgid, Signal::CONT);
-    let deadline = start + grace;
-    while Instant::now() < deadline {
-        if descendants(me).is_empty() {
-            return StopReport {
-                initial,
-                killed: false,
-                survivors: 0,
-                elapsed: start.elapsed(),
-            };
-        }
-        std::thread::sleep(POLL);
-    }
-    let mut killed = false;
-    for _ in 0..200 {
-        if descendants(me).is_empty() {
-            break;
-        }
-        killed = true;
-        signal_tree(pgid, Signal::KILL);
-        std::thread::sleep(POLL);
-    }
-    StopReport {
-        initial,
-        killed,
-        survivors: descendants(me).len(),
-        elapsed: start.elapsed(),
-    }
+    Tree::new(pgid, None).stop(first, grace)
 }
 
 /// Sends SIGTERM to the process group only: the fastest first move, safe from any thread; a
-/// full [`stop_tree`] should follow.
+/// full stop should follow.
 pub fn term_group(pgid: u32) {
-    if let Some(g) = pid(pgid) {
-        let _ = rustix::process::kill_process_group(g, Signal::TERM);
-    }
+    term_or(pgid, Signal::TERM);
 }
 
-/// Pauses (SIGSTOP) or resumes (SIGCONT) the whole tree.
+/// Pauses (SIGSTOP) or resumes (SIGCONT) the group `pgid` and every descendant.
 pub fn pause_tree(pgid: u32, pause: bool) {
-    signal_tree(pgid, if pause { Signal::STOP } else { Signal::CONT });
-}
-
-/// What the process-wide reaper knows: who waits for which child, and exits nobody claimed yet.
-#[derive(Default)]
-struct Reaping {
-    /// Exit callbacks of the children runs are watching, by pid.
-    watched: HashMap<u32, Box<dyn FnOnce(ExitStatus) + Send>>,
-    /// Recent exits of children nobody watched (yet): a child may exit before its run registers.
-    unclaimed: VecDeque<(u32, ExitStatus)>,
-    /// Live [`Reaper`]s; the thread ends when none is left.
-    active: usize,
-    /// The reaping thread, while it runs.
-    thread: Option<JoinHandle<()>>,
-}
-
-/// How many unclaimed exits are remembered (orphans of finished runs mostly).
-const UNCLAIMED: usize = 1024;
-
-static REAPING: LazyLock<Mutex<Reaping>> = LazyLock::new(Mutex::default);
-
-fn reaping() -> std::sync::MutexGuard<'static, Reaping> {
-    REAPING.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Reports the exit of one child while one thread per process reaps every child (orphans
-/// reparented to a subreaper included), so that two reapers never take each other's exits.
-///
-/// From the first `Reaper`'s start until the last one is dropped (which waits for the thread to
-/// end), every child of the process is reaped by it: a host that also spawns and waits for its
-/// own children should not do so meanwhile.
-pub struct Reaper {
-    watched: u32,
-}
-
-impl Reaper {
-    /// Starts watching `watched`; sends `on_exit(status)` once when it exits.
-    pub fn start<T: Send + 'static>(
-        watched: u32,
-        events: Sender<T>,
-        on_exit: fn(ExitStatus) -> T,
-    ) -> Self {
-        let notify = move |status| {
-            let _ = events.send(on_exit(status));
-        };
-        let mut state = reaping();
-        state.active += 1;
-        let early = state.unclaimed.iter().rposition(|(p, _)| *p == watched);
-        match early.and_then(|i| state.unclaimed.remove(i)) {
-            // It exited (and was reaped) before it was watched: its pid is free. An entry for a
-            // pid that is alive belonged to an earlier process that had the same pid.
-            Some((_, status)) if !std::path::Path::new(&format!("/proc/{watched}")).exists() => {
-                notify(status);
-            }
-            _ => {
-                state.watched.insert(watched, Box::new(notify));
-            }
-        }
-        if state.thread.is_none() {
-            state.thread = std::thread::Builder::new()
-                .name("stepguard-reaper".into())
-                .spawn(reap)
-                .ok();
-        }
-        Reaper { watched }
-    }
-}
-
-/// The reaping thread: collects every exit, tells whoever watches it, ends with the last Reaper.
-fn reap() {
-    loop {
-        match rustix::process::wait(WaitOptions::NOHANG) {
-            Ok(Some((p, status))) => {
-                let status = match (status.exit_status(), status.terminating_signal()) {
-                    (Some(code), _) => ExitStatus::Code(code),
-                    (None, Some(sig)) => ExitStatus::Signal(sig),
-                    (None, None) => continue,
-                };
-                let pid = p.as_raw_pid() as u32;
-                let mut state = reaping();
-                match state.watched.remove(&pid) {
-                    Some(notify) => {
-                        drop(state);
-                        notify(status);
-                    }
-                    None => {
-                        tracing::debug!(pid, ?status, "reaped a descendant");
-                        if state.unclaimed.len() == UNCLAIMED {
-                            state.unclaimed.pop_front();
-                        }
-                        state.unclaimed.push_back((pid, status));
-                    }
-                }
-            }
-            // Nothing to reap right now (or no children at all yet/any more). Exit detection is
-            // not on the enforcement path, so a few ms is plenty.
-            Ok(None) | Err(_) => {
-                let state = reaping();
-                if state.active == 0 {
-                    return;
-                }
-                drop(state);
-                std::thread::sleep(Duration::from_millis(5));
-            }
-        }
-    }
-}
-
-impl Drop for Reaper {
-    /// Stops watching; the last one also ends the thread (waiting for it) and forgets the exits
-    /// nobody claimed, so nothing is reaped behind the host's back once no run goes on.
-    fn drop(&mut self) {
-        let mut state = reaping();
-        state.active = state.active.saturating_sub(1);
-        state.watched.remove(&self.watched);
-        if state.active > 0 {
-            return;
-        }
-        state.unclaimed.clear();
-        let thread = state.thread.take();
-        drop(state);
-        if let Some(thread) = thread {
-            let _ = thread.join();
-        }
-    }
+    Tree::new(pgid, None).pause(pause);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn stat_lines_with_odd_command_names() {
-        assert_eq!(parse_stat("42 (sleep) S 7 42 42 0"), Some((42, 'S', 7)));
-        assert_eq!(parse_stat("43 (a) b (c) Z 9 1"), Some((43, 'Z', 9)));
-        assert_eq!(parse_stat("garbage"), None);
-    }
 
     #[test]
     fn exit_status_shell_codes() {

@@ -5,9 +5,11 @@
 use std::io::{self, IsTerminal as _};
 
 use stepguard_core::{ExitCode, budget};
-use stepguard_runner::{LimitPolicy, RunMeta, RunObserver, RunSpec, Runner, StopAtLimit};
+use stepguard_runner::{
+    Containment, LimitPolicy, RunMeta, RunObserver, RunSpec, Runner, StopAtLimit,
+};
 
-use crate::args::{Cli, OnLimit, RunArgs, StdinMode};
+use crate::args::{Cli, ContainmentArg, OnLimit, RunArgs, StdinMode};
 use crate::recording::{HistoryRecorder, SummaryFile};
 use crate::terminal::{AskOnTerminal, StatusLine};
 use crate::{output, providers, settings};
@@ -22,7 +24,7 @@ pub fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
     for w in &resolved.warnings {
         output::diag("warning", w);
     }
-    let registry = providers::load_registry(&cli.plugin_dir);
+    let registry = providers::load_registry(&cli.plugin_dir, cli.allow_override);
     let selection = providers::select(
         &registry,
         &args.provider,
@@ -82,6 +84,13 @@ pub fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
     spec.output = status.passthrough();
     // SIGINT, SIGTERM and SIGHUP stop the agent's tree (exit 130); stepguard exits right after.
     spec.forward_signals = true;
+    spec.containment = match args.containment {
+        ContainmentArg::Auto => Containment::Auto,
+        ContainmentArg::Cgroup => Containment::Cgroup,
+        ContainmentArg::ProcessWalk => Containment::ProcessWalk,
+    };
+    // stepguard's own binary is the agent's trampoline and the run's guardian.
+    spec.trampoline = std::env::current_exe().ok();
 
     let db = (!args.no_record).then(|| {
         stepguard_store::default_location(cli.db.as_deref(), config.project_dir().as_deref(), &cwd)
@@ -91,8 +100,9 @@ pub fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
     let observers: &mut [&mut dyn RunObserver] = &mut [&mut status, &mut recorder, &mut summary];
     let report = Runner::new(spec).run(observers);
 
-    if (report.spawn_error.is_some() || report.plugin_error.is_some())
-        && let Some(message) = &report.record.message
+    let failed_itself = report.spawn_error.is_some()
+        || report.terminated_by == Some(stepguard_core::verdict::TerminatedBy::Plugin);
+    if failed_itself && let Some(message) = &report.record.message
     {
         output::diag("error", message);
     }

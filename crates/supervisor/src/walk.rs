@@ -1,0 +1,131 @@
+//! Finding a tree's processes by walking `/proc`: descendants by parent pid, with their process
+//! groups, where a zombie whose threads still run counts as alive.
+
+use std::collections::HashMap;
+
+/// One live process found in `/proc`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Proc {
+    pub pid: u32,
+    pub pgid: u32,
+}
+
+/// One line of `/proc/PID/stat`: (pid, state, ppid, pgid). The command name may hold spaces and
+/// parentheses, so the fields are read after the last `)`.
+pub(crate) fn parse_stat(stat: &str) -> Option<(u32, char, u32, u32)> {
+    let pid = stat.split_whitespace().next()?.parse().ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    let ppid = fields.next()?.parse().ok()?;
+    let pgid = fields.next()?.parse().ok()?;
+    Some((pid, state, ppid, pgid))
+}
+
+/// Returns true when a process in `state` is alive. A zombie thread-group leader whose other
+/// threads still run (`pthread_exit` in `main`) is alive: signals to its pid still reach them.
+fn is_alive(pid: u32, state: char) -> bool {
+    if state != 'Z' && state != 'X' {
+        return true;
+    }
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().any(|task| {
+        std::fs::read_to_string(task.path().join("stat"))
+            .ok()
+            .and_then(|s| parse_stat(&s))
+            .is_some_and(|(_, state, _, _)| state != 'Z' && state != 'X')
+    })
+}
+
+/// Every live descendant of a root, and the process groups of everyone else.
+#[derive(Debug, Default)]
+pub(crate) struct Scan {
+    pub descendants: Vec<Proc>,
+    /// Groups with a live member that is not a descendant: never signalled as a group (a
+    /// descendant may join a group of its session, e.g. the user's shell's).
+    pub foreign_groups: std::collections::HashSet<u32>,
+}
+
+/// Returns every live descendant of `root`, with its process group.
+pub(crate) fn scan(root: u32) -> Vec<Proc> {
+    scan_all(root).descendants
+}
+
+/// Walks `/proc` once: the descendants of `root` and the groups of all other processes.
+pub(crate) fn scan_all(root: u32) -> Scan {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Scan::default();
+    };
+    let mut children: HashMap<u32, Vec<(Proc, bool)>> = HashMap::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(name) = name
+            .to_str()
+            .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{name}/stat")) else {
+            continue;
+        };
+        if let Some((pid, state, ppid, pgid)) = parse_stat(&stat) {
+            children
+                .entry(ppid)
+                .or_default()
+                .push((Proc { pid, pgid }, is_alive(pid, state)));
+        }
+    }
+    let mut out = Vec::new();
+    let mut stack = vec![root];
+    let mut seen = std::collections::HashSet::new();
+    while let Some(p) = stack.pop() {
+        for &(child, alive) in children.get(&p).map(Vec::as_slice).unwrap_or_default() {
+            if alive {
+                out.push(child);
+            }
+            seen.insert(child.pid);
+            stack.push(child.pid);
+        }
+    }
+    let foreign_groups = children
+        .values()
+        .flatten()
+        .filter(|(p, alive)| *alive && !seen.contains(&p.pid))
+        .map(|(p, _)| p.pgid)
+        .collect();
+    Scan {
+        descendants: out,
+        foreign_groups,
+    }
+}
+
+/// Returns the process group of `pid`, when it lives.
+pub(crate) fn pgid_of(pid: u32) -> Option<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| parse_stat(&s))
+        .map(|(_, _, _, pgid)| pgid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_lines_with_odd_command_names() {
+        assert_eq!(
+            parse_stat("42 (sleep) S 7 42 42 0"),
+            Some((42, 'S', 7, 42))
+        );
+        assert_eq!(parse_stat("43 (a) b (c) Z 9 1 1"), Some((43, 'Z', 9, 1)));
+        assert_eq!(parse_stat("garbage"), None);
+    }
+
+    #[test]
+    fn this_process_is_alive_and_a_missing_one_is_not() {
+        assert!(is_alive(std::process::id(), 'S'));
+        assert!(!is_alive(u32::MAX, 'Z'));
+    }
+}
