@@ -83,6 +83,10 @@ fn config_precedence_flag_env_file_default() {
         json!({
             "max_steps": 50, "source": "default", "source_file": null, "profile": null,
             "task_type": null, "provider": null, "config_files": [], "provider_options": {},
+            "policy": {
+                "files": [], "max_steps_ceiling": null, "units": {},
+                "allow_plugin_override": {"value": false, "source_file": null, "key": null}
+            },
             "warnings": []
         })
     );
@@ -336,5 +340,330 @@ fn validate_asks_plugins_about_provider_options_and_units() {
              warning: {file}: opencod.x: options for a provider that is not available: unknown provider `opencod`; available providers: claude, codex, gemini\n\
              1 file checked: 2 errors, 1 warning\n"
         )
+    );
+}
+
+/// A sandbox whose system file is inside it (absent unless written), so the host's
+/// /etc/stepguard/stepguard.toml never leaks in.
+fn policy_env(sb: &Sandbox) -> (String, Vec<(&'static str, String)>) {
+    let system = sb.root().join("etc/stepguard.toml").display().to_string();
+    (system.clone(), vec![("STEPGUARD_SYSTEM_CONFIG", system)])
+}
+
+fn run_with(sb: &Sandbox, args: &[&str], env: &[(&'static str, String)]) -> crate::harness::Run {
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    sb.run_env(args, &env)
+}
+
+#[test]
+fn policy_ceiling_in_the_user_file_cannot_be_raised_by_project_flags_env_or_unlimited() {
+    let sb = Sandbox::new();
+    sb.write("project/stepguard.toml", "max_steps = 500\n");
+    sb.write(
+        "xdg-config/stepguard/stepguard.toml",
+        "[policy]\nmax_steps_ceiling = 80\n",
+    );
+    let (_, env) = policy_env(&sb);
+    let user = sb.user_config().display().to_string();
+    let project = sb.project().join("stepguard.toml").display().to_string();
+    let policy_source = format!("policy max_steps_ceiling ({user})");
+
+    let run = run_with(&sb, &["config", "--json"], &env);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let v = run.json();
+    assert_eq!(v["max_steps"], 80);
+    assert_eq!(v["source"], json!(policy_source));
+    assert_eq!(v["source_file"], json!(user));
+    assert_eq!(
+        v["policy"]["max_steps_ceiling"],
+        json!({"value": 80, "source_file": user, "key": "policy.max_steps_ceiling"})
+    );
+    assert_eq!(v["policy"]["files"], json!([user]));
+    assert_eq!(
+        v["warnings"],
+        json!([format!(
+            "{project}: max_steps asks for 500 steps, above the policy ceiling of 80 set in \
+             {user}: policy.max_steps_ceiling; using 80"
+        )])
+    );
+
+    for (args, extra, asked) in [
+        (
+            vec!["--max-steps", "1000"],
+            None,
+            "--max-steps asks for 1000 steps",
+        ),
+        (
+            vec!["--max-steps", "unlimited"],
+            None,
+            "--max-steps asks for unlimited steps",
+        ),
+        (
+            vec![],
+            Some(("STEPGUARD_MAX_STEPS", "unlimited")),
+            "env STEPGUARD_MAX_STEPS asks for unlimited steps",
+        ),
+        (
+            vec!["--profile", "yolo"],
+            None,
+            "profile yolo asks for 250 steps",
+        ),
+    ] {
+        let mut env = env.clone();
+        env.extend(extra.map(|(k, v)| (k, v.to_owned())));
+        let mut argv = vec!["config", "--json"];
+        argv.extend(&args);
+        let run = run_with(&sb, &argv, &env);
+        assert_eq!(run.code, Some(0), "{args:?}: {}", run.stderr);
+        let v = run.json();
+        assert_eq!(v["max_steps"], 80, "{args:?}");
+        assert_eq!(v["source"], json!(policy_source), "{args:?}");
+        let warnings = v["warnings"].to_string();
+        assert!(
+            warnings.contains(asked) && warnings.contains("using 80"),
+            "{args:?}: {warnings}"
+        );
+    }
+
+    // The text form says the same, and `unlimited` in the project file is bounded too.
+    sb.write("project/stepguard.toml", "max_steps = \"unlimited\"\n");
+    let run = run_with(&sb, &["config"], &env);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert!(
+        run.stdout
+            .starts_with(&format!("max_steps: 80 (from {policy_source})\n")),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        run.stdout.contains(&format!(
+            "policy:\n  max_steps_ceiling = 80 (from {user}: policy.max_steps_ceiling)\n"
+        )),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        run.stderr
+            .contains("asks for unlimited steps, above the policy ceiling of 80"),
+        "{}",
+        run.stderr
+    );
+}
+
+#[test]
+fn policy_ceiling_lets_budgets_be_tightened() {
+    let sb = Sandbox::new();
+    sb.write(
+        "xdg-config/stepguard/stepguard.toml",
+        "[policy]\nmax_steps_ceiling = 80\n",
+    );
+    let (_, env) = policy_env(&sb);
+    let v = run_with(&sb, &["config", "--json", "--max-steps", "10"], &env).json();
+    assert_eq!(
+        (v["max_steps"].clone(), v["source"].clone()),
+        (json!(10), json!("--max-steps"))
+    );
+    assert_eq!(v["warnings"], json!([]));
+    let v = run_with(&sb, &["config", "--json", "--profile", "strict"], &env).json();
+    assert_eq!(
+        (v["max_steps"].clone(), v["source"].clone()),
+        (json!(15), json!("profile strict"))
+    );
+    // The default (50) is under 80 and stays the default.
+    let v = run_with(&sb, &["config", "--json"], &env).json();
+    assert_eq!(
+        (v["max_steps"].clone(), v["source"].clone()),
+        (json!(50), json!("default"))
+    );
+}
+
+#[test]
+fn policy_in_a_project_file_is_ignored_with_a_warning() {
+    let sb = Sandbox::new();
+    sb.write(
+        "project/stepguard.toml",
+        "max_steps = 500\n[policy]\nmax_steps_ceiling = 5\n",
+    );
+    let (_, env) = policy_env(&sb);
+    let project = sb.project().join("stepguard.toml").display().to_string();
+    let warning = format!(
+        "{project}: policy: [policy] in a project file is ignored; set policy in the user or \
+         system file or STEPGUARD_POLICY"
+    );
+    let run = run_with(&sb, &["config", "--json"], &env);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let v = run.json();
+    assert_eq!(v["max_steps"], 500);
+    assert_eq!(v["policy"]["max_steps_ceiling"], json!(null));
+    assert_eq!(v["warnings"], json!([format!("warning: {warning}")]));
+    let run = run_with(&sb, &["config"], &env);
+    assert!(
+        run.stderr
+            .contains(&format!("stepguard: warning: {warning}")),
+        "{}",
+        run.stderr
+    );
+    assert!(run.stdout.contains("policy: none\n"), "{}", run.stdout);
+    // `--config` names a project file too.
+    let run = run_with(&sb, &["--config", &project, "config", "--json"], &env);
+    assert_eq!(run.json()["max_steps"], 500);
+    let run = run_with(&sb, &["validate"], &env);
+    assert_eq!(run.code, Some(0), "{}", run.stdout);
+    assert!(
+        run.stdout.contains(&format!("warning: {warning}")),
+        "{}",
+        run.stdout
+    );
+    assert_eq!(run_with(&sb, &["validate", "--strict"], &env).code, Some(2));
+}
+
+#[test]
+fn stepguard_policy_names_a_file_of_which_only_the_policy_counts() {
+    let sb = sandbox();
+    let policy = sb.write(
+        "ci/policy.toml",
+        "max_steps = 1\n[policy]\nmax_steps_ceiling = 30\n[policy.codex]\nmax_steps_unit = \"item\"\n",
+    );
+    let policy = policy.display().to_string();
+    let (_, mut env) = policy_env(&sb);
+    env.push(("STEPGUARD_POLICY", policy.clone()));
+    let run = run_with(
+        &sb,
+        &[
+            "config",
+            "--json",
+            "--provider",
+            "codex",
+            "--max-steps",
+            "40",
+        ],
+        &env,
+    );
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let v = run.json();
+    assert_eq!(v["max_steps"], 30);
+    assert_eq!(
+        v["source"],
+        json!(format!("policy max_steps_ceiling ({policy})"))
+    );
+    // Its `max_steps = 1` does not count, and it is not a settings file.
+    let project = sb.project().join("stepguard.toml").display().to_string();
+    assert_eq!(v["config_files"], json!([project]));
+    assert_eq!(v["policy"]["files"], json!([policy]));
+    assert_eq!(
+        v["policy"]["units"],
+        json!({"codex": {"value": "item", "source_file": policy, "key": "policy.codex.max_steps_unit"}})
+    );
+    // `--config` replaces discovery, not the policy.
+    let other = sb.write("elsewhere.toml", "max_steps = 99\n");
+    let v = run_with(
+        &sb,
+        &["--config", other.to_str().unwrap(), "config", "--json"],
+        &env,
+    )
+    .json();
+    assert_eq!(v["max_steps"], 30);
+    // The project's `[codex] max_steps_unit = "actionable"` contradicts the fixed unit.
+    let run = run_with(&sb, &["validate"], &env);
+    assert_eq!(run.code, Some(2), "{}", run.stdout);
+    assert!(
+        run.stdout.contains(&format!(
+            "error: {project}: codex.max_steps_unit: unit \"actionable\" differs from the unit \
+             `item` fixed by policy ({policy}: policy.codex.max_steps_unit)"
+        )),
+        "{}",
+        run.stdout
+    );
+    // A named policy file that is missing fails closed.
+    let (_, mut env) = policy_env(&sb);
+    env.push(("STEPGUARD_POLICY", "/nonexistent/policy.toml".to_owned()));
+    let run = run_with(&sb, &["config"], &env);
+    assert_eq!(run.code, Some(2));
+    assert!(
+        run.stderr
+            .contains("failed to read config file /nonexistent/policy.toml"),
+        "{}",
+        run.stderr
+    );
+}
+
+#[test]
+fn tightest_ceiling_of_the_system_user_and_policy_files_wins() {
+    let sb = Sandbox::new();
+    let (system, mut env) = policy_env(&sb);
+    sb.write(
+        "etc/stepguard.toml",
+        "max_steps = 70\n[policy]\nmax_steps_ceiling = 60\n",
+    );
+    sb.write(
+        "xdg-config/stepguard/stepguard.toml",
+        "[policy]\nmax_steps_ceiling = 80\n",
+    );
+    let policy = sb.write("ci/policy.toml", "[policy]\nmax_steps_ceiling = 100\n");
+    env.push(("STEPGUARD_POLICY", policy.display().to_string()));
+    let v = run_with(&sb, &["config", "--json", "--max-steps", "90"], &env).json();
+    assert_eq!(v["max_steps"], 60);
+    assert_eq!(
+        v["source"],
+        json!(format!("policy max_steps_ceiling ({system})"))
+    );
+    assert_eq!(v["policy"]["files"].as_array().unwrap().len(), 3);
+    // The system file's settings count, below the user file.
+    assert_eq!(v["config_files"].as_array().unwrap().len(), 2);
+    let v = run_with(&sb, &["config", "--json"], &env).json();
+    assert_eq!(
+        (v["max_steps"].clone(), v["source_file"].clone()),
+        (json!(60), json!(system))
+    );
+}
+
+#[test]
+fn invalid_policy_values_are_errors_naming_file_and_key() {
+    let sb = Sandbox::new();
+    sb.write(
+        "xdg-config/stepguard/stepguard.toml",
+        "[policy]\nmax_steps_ceiling = 0\nallow_plugin_override = \"yes\"\n",
+    );
+    let (_, env) = policy_env(&sb);
+    let user = sb.user_config().display().to_string();
+    let run = run_with(&sb, &["validate"], &env);
+    assert_eq!(run.code, Some(2), "{}", run.stdout);
+    assert_eq!(
+        run.stdout,
+        format!(
+            "error: {user}: policy.allow_plugin_override: expected true or false, found a string\n\
+             error: {user}: policy.max_steps_ceiling: 0 is not a valid ceiling; use a whole number from 1 to 100000\n\
+             1 file checked: 2 errors, 0 warnings\n"
+        )
+    );
+    // A broken policy stops every budget decision rather than being skipped.
+    let run = run_with(&sb, &["config", "--max-steps", "5"], &env);
+    assert_eq!(run.code, Some(2));
+    assert!(
+        run.stderr.contains(&format!(
+            "{user}: policy.max_steps_ceiling: 0 is not a valid ceiling"
+        )),
+        "{}",
+        run.stderr
+    );
+    sb.write(
+        "xdg-config/stepguard/stepguard.toml",
+        "[policy]\nmax_steps_ceiling = \"unlimited\"\n[policy.codex]\nmax_steps_unit = \"tools\"\n",
+    );
+    let run = run_with(&sb, &["validate"], &env);
+    assert_eq!(run.code, Some(2));
+    assert!(
+        run.stdout.contains(&format!(
+            "error: {user}: policy.max_steps_ceiling: \"unlimited\" is not a valid ceiling"
+        )),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        run.stdout.contains(&format!(
+            "error: {user}: policy.codex.max_steps_unit: unknown unit `tools` for provider `codex`; valid units: item, actionable, tool, message"
+        )),
+        "{}",
+        run.stdout
     );
 }

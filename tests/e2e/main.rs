@@ -9,6 +9,7 @@ mod harness;
 mod claude;
 mod codex;
 mod config_cmd;
+mod containment;
 mod count_cmd;
 mod gemini;
 mod history_cmd;

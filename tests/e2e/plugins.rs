@@ -1,10 +1,13 @@
 //! Plugin loading end to end: real dynamic libraries loaded by the already-built binary.
 
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+
 use serde_json::Value;
 
 use crate::harness::{Sandbox, plugin_dirs};
 
-fn arg(p: &std::path::Path) -> &str {
+fn arg(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
@@ -16,7 +19,7 @@ fn find<'a>(list: &'a Value, name: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("{name} not listed: {list}"))
 }
 
-fn stream(sb: &Sandbox) -> std::path::PathBuf {
+fn stream(sb: &Sandbox) -> PathBuf {
     sb.write(
         "s.jsonl",
         "{\"type\":\"a\",\"step\":1}\n{\"type\":\"b\"}\nnoise\n{\"type\":\"done\"}\n",
@@ -27,7 +30,13 @@ fn stream(sb: &Sandbox) -> std::path::PathBuf {
 fn good_plugins_load_side_by_side_and_override_a_builtin() {
     let dirs = plugin_dirs();
     let sb = Sandbox::new();
-    let run = sb.run(&["plugins", "--json", "--plugin-dir", arg(&dirs.good)]);
+    let run = sb.run(&[
+        "plugins",
+        "--json",
+        "--allow-override",
+        "--plugin-dir",
+        arg(&dirs.good),
+    ]);
     assert_eq!(run.code, Some(0), "{}", run.stderr);
     assert!(
         run.stderr.is_empty(),
@@ -76,7 +85,12 @@ fn good_plugins_load_side_by_side_and_override_a_builtin() {
             .ends_with("libcodex_override.so")
     );
     assert_eq!(find(&list, "claude")["source"], "builtin");
-    let human = sb.run(&["plugins", "--plugin-dir", arg(&dirs.good)]);
+    let human = sb.run(&[
+        "plugins",
+        "--allow-override",
+        "--plugin-dir",
+        arg(&dirs.good),
+    ]);
     assert!(
         human.stdout.contains("codex 9.9.9 (protocol 1.1.0) from ")
             && human.stdout.contains("(replaces the built-in)"),
@@ -106,6 +120,7 @@ fn headline_a_plugin_adds_a_unit_to_the_already_built_binary() {
         "--unit",
         "every_line",
         "--json",
+        "--allow-override",
         "--plugin-dir",
         arg(&dirs.good),
         arg(&file),
@@ -232,6 +247,7 @@ fn a_panicking_plugin_is_an_error_with_exit_4_and_the_host_survives() {
         "count",
         "-p",
         "fixture-panic",
+        "--allow-override",
         "--plugin-dir",
         arg(&dirs.good),
         arg(&file),
@@ -387,6 +403,7 @@ fn builtin_provider_crate_also_works_as_a_plugin() {
         "-p",
         "codex",
         "--json",
+        "--allow-override",
         "--plugin-dir",
         arg(&dirs.builtin_as_plugin),
         arg(&fixture),
@@ -422,4 +439,303 @@ fn opencode_plugin_counts_the_real_recordings() {
         );
         assert_eq!(v["error_type"], slug, "{file}");
     }
+}
+
+/// Copies a built plugin file into `dir` (created 0755 under the sandbox root) and returns the copy.
+fn install(sb: &Sandbox, dir: &str, built: &Path) -> PathBuf {
+    let dir = sb.root().join(dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    chmod(&dir, 0o755);
+    let copy = dir.join(built.file_name().unwrap());
+    std::fs::copy(built, &copy).unwrap();
+    chmod(&copy, 0o755);
+    copy
+}
+
+fn chmod(path: &Path, mode: u32) {
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+fn dylib(dir: &Path, name: &str) -> PathBuf {
+    dir.join(format!("lib{name}.{}", std::env::consts::DLL_EXTENSION))
+}
+
+#[test]
+fn a_world_writable_plugin_file_is_refused_naming_the_file() {
+    let dirs = plugin_dirs();
+    let sb = Sandbox::new();
+    let file = stream(&sb);
+    let plugin = install(&sb, "plugins", &dylib(&dirs.good, "fixture"));
+    let dir = plugin.parent().unwrap();
+    chmod(&plugin, 0o666);
+    let problem = "it is writable by others (mode 0666); chmod go-w it";
+
+    let list = sb.run(&["plugins", "--json", "--plugin-dir", arg(dir)]);
+    assert_eq!(list.code, Some(0), "{}", list.stderr);
+    assert_eq!(
+        list.stderr.trim(),
+        format!(
+            "stepguard: warning: refusing plugin {}: {problem}",
+            plugin.display()
+        )
+    );
+    assert!(
+        !list.stdout.contains("\"fixture\""),
+        "refused, not listed: {}",
+        list.stdout
+    );
+
+    let count = sb.run(&[
+        "count",
+        "-p",
+        "fixture",
+        "--plugin-dir",
+        arg(dir),
+        arg(&file),
+    ]);
+    assert_eq!(count.code, Some(4), "{}", count.stderr);
+    assert!(
+        count.stderr.contains(&format!(
+            "stepguard: error: provider `fixture` is unavailable: plugin {} was refused: {problem}",
+            plugin.display()
+        )),
+        "{}",
+        count.stderr
+    );
+
+    let check = sb.run(&["plugins", "check", arg(&plugin)]);
+    assert_eq!(check.code, Some(4));
+    assert_eq!(
+        check.stdout.trim(),
+        format!("{}: does not load: {problem}", plugin.display())
+    );
+
+    // The mode was the only problem.
+    chmod(&plugin, 0o644);
+    let fixed = sb.run(&[
+        "count",
+        "-p",
+        "fixture",
+        "--plugin-dir",
+        arg(dir),
+        arg(&file),
+    ]);
+    assert_eq!(fixed.code, Some(0), "{}", fixed.stderr);
+    assert!(fixed.stderr.is_empty(), "{}", fixed.stderr);
+}
+
+#[test]
+fn a_plugin_in_a_group_writable_directory_is_refused_naming_the_directory() {
+    let dirs = plugin_dirs();
+    let sb = Sandbox::new();
+    let file = stream(&sb);
+    let plugin = install(&sb, "shared-plugins", &dylib(&dirs.good, "fixture"));
+    let dir = plugin.parent().unwrap();
+    chmod(dir, 0o775);
+    let run = sb.run(&[
+        "count",
+        "-p",
+        "fixture",
+        "--plugin-dir",
+        arg(dir),
+        arg(&file),
+    ]);
+    assert_eq!(run.code, Some(4), "{}", run.stderr);
+    let problem = format!(
+        "its directory {0} is writable by others (mode 0775); chmod go-w {0}",
+        dir.display()
+    );
+    assert!(
+        run.stderr.contains(&format!(
+            "stepguard: warning: refusing plugin {}: {problem}",
+            plugin.display()
+        )),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        run.stderr
+            .contains("stepguard: error: provider `fixture` is unavailable: plugin ")
+            && run.stderr.contains(&format!("was refused: {problem}")),
+        "{}",
+        run.stderr
+    );
+    let check = sb.run(&["plugins", "check", arg(&plugin)]);
+    assert_eq!(check.code, Some(4));
+    assert!(check.stdout.contains(&problem), "{}", check.stdout);
+}
+
+#[test]
+fn relative_plugin_path_entries_are_ignored_but_a_relative_plugin_dir_is_explicit() {
+    let dirs = plugin_dirs();
+    let sb = Sandbox::new();
+    let file = stream(&sb);
+    // A plugin in the working directory, as an agent with a shell could drop one.
+    let plugin = install(&sb, "project", &dylib(&dirs.good, "fixture"));
+    let listed = sb.run_env(&["plugins", "--json"], &[("STEPGUARD_PLUGIN_PATH", ".")]);
+    assert_eq!(listed.code, Some(0), "{}", listed.stderr);
+    assert_eq!(
+        listed.stderr.trim(),
+        "stepguard: warning: ignoring relative entry \".\" in STEPGUARD_PLUGIN_PATH; plugin directories there must be absolute"
+    );
+    assert!(!listed.stdout.contains("\"fixture\""), "{}", listed.stdout);
+
+    let empty_entry = sb.run_env(
+        &["count", "-p", "fixture", arg(&file)],
+        &[("STEPGUARD_PLUGIN_PATH", "/nonexistent::plugins")],
+    );
+    assert_eq!(empty_entry.code, Some(2), "{}", empty_entry.stderr);
+    for entry in ["\"\"", "\"plugins\""] {
+        assert!(
+            empty_entry.stderr.contains(&format!(
+                "ignoring relative entry {entry} in STEPGUARD_PLUGIN_PATH"
+            )),
+            "{}",
+            empty_entry.stderr
+        );
+    }
+    assert!(
+        empty_entry.stderr.contains("unknown provider `fixture`"),
+        "{}",
+        empty_entry.stderr
+    );
+
+    let explicit = sb.run(&[
+        "count",
+        "-p",
+        "fixture",
+        "--json",
+        "--plugin-dir",
+        ".",
+        arg(&file),
+    ]);
+    assert_eq!(explicit.code, Some(0), "{}", explicit.stderr);
+    assert!(explicit.stderr.is_empty(), "{}", explicit.stderr);
+    let source = explicit.json()["plugin_source"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        Path::new(&source).is_absolute() && source.ends_with("project/libfixture.so"),
+        "{source} (want {})",
+        plugin.display()
+    );
+}
+
+/// Writes an agent script that prints a recorded Codex stream.
+fn codex_agent(sb: &Sandbox) -> String {
+    let stream = crate::harness::workspace().join("tests/fixtures/streams/codex/long_run.jsonl");
+    let path = sb.write("agent.sh", format!("#!/bin/sh\ncat {}\n", stream.display()));
+    chmod(&path, 0o755);
+    path.display().to_string()
+}
+
+#[test]
+fn replacing_a_builtin_needs_consent_and_without_it_the_builtin_budget_holds() {
+    let dirs = plugin_dirs();
+    let sb = Sandbox::new();
+    let plugin = install(&sb, "plugins", &dylib(&dirs.good, "codex_override"));
+    let dir = plugin.parent().unwrap();
+    let warning = format!(
+        "stepguard: warning: plugin {} would replace the built-in provider `codex`; pass --allow-override to allow it",
+        plugin.display()
+    );
+    let fixture = crate::harness::workspace().join("tests/fixtures/streams/codex/long_run.jsonl");
+
+    // Without consent: refused with one warning, and the built-in counts.
+    let count = sb.run(&[
+        "count",
+        "-p",
+        "codex",
+        "--json",
+        "--plugin-dir",
+        arg(dir),
+        arg(&fixture),
+    ]);
+    assert_eq!(count.code, Some(0), "{}", count.stderr);
+    assert_eq!(count.stderr.trim(), warning);
+    let v = count.json();
+    assert_eq!(
+        (
+            v["plugin_source"].as_str(),
+            v["num_steps_computed"].as_u64()
+        ),
+        (Some("builtin"), Some(42))
+    );
+    let summary = sb.root().join("summary.json");
+    let summary_arg = summary.display().to_string();
+    let agent = codex_agent(&sb);
+    let run = sb.run(&[
+        "run",
+        "--summary-file",
+        &summary_arg,
+        "-p",
+        "codex",
+        "--max-steps",
+        "5",
+        "--plugin-dir",
+        arg(dir),
+        "--",
+        &agent,
+    ]);
+    assert_eq!(
+        run.code,
+        Some(3),
+        "the built-in budget holds: {}",
+        run.stderr
+    );
+    assert!(run.stderr.contains(&warning), "{}", run.stderr);
+    let s: Value = serde_json::from_slice(&std::fs::read(&summary).unwrap()).unwrap();
+    assert_eq!(
+        (s["plugin_source"].as_str(), s["error_type"].as_str()),
+        (Some("builtin"), Some("max_steps"))
+    );
+
+    // With consent: the plugin replaces it and the run record names the file.
+    let count = sb.run(&[
+        "count",
+        "-p",
+        "codex",
+        "--json",
+        "--allow-override",
+        "--plugin-dir",
+        arg(dir),
+        arg(&fixture),
+    ]);
+    assert_eq!(count.code, Some(0), "{}", count.stderr);
+    assert!(count.stderr.is_empty(), "{}", count.stderr);
+    assert_eq!(
+        count.json()["plugin_source"].as_str(),
+        Some(plugin.display().to_string().as_str())
+    );
+    std::fs::remove_file(&summary).unwrap();
+    let run = sb.run(&[
+        "run",
+        "--summary-file",
+        &summary_arg,
+        "--allow-override",
+        "-p",
+        "codex",
+        "--max-steps",
+        "5",
+        "--plugin-dir",
+        arg(dir),
+        "--",
+        &agent,
+    ]);
+    assert_eq!(run.code, Some(3), "{}", run.stderr);
+    assert!(!run.stderr.contains("would replace"), "{}", run.stderr);
+    let s: Value = serde_json::from_slice(&std::fs::read(&summary).unwrap()).unwrap();
+    assert_eq!(
+        s["plugin_source"].as_str(),
+        Some(plugin.display().to_string().as_str())
+    );
+    let listed = sb.run(&[
+        "plugins",
+        "--json",
+        "--allow-override",
+        "--plugin-dir",
+        arg(dir),
+    ]);
+    assert_eq!(find(&listed.json(), "codex")["replaces_builtin"], true);
 }

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use stepguard_config::LoadedConfig;
 use stepguard_plugin_api::host::Provider;
 use stepguard_plugin_api::{CounterRequest, ProviderBox};
-use stepguard_plugin_host::{PLUGIN_PATH_ENV, Registry};
+use stepguard_plugin_host::{LoadPolicy, PLUGIN_PATH_ENV, Registry};
 
 use crate::exit::UsageError;
 use crate::output;
@@ -22,14 +22,19 @@ pub fn builtins() -> Vec<ProviderBox> {
     ]
 }
 
-/// Builds the registry: built-ins, then every plugin file in the search path. Each file that
-/// fails to load is reported once on stderr.
-pub fn load_registry(plugin_dirs: &[PathBuf]) -> Registry {
+/// Builds the registry: built-ins, then every trusted plugin file in the search path; a plugin
+/// replaces a built-in of the same name only with `allow_override` (`--allow-override`). Each
+/// ignored relative `STEPGUARD_PLUGIN_PATH` entry and each file that is refused or fails to load
+/// is reported once on stderr.
+pub fn load_registry(plugin_dirs: &[PathBuf], allow_override: bool) -> Registry {
     let mut registry = Registry::new(builtins());
     let env = std::env::var_os(PLUGIN_PATH_ENV);
     let exe = std::env::current_exe().ok();
-    let dirs = stepguard_plugin_host::plugin_dirs(plugin_dirs, env.as_deref(), exe.as_deref());
-    registry.load_dirs(&dirs);
+    let search = stepguard_plugin_host::plugin_dirs(plugin_dirs, env.as_deref(), exe.as_deref());
+    for ignored in &search.ignored {
+        output::diag("warning", ignored.to_string());
+    }
+    registry.load_dirs_with(&search.dirs, LoadPolicy { allow_override });
     for failure in registry.failures() {
         output::diag("warning", failure.to_string());
     }
@@ -71,10 +76,23 @@ pub fn select<'r>(
             }
         }
     }
-    let (unit, from) = match (unit_flag, unit_from_config) {
-        (Some(u), _) => (u.to_owned(), "--unit".to_owned()),
-        (None, Some((u, origin))) => (u, origin),
-        (None, None) => (
+    let fixed = config.and_then(|c| crate::settings::policy_unit(c, name));
+    if let Some((fixed, policy)) = &fixed {
+        let asked = unit_flag
+            .map(|u| (u.to_owned(), "--unit".to_owned()))
+            .or_else(|| unit_from_config.clone());
+        if let Some((asked, from)) = asked.filter(|(u, _)| u != fixed) {
+            return Err(UsageError(format!(
+                "unit `{asked}` (from {from}) is not allowed: the policy at {policy} fixes the unit of `{name}` to `{fixed}`"
+            ))
+            .into());
+        }
+    }
+    let (unit, from) = match (unit_flag, unit_from_config, fixed) {
+        (Some(u), _, _) => (u.to_owned(), "--unit".to_owned()),
+        (None, Some((u, origin)), _) => (u, origin),
+        (None, None, Some((u, policy))) => (u, policy),
+        (None, None, None) => (
             manifest.default_unit().unwrap_or_default().to_owned(),
             "default".to_owned(),
         ),

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
-use stepguard_config::{ConfigError, LoadedConfig};
+use stepguard_config::{ConfigError, ConfigSource, LoadedConfig, SearchPaths};
 use stepguard_core::{BudgetRequest, ConfigModel, LevelSettings, Origin, Setting};
 
 use crate::args::BudgetArgs;
@@ -15,28 +15,60 @@ pub const ENV_MAX_TURNS: &str = "STEPGUARD_MAX_TURNS";
 /// Environment variable selecting a profile (below `--profile`).
 pub const ENV_PROFILE: &str = "STEPGUARD_PROFILE";
 
-/// Returns the config files in effect: `--config`, else discovery from the working directory.
-pub fn config_paths(explicit: Option<&Path>) -> anyhow::Result<Vec<PathBuf>> {
-    if let Some(path) = explicit {
-        if !path.is_file() {
-            return Err(ConfigError::Read {
-                path: path.display().to_string(),
-                source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file"),
-            }
-            .into());
+/// Returns the config files in effect, each with its role: `--config`, else discovery from the
+/// working directory, then the user and system files and the `STEPGUARD_POLICY` file.
+pub fn config_sources(explicit: Option<&Path>) -> anyhow::Result<Vec<ConfigSource>> {
+    if let Some(path) = explicit
+        && !path.is_file()
+    {
+        return Err(ConfigError::Read {
+            path: path.display().to_string(),
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file"),
         }
-        return Ok(vec![path.to_path_buf()]);
+        .into());
     }
     let cwd = std::env::current_dir().context("failed to read the working directory")?;
-    Ok(stepguard_config::discover(
+    Ok(stepguard_config::discover_sources(
         &cwd,
-        stepguard_config::user_config_path().as_deref(),
+        explicit,
+        &SearchPaths::from_env(),
     ))
 }
 
-/// Loads and merges the config files in effect.
+/// Returns the paths of the config files in effect (see [`config_sources`]).
+pub fn config_paths(explicit: Option<&Path>) -> anyhow::Result<Vec<PathBuf>> {
+    Ok(config_sources(explicit)?
+        .into_iter()
+        .map(|s| s.path)
+        .collect())
+}
+
+/// Loads and merges the config files in effect, policy included.
 pub fn load_config(explicit: Option<&Path>) -> anyhow::Result<LoadedConfig> {
-    Ok(stepguard_config::load(&config_paths(explicit)?)?)
+    Ok(stepguard_config::load(&config_sources(explicit)?)?)
+}
+
+/// Returns true when the policy consents to plugin files replacing built-in providers
+/// (`[policy] allow_plugin_override = true` in a policy-bearing file, and no such file saying
+/// `false`). A project file cannot give this consent.
+pub fn allow_override(config: &LoadedConfig) -> bool {
+    config
+        .model
+        .policy
+        .allow_plugin_override
+        .as_ref()
+        .is_some_and(|(allow, _)| *allow)
+}
+
+/// Returns the unit the policy fixes for `provider` (`[policy.P] max_steps_unit`) and where it
+/// was fixed, e.g. `("item", "/etc/stepguard/stepguard.toml: policy.codex.max_steps_unit")`.
+pub fn policy_unit(config: &LoadedConfig, provider: &str) -> Option<(String, String)> {
+    config
+        .model
+        .policy
+        .units
+        .get(provider)
+        .map(|(unit, origin)| (unit.clone(), origin.to_string()))
 }
 
 fn env_setting(var: &str) -> Option<Setting> {

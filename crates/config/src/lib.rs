@@ -2,8 +2,18 @@
 //!
 //! Discovery: the nearest `stepguard.toml` walking up from the working directory, then the user's
 //! config file (`$XDG_CONFIG_HOME/stepguard/stepguard.toml`, by default
-//! `~/.config/stepguard/stepguard.toml`). A value in the project file beats the same key in the
-//! user file. `--config PATH` replaces discovery with exactly one file.
+//! `~/.config/stepguard/stepguard.toml`), then the system file (`/etc/stepguard/stepguard.toml`,
+//! or `$STEPGUARD_SYSTEM_CONFIG`). A value in the project file beats the same key in the user
+//! file, which beats the system file. `--config PATH` replaces discovery of settings with exactly
+//! one file.
+//!
+//! Policy: a `[policy]` table counts only in a *policy-bearing* file, one the repository under
+//! the agent cannot edit: the user's file, the system file, or the file named by
+//! `STEPGUARD_POLICY` (of which only `[policy]` counts). The user and system files bear policy
+//! even when `--config` replaces discovery. A project file's `[policy]` (found by walking up, or
+//! named by `--config`) is ignored with a warning. Several policy files merge to the tightest:
+//! the lowest `max_steps_ceiling`, `allow_plugin_override = false` over `true`, and a provider's
+//! fixed unit must agree. See [`FileRole`] and [`discover_sources`].
 //!
 //! Parsing reports problems as [`Diagnostic`]s that name the file and the key (and line and column
 //! for syntax errors). Unknown keys are warnings with a "did you mean" when a known key is close.
@@ -22,10 +32,27 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use stepguard_core::budget::ProfileSettings;
-use stepguard_core::{ConfigModel, LevelSettings, Origin, RawValue, Setting, StepLimit};
+use stepguard_core::{
+    BudgetError, Ceiling, ConfigModel, LevelSettings, Origin, PolicySettings, RawValue, Setting,
+    StepLimit,
+};
 
 /// The file name looked for in the working directory and its parents.
 pub const PROJECT_FILE: &str = "stepguard.toml";
+
+/// The system config file, a policy-bearing file (see [`SYSTEM_CONFIG_ENV`]).
+pub const SYSTEM_CONFIG: &str = "/etc/stepguard/stepguard.toml";
+
+/// Environment variable that replaces the path of [`SYSTEM_CONFIG`] (for tests and unusual
+/// installs).
+pub const SYSTEM_CONFIG_ENV: &str = "STEPGUARD_SYSTEM_CONFIG";
+
+/// Environment variable naming a file of which only `[policy]` counts; it must exist when set.
+pub const POLICY_ENV: &str = "STEPGUARD_POLICY";
+
+/// The warning for a `[policy]` table in a project file, after the file and key.
+pub const PROJECT_POLICY_IGNORED: &str = "[policy] in a project file is ignored; set policy in \
+     the user or system file or STEPGUARD_POLICY";
 
 /// Provider names stepguard ships built in, used for "did you mean" on provider tables.
 pub const BUILTIN_PROVIDERS: &[&str] = &["claude", "codex", "gemini"];
@@ -37,9 +64,12 @@ const TOP_LEVEL_KEYS: &[&str] = &[
     "defaults",
     "task_types",
     "profiles",
+    "policy",
 ];
 const LEVEL_KEYS: &[&str] = &["max_steps", "max_turns"];
 const PROFILE_KEYS: &[&str] = &["max_steps"];
+const POLICY_KEYS: &[&str] = &["max_steps_ceiling", "allow_plugin_override"];
+const POLICY_PROVIDER_KEYS: &[&str] = &["max_steps_unit"];
 
 /// A failure to read or parse a config file.
 #[derive(Debug, thiserror::Error)]
@@ -113,11 +143,77 @@ impl fmt::Display for Diagnostic {
     }
 }
 
+/// What a config file may set, decided by how it was found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FileRole {
+    /// Found by walking up from the working directory, or named by `--config`: the repository's
+    /// own settings. Its `[policy]` is ignored with a warning, since the agent may edit it.
+    Project,
+    /// The user's file: settings below the project file, and policy.
+    User,
+    /// The system file: settings below the user file, and policy.
+    System,
+    /// Only its `[policy]` counts: the `STEPGUARD_POLICY` file, and the user and system files
+    /// when `--config` replaces discovery.
+    PolicyOnly,
+}
+
+impl FileRole {
+    /// Returns true when the file's `[policy]` counts.
+    pub fn bears_policy(self) -> bool {
+        self != FileRole::Project
+    }
+
+    /// Returns true when the file's settings (budgets, profiles, provider options) count.
+    pub fn has_settings(self) -> bool {
+        self != FileRole::PolicyOnly
+    }
+}
+
+/// A config file to read, and what it may set.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigSource {
+    /// The file.
+    pub path: PathBuf,
+    /// What it may set.
+    pub role: FileRole,
+}
+
+/// Where the config files outside the project are.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SearchPaths {
+    /// The user's file; used when it exists.
+    pub user: Option<PathBuf>,
+    /// The system file; used when it exists.
+    pub system: Option<PathBuf>,
+    /// The `STEPGUARD_POLICY` file; named explicitly, so it must exist.
+    pub policy: Option<PathBuf>,
+}
+
+impl SearchPaths {
+    /// Returns the paths of this process: [`user_config_path`], `$STEPGUARD_SYSTEM_CONFIG` else
+    /// [`SYSTEM_CONFIG`], and `$STEPGUARD_POLICY`. Empty variables count as unset.
+    pub fn from_env() -> Self {
+        let var = |name: &str| {
+            std::env::var_os(name)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        };
+        SearchPaths {
+            user: user_config_path(),
+            system: Some(var(SYSTEM_CONFIG_ENV).unwrap_or_else(|| PathBuf::from(SYSTEM_CONFIG))),
+            policy: var(POLICY_ENV),
+        }
+    }
+}
+
 /// One parsed config file: its settings and the problems found in it.
 #[derive(Clone, Debug)]
 pub struct ParsedFile {
     /// The file, as displayed.
     pub path: String,
+    /// What the file may set; settings and policy it may not set are left out of `model`.
+    pub role: FileRole,
     /// What the file sets.
     pub model: ConfigModel,
     /// Settings at the same level as another setting (`defaults.max_steps` beside `max_steps`),
@@ -130,9 +226,9 @@ pub struct ParsedFile {
 /// All config files in effect, merged.
 #[derive(Clone, Debug, Default)]
 pub struct LoadedConfig {
-    /// The files, highest precedence first.
+    /// The files, highest precedence first; files of which only the policy counts come last.
     pub files: Vec<ParsedFile>,
-    /// The merged settings.
+    /// The merged settings, and in `model.policy` the merged policy.
     pub model: ConfigModel,
 }
 
@@ -142,10 +238,24 @@ impl LoadedConfig {
         self.files.iter().flat_map(|f| f.diagnostics.iter())
     }
 
-    /// Returns the directory of the highest-precedence file, where `.stepguard/` lives.
+    /// Returns the files whose settings count, highest precedence first.
+    pub fn settings_files(&self) -> impl Iterator<Item = &ParsedFile> {
+        self.files.iter().filter(|f| f.role.has_settings())
+    }
+
+    /// Returns the policy-bearing files that set any policy.
+    pub fn policy_files(&self) -> impl Iterator<Item = &ParsedFile> {
+        self.files
+            .iter()
+            .filter(|f| f.role.bears_policy() && !f.model.policy.is_empty())
+    }
+
+    /// Returns the directory of the highest-precedence project or user file, where `.stepguard/`
+    /// lives.
     pub fn project_dir(&self) -> Option<PathBuf> {
         self.files
-            .first()
+            .iter()
+            .find(|f| matches!(f.role, FileRole::Project | FileRole::User))
             .and_then(|f| Path::new(&f.path).parent().map(Path::to_path_buf))
     }
 }
@@ -158,22 +268,65 @@ pub fn user_config_path() -> Option<PathBuf> {
         .map(|s| s.config_dir().join("stepguard").join(PROJECT_FILE))
 }
 
-/// Returns the config files in effect for `cwd`, highest precedence first.
-pub fn discover(cwd: &Path, user_config: Option<&Path>) -> Vec<PathBuf> {
-    let mut files = Vec::new();
-    if let Some(project) = cwd
-        .ancestors()
-        .map(|d| d.join(PROJECT_FILE))
-        .find(|p| p.is_file())
-    {
-        files.push(project);
+/// Returns the config files in effect for `cwd`, highest precedence first: the project file
+/// (`explicit`, else the nearest `stepguard.toml` walking up from `cwd`), the user file, the
+/// system file, then the `STEPGUARD_POLICY` file.
+///
+/// With `explicit` (`--config`), the user and system files are read for their policy only. A
+/// project file that is the user or system file takes that file's role. The policy file is
+/// listed even when missing, so that loading fails instead of running without its policy.
+pub fn discover_sources(
+    cwd: &Path,
+    explicit: Option<&Path>,
+    search: &SearchPaths,
+) -> Vec<ConfigSource> {
+    let mut sources = Vec::new();
+    let project = match explicit {
+        Some(path) => Some(path.to_path_buf()),
+        None => cwd
+            .ancestors()
+            .map(|d| d.join(PROJECT_FILE))
+            .find(|p| p.is_file()),
+    };
+    if let Some(path) = project {
+        sources.push(ConfigSource {
+            path,
+            role: FileRole::Project,
+        });
     }
-    if let Some(user) = user_config.filter(|p| p.is_file())
-        && !files.iter().any(|f| same_file(f, user))
-    {
-        files.push(user.to_path_buf());
+    for (path, role) in [
+        (&search.user, FileRole::User),
+        (&search.system, FileRole::System),
+    ] {
+        let Some(path) = path.as_deref().filter(|p| p.is_file()) else {
+            continue;
+        };
+        if let Some(found) = sources.iter_mut().find(|s| same_file(&s.path, path)) {
+            if found.role == FileRole::Project {
+                found.role = role;
+            }
+            continue;
+        }
+        sources.push(ConfigSource {
+            path: path.to_path_buf(),
+            role: if explicit.is_none() {
+                role
+            } else {
+                FileRole::PolicyOnly
+            },
+        });
     }
-    files
+    if let Some(path) = &search.policy
+        && !sources
+            .iter()
+            .any(|s| s.role.bears_policy() && same_file(&s.path, path))
+    {
+        sources.push(ConfigSource {
+            path: path.clone(),
+            role: FileRole::PolicyOnly,
+        });
+    }
+    sources
 }
 
 fn same_file(a: &Path, b: &Path) -> bool {
@@ -185,44 +338,43 @@ fn same_file(a: &Path, b: &Path) -> bool {
 
 /// Reads and parses the given files (highest precedence first) and merges them.
 ///
-/// Returns an error for unreadable files, TOML syntax errors and values of the wrong shape;
-/// warnings (unknown keys) are kept in the result's diagnostics.
-pub fn load(paths: &[PathBuf]) -> Result<LoadedConfig, ConfigError> {
-    let mut files = Vec::with_capacity(paths.len());
-    for path in paths {
-        let display = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+/// Returns an error for unreadable files, TOML syntax errors, values of the wrong shape and
+/// policy files that disagree; warnings (unknown keys) are kept in the result's diagnostics.
+pub fn load(sources: &[ConfigSource]) -> Result<LoadedConfig, ConfigError> {
+    let mut files = Vec::with_capacity(sources.len());
+    for source in sources {
+        let display = source.path.display().to_string();
+        let text = std::fs::read_to_string(&source.path).map_err(|e| ConfigError::Read {
             path: display.clone(),
-            source,
+            source: e,
         })?;
-        let parsed = parse_str(&display, &text)?;
-        let errors: Vec<Diagnostic> = parsed
-            .diagnostics
-            .iter()
-            .filter(|d| d.severity == Severity::Error)
-            .cloned()
-            .collect();
-        if !errors.is_empty() {
-            return Err(ConfigError::Invalid(errors));
-        }
-        files.push(parsed);
+        files.push(parse_file(&display, &text, source.role)?);
     }
-    Ok(merge(files))
+    let loaded = merge(files);
+    let errors: Vec<Diagnostic> = loaded
+        .diagnostics()
+        .filter(|d| d.severity == Severity::Error)
+        .cloned()
+        .collect();
+    if !errors.is_empty() {
+        return Err(ConfigError::Invalid(errors));
+    }
+    Ok(loaded)
 }
 
 /// Reads and parses every file, turning unreadable and unparsable files into error diagnostics
 /// instead of stopping at the first; used by `validate`, which reports everything at once.
-pub fn load_all(paths: &[PathBuf]) -> (LoadedConfig, Vec<Diagnostic>) {
-    let mut files = Vec::with_capacity(paths.len());
+pub fn load_all(sources: &[ConfigSource]) -> (LoadedConfig, Vec<Diagnostic>) {
+    let mut files = Vec::with_capacity(sources.len());
     let mut failures = Vec::new();
-    for path in paths {
-        let display = path.display().to_string();
-        let parsed = std::fs::read_to_string(path)
-            .map_err(|source| ConfigError::Read {
+    for source in sources {
+        let display = source.path.display().to_string();
+        let parsed = std::fs::read_to_string(&source.path)
+            .map_err(|e| ConfigError::Read {
                 path: display.clone(),
-                source,
+                source: e,
             })
-            .and_then(|text| parse_str(&display, &text));
+            .and_then(|text| parse_file(&display, &text, source.role));
         match parsed {
             Ok(file) => files.push(file),
             Err(e) => failures.push(Diagnostic {
@@ -247,8 +399,14 @@ pub fn load_all(paths: &[PathBuf]) -> (LoadedConfig, Vec<Diagnostic>) {
 }
 
 /// Merges parsed files, highest precedence first: for each key, the first file that sets it wins.
-pub fn merge(files: Vec<ParsedFile>) -> LoadedConfig {
-    let mut model = ConfigModel::default();
+///
+/// The policies of the files merge to the tightest (see the crate docs); policy files that fix
+/// different units for one provider get an error diagnostic.
+pub fn merge(mut files: Vec<ParsedFile>) -> LoadedConfig {
+    let mut model = ConfigModel {
+        policy: merge_policy(&mut files),
+        ..ConfigModel::default()
+    };
     for file in files.iter().rev() {
         let m = &file.model;
         overlay_level(&mut model.global, &m.global);
@@ -274,6 +432,56 @@ pub fn merge(files: Vec<ParsedFile>) -> LoadedConfig {
     LoadedConfig { files, model }
 }
 
+fn merge_policy(files: &mut [ParsedFile]) -> PolicySettings {
+    let mut policy = PolicySettings::default();
+    let mut conflicts = Vec::new();
+    for (i, file) in files.iter().enumerate() {
+        let p = &file.model.policy;
+        if let Some(ceiling) = &p.max_steps_ceiling
+            && policy
+                .max_steps_ceiling
+                .as_ref()
+                .is_none_or(|c| ceiling.max_steps < c.max_steps)
+        {
+            policy.max_steps_ceiling = Some(ceiling.clone());
+        }
+        for (provider, (unit, origin)) in &p.units {
+            match policy.units.get(provider) {
+                None => {
+                    policy
+                        .units
+                        .insert(provider.clone(), (unit.clone(), origin.clone()));
+                }
+                Some((fixed, first)) if fixed != unit => conflicts.push((
+                    i,
+                    at(
+                        Severity::Error,
+                        origin,
+                        format!(
+                            "policy files disagree on the unit of `{provider}`: `{unit}` here, \
+                             `{fixed}` in {first}; fix one of them"
+                        ),
+                    ),
+                )),
+                Some(_) => {}
+            }
+        }
+        // Consent needs every policy file's agreement: one `false` wins.
+        if let Some((allow, origin)) = &p.allow_plugin_override
+            && policy
+                .allow_plugin_override
+                .as_ref()
+                .is_none_or(|(current, _)| *current && !allow)
+        {
+            policy.allow_plugin_override = Some((*allow, origin.clone()));
+        }
+    }
+    for (i, diagnostic) in conflicts {
+        files[i].diagnostics.push(diagnostic);
+    }
+    policy
+}
+
 fn overlay_level(into: &mut LevelSettings, from: &LevelSettings) {
     if from.max_steps.is_some() {
         into.max_steps.clone_from(&from.max_steps);
@@ -283,9 +491,16 @@ fn overlay_level(into: &mut LevelSettings, from: &LevelSettings) {
     }
 }
 
-/// Parses one file's text. Syntax errors are returned as [`ConfigError::Parse`]; every other
-/// problem is a diagnostic in the result.
+/// Parses one project file's text (its `[policy]` is ignored with a warning). Syntax errors are
+/// returned as [`ConfigError::Parse`]; every other problem is a diagnostic in the result.
 pub fn parse_str(path: &str, text: &str) -> Result<ParsedFile, ConfigError> {
+    parse_file(path, text, FileRole::Project)
+}
+
+/// Parses one file's text for its role: a [`FileRole::Project`] file's `[policy]` is ignored
+/// with a warning, and only the `[policy]` of a [`FileRole::PolicyOnly`] file is read. Syntax
+/// errors are returned as [`ConfigError::Parse`]; every other problem is a diagnostic.
+pub fn parse_file(path: &str, text: &str, role: FileRole) -> Result<ParsedFile, ConfigError> {
     let table: toml::Table = toml::from_str(text).map_err(|e| {
         let (line, column) = e.span().map_or((1, 1), |s| line_col(text, s.start));
         ConfigError::Parse {
@@ -299,6 +514,7 @@ pub fn parse_str(path: &str, text: &str) -> Result<ParsedFile, ConfigError> {
         path,
         out: ParsedFile {
             path: path.to_owned(),
+            role,
             model: ConfigModel::default(),
             shadowed: Vec::new(),
             diagnostics: Vec::new(),
@@ -352,6 +568,16 @@ impl Parser<'_> {
     }
 
     fn top_level(&mut self, table: &toml::Table) {
+        if let Some(value) = table.get("policy") {
+            if self.out.role.bears_policy() {
+                self.policy(value);
+            } else {
+                self.diag(Severity::Warning, "policy", PROJECT_POLICY_IGNORED);
+            }
+        }
+        if !self.out.role.has_settings() {
+            return;
+        }
         for (key, value) in table {
             match key.as_str() {
                 "max_steps" => self.out.model.global.max_steps = Some(self.setting(key, value)),
@@ -375,6 +601,8 @@ impl Parser<'_> {
                 },
                 // Handled after the loop, once the top-level keys of the same level are known.
                 "defaults" => {}
+                // Handled before the loop, by role.
+                "policy" => {}
                 "task_types" => {
                     if let Some(t) = self.expect_table(key, value) {
                         for (name, v) in t {
@@ -444,6 +672,78 @@ impl Parser<'_> {
                 self.out.model.providers.insert(key.to_owned(), options);
             }
             _ => self.unknown_key(key, key, &known),
+        }
+    }
+
+    fn policy(&mut self, value: &toml::Value) {
+        let Some(table) = self.expect_table("policy", value) else {
+            return;
+        };
+        for (key, value) in table {
+            let path = format!("policy.{key}");
+            match key.as_str() {
+                "max_steps_ceiling" => match Ceiling::from_setting(&self.setting(&path, value)) {
+                    Ok(ceiling) => self.out.model.policy.max_steps_ceiling = Some(ceiling),
+                    Err(BudgetError::InvalidValue { reason, .. }) => {
+                        self.diag(Severity::Error, &path, reason.to_string());
+                    }
+                    Err(other) => self.diag(Severity::Error, &path, other.to_string()),
+                },
+                "allow_plugin_override" => match value.as_bool() {
+                    Some(allow) => {
+                        let origin = self.origin(&path);
+                        self.out.model.policy.allow_plugin_override = Some((allow, origin));
+                    }
+                    None => self.diag(
+                        Severity::Error,
+                        &path,
+                        format!("expected true or false, found {}", type_name(value)),
+                    ),
+                },
+                other => {
+                    let mut known: Vec<&str> = POLICY_KEYS.to_vec();
+                    known.extend(BUILTIN_PROVIDERS);
+                    match value.as_table() {
+                        // A table names a provider, unless it is a typo of a known name.
+                        Some(t) if did_you_mean(other, &known).is_none() => {
+                            self.policy_provider(other, t);
+                        }
+                        _ => self.unknown_key(&path, other, &known),
+                    }
+                }
+            }
+        }
+    }
+
+    fn policy_provider(&mut self, provider: &str, table: &toml::Table) {
+        for (key, value) in table {
+            let path = format!("policy.{provider}.{key}");
+            match (key.as_str(), value.as_str()) {
+                ("max_steps_unit", Some(unit)) => {
+                    let origin = self.origin(&path);
+                    self.out
+                        .model
+                        .policy
+                        .units
+                        .insert(provider.to_owned(), (unit.to_owned(), origin));
+                }
+                ("max_steps_unit", None) => self.diag(
+                    Severity::Error,
+                    &path,
+                    format!(
+                        "expected a unit name (a string), found {}",
+                        type_name(value)
+                    ),
+                ),
+                (other, _) => self.unknown_key(&path, other, POLICY_PROVIDER_KEYS),
+            }
+        }
+    }
+
+    fn origin(&self, key: &str) -> Origin {
+        Origin::File {
+            path: self.path.to_owned(),
+            key: key.to_owned(),
         }
     }
 
@@ -532,8 +832,11 @@ fn toml_to_json(value: &toml::Value) -> serde_json::Value {
     }
 }
 
+/// The provider-table key that selects the unit, which a policy may fix.
+pub const UNIT_KEY: &str = "max_steps_unit";
+
 /// Checks every file in effect: every budget value at every level, deprecated and conflicting
-/// settings, and unknown profiles. With `strict`, every warning is reported as an error.
+/// settings, provider units that contradict the policy, and unknown profiles. With `strict`, every warning is reported as an error.
 pub fn validate(loaded: &LoadedConfig, strict: bool) -> Vec<Diagnostic> {
     let mut out = Vec::new();
     for file in &loaded.files {
@@ -579,6 +882,18 @@ pub fn validate(loaded: &LoadedConfig, strict: bool) -> Vec<Diagnostic> {
                 &shadowed.origin,
                 "set both at the top level and in [defaults]; the top-level value wins",
             ));
+        }
+        for (provider, (fixed, policy_origin)) in &loaded.model.policy.units {
+            let unit = m.providers.get(provider).and_then(|t| t.get(UNIT_KEY));
+            if let Some((value, origin)) = unit
+                && value.as_str() != Some(fixed.as_str())
+            {
+                let message = format!(
+                    "unit {value} differs from the unit `{fixed}` fixed by policy \
+                     ({policy_origin})"
+                );
+                out.push(at(Severity::Error, origin, message));
+            }
         }
         if let Some((name, origin)) = &m.profile {
             let known = stepguard_core::budget::builtin_profile(name).is_some()

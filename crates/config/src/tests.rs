@@ -119,15 +119,30 @@ fn load_refuses_files_with_errors_and_missing_files() {
     let bad = dir.path().join("stepguard.toml");
     std::fs::write(&bad, "profile = 3\n").unwrap();
     assert!(matches!(
-        load(std::slice::from_ref(&bad)),
+        load(&[source(&bad, FileRole::Project)]),
         Err(ConfigError::Invalid(_))
     ));
     let missing = dir.path().join("nope.toml");
-    let err = load(&[missing]).unwrap_err();
+    let err = load(&[source(&missing, FileRole::Project)]).unwrap_err();
     assert!(
         err.to_string().starts_with("failed to read config file "),
         "{err}"
     );
+}
+
+fn source(path: &Path, role: FileRole) -> ConfigSource {
+    ConfigSource {
+        path: path.to_path_buf(),
+        role,
+    }
+}
+
+fn search(user: &Path, system: &Path, policy: Option<&Path>) -> SearchPaths {
+    SearchPaths {
+        user: Some(user.to_path_buf()),
+        system: Some(system.to_path_buf()),
+        policy: policy.map(Path::to_path_buf),
+    }
 }
 
 #[test]
@@ -139,11 +154,74 @@ fn discovery_walks_up_and_adds_the_user_file() {
     std::fs::write(project.join(PROJECT_FILE), "max_steps = 1\n").unwrap();
     let user = dir.path().join("user.toml");
     std::fs::write(&user, "max_steps = 2\n").unwrap();
-    let found = discover(&nested, Some(&user));
-    assert_eq!(found, vec![project.join(PROJECT_FILE), user.clone()]);
+    let absent = dir.path().join("absent.toml");
+    let found = discover_sources(&nested, None, &search(&user, &absent, None));
+    assert_eq!(
+        found,
+        vec![
+            source(&project.join(PROJECT_FILE), FileRole::Project),
+            source(&user, FileRole::User)
+        ]
+    );
     // No project file: only the user file; no user file: nothing.
-    assert_eq!(discover(dir.path(), Some(&user)), vec![user]);
-    assert!(discover(dir.path(), Some(&dir.path().join("absent.toml"))).is_empty());
+    assert_eq!(
+        discover_sources(dir.path(), None, &search(&user, &absent, None)),
+        vec![source(&user, FileRole::User)]
+    );
+    assert!(discover_sources(dir.path(), None, &search(&absent, &absent, None)).is_empty());
+}
+
+#[test]
+fn discovery_adds_system_and_policy_files_and_keeps_their_policy_under_explicit_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, "").unwrap();
+        path
+    };
+    let (user, system, policy, explicit) = (
+        write("user.toml"),
+        write("system.toml"),
+        write("policy.toml"),
+        write("explicit.toml"),
+    );
+    let paths = search(&user, &system, Some(&policy));
+    assert_eq!(
+        discover_sources(dir.path(), None, &paths),
+        vec![
+            source(&user, FileRole::User),
+            source(&system, FileRole::System),
+            source(&policy, FileRole::PolicyOnly),
+        ]
+    );
+    // --config replaces the settings of discovery, not the policy.
+    assert_eq!(
+        discover_sources(dir.path(), Some(&explicit), &paths),
+        vec![
+            source(&explicit, FileRole::Project),
+            source(&user, FileRole::PolicyOnly),
+            source(&system, FileRole::PolicyOnly),
+            source(&policy, FileRole::PolicyOnly),
+        ]
+    );
+    // --config naming the user's file is the user's file; a named policy file that is missing
+    // is still listed, so loading it fails.
+    let missing = dir.path().join("missing.toml");
+    assert_eq!(
+        discover_sources(
+            dir.path(),
+            Some(&user),
+            &search(&user, &missing, Some(&missing))
+        ),
+        vec![
+            source(&user, FileRole::User),
+            source(&missing, FileRole::PolicyOnly)
+        ]
+    );
+    assert!(matches!(
+        load(&[source(&missing, FileRole::PolicyOnly)]),
+        Err(ConfigError::Read { .. })
+    ));
 }
 
 #[test]
@@ -262,7 +340,7 @@ fn load_all_reports_every_broken_file() {
     let c = dir.path().join("c.toml");
     std::fs::write(&a, "max_steps = [\n").unwrap();
     std::fs::write(&c, "max_steps = 4\n").unwrap();
-    let (loaded, failures) = load_all(&[a, b, c]);
+    let (loaded, failures) = load_all(&[a, b, c].map(|p| source(&p, FileRole::Project)));
     assert_eq!(failures.len(), 2);
     assert!(
         failures[0].message.starts_with("line 1, column"),
@@ -277,4 +355,207 @@ fn load_all_reports_every_broken_file() {
         failures[1]
     );
     assert_eq!(loaded.files.len(), 1);
+}
+
+fn parse_as(path: &str, text: &str, role: FileRole) -> ParsedFile {
+    parse_file(path, text, role).unwrap()
+}
+
+const POLICY: &str = "max_steps = 500\n[policy]\nmax_steps_ceiling = 80\nallow_plugin_override = true\n[policy.codex]\nmax_steps_unit = \"item\"\n";
+
+#[test]
+fn policy_is_read_from_policy_bearing_files() {
+    for role in [FileRole::User, FileRole::System, FileRole::PolicyOnly] {
+        let f = parse_as("/etc/stepguard/stepguard.toml", POLICY, role);
+        assert!(f.diagnostics.is_empty(), "{:?}", f.diagnostics);
+        let p = &f.model.policy;
+        let ceiling = p.max_steps_ceiling.as_ref().unwrap();
+        assert_eq!(ceiling.max_steps, 80);
+        assert_eq!(
+            ceiling.origin.to_string(),
+            "/etc/stepguard/stepguard.toml: policy.max_steps_ceiling"
+        );
+        assert_eq!(p.units["codex"].0, "item");
+        assert_eq!(
+            p.units["codex"].1.to_string(),
+            "/etc/stepguard/stepguard.toml: policy.codex.max_steps_unit"
+        );
+        assert_eq!(p.allow_plugin_override.as_ref().map(|a| a.0), Some(true));
+        // Only the policy counts in a policy-only file.
+        assert_eq!(
+            f.model.global.max_steps.is_some(),
+            role != FileRole::PolicyOnly
+        );
+    }
+}
+
+#[test]
+fn project_file_policy_is_ignored_with_a_warning() {
+    let f = parse(POLICY);
+    assert_eq!(
+        messages(&f.diagnostics),
+        [
+            "warning: /p/stepguard.toml: policy: [policy] in a project file is ignored; set policy in the user or system file or STEPGUARD_POLICY"
+        ]
+    );
+    assert!(f.model.policy.is_empty());
+    assert!(f.model.global.max_steps.is_some());
+    // Not mistaken for provider options either.
+    assert!(f.model.providers.is_empty());
+    // Bad values in an ignored table are not errors: nothing reads them.
+    let f = parse("[policy]\nmax_steps_ceiling = 0\n");
+    assert!(
+        f.diagnostics
+            .iter()
+            .all(|d| d.severity == Severity::Warning)
+    );
+}
+
+#[test]
+fn invalid_policy_values_are_errors_naming_file_and_key() {
+    let f = parse_as(
+        "/u/stepguard.toml",
+        "[policy]\nmax_steps_ceiling = \"unlimited\"\nallow_plugin_override = \"yes\"\nmax_step_ceiling = 3\n[policy.codex]\nmax_steps_unit = 1\nunit = \"x\"\n",
+        FileRole::User,
+    );
+    assert_eq!(
+        messages(&f.diagnostics),
+        [
+            "error: /u/stepguard.toml: policy.allow_plugin_override: expected true or false, found a string",
+            "error: /u/stepguard.toml: policy.codex.max_steps_unit: expected a unit name (a string), found an integer",
+            "warning: /u/stepguard.toml: policy.codex.unit: unknown key `unit`; known keys here: max_steps_unit",
+            "warning: /u/stepguard.toml: policy.max_step_ceiling: unknown key `max_step_ceiling`; did you mean `max_steps_ceiling`?",
+            "error: /u/stepguard.toml: policy.max_steps_ceiling: \"unlimited\" is not a valid ceiling; use a whole number from 1 to 100000",
+        ]
+    );
+    for bad in ["0", "100001", "-5", "2.5", "true"] {
+        let f = parse_as(
+            "/u/stepguard.toml",
+            &format!("[policy]\nmax_steps_ceiling = {bad}\n"),
+            FileRole::User,
+        );
+        let msgs = messages(&f.diagnostics);
+        assert_eq!(msgs.len(), 1, "{msgs:?}");
+        assert!(
+            msgs[0].starts_with("error: /u/stepguard.toml: policy.max_steps_ceiling: ")
+                && msgs[0].contains("is not a valid ceiling"),
+            "{msgs:?}"
+        );
+    }
+}
+
+#[test]
+fn several_policy_files_merge_to_the_tightest() {
+    let files = vec![
+        parse_as(
+            "/home/u/stepguard.toml",
+            "[policy]\nmax_steps_ceiling = 80\nallow_plugin_override = true\n",
+            FileRole::User,
+        ),
+        parse_as(
+            "/etc/stepguard/stepguard.toml",
+            "[policy]\nmax_steps_ceiling = 60\nallow_plugin_override = false\n[policy.codex]\nmax_steps_unit = \"item\"\n",
+            FileRole::System,
+        ),
+        parse_as(
+            "/ci/policy.toml",
+            "[policy]\nmax_steps_ceiling = 100\nallow_plugin_override = true\n[policy.codex]\nmax_steps_unit = \"item\"\n",
+            FileRole::PolicyOnly,
+        ),
+    ];
+    let loaded = merge(files);
+    assert_eq!(loaded.diagnostics().count(), 0);
+    let p = &loaded.model.policy;
+    let ceiling = p.max_steps_ceiling.as_ref().unwrap();
+    assert_eq!(
+        (ceiling.max_steps, ceiling.origin.file()),
+        (60, Some("/etc/stepguard/stepguard.toml"))
+    );
+    let (allow, origin) = p.allow_plugin_override.as_ref().unwrap();
+    assert_eq!(
+        (*allow, origin.file()),
+        (false, Some("/etc/stepguard/stepguard.toml"))
+    );
+    assert_eq!(
+        loaded
+            .policy_files()
+            .map(|f| f.path.as_str())
+            .collect::<Vec<_>>(),
+        [
+            "/home/u/stepguard.toml",
+            "/etc/stepguard/stepguard.toml",
+            "/ci/policy.toml"
+        ]
+    );
+    assert_eq!(loaded.settings_files().count(), 2);
+}
+
+#[test]
+fn policy_files_fixing_different_units_are_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let user = dir.path().join("user.toml");
+    let system = dir.path().join("system.toml");
+    std::fs::write(&user, "[policy.codex]\nmax_steps_unit = \"tool\"\n").unwrap();
+    std::fs::write(&system, "[policy.codex]\nmax_steps_unit = \"item\"\n").unwrap();
+    let err = load(&[
+        source(&user, FileRole::User),
+        source(&system, FileRole::System),
+    ])
+    .unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.starts_with(&format!(
+            "error: {}: policy.codex.max_steps_unit: policy files disagree on the unit of `codex`: `item` here, `tool` in {}: policy.codex.max_steps_unit",
+            system.display(),
+            user.display()
+        )),
+        "{msg}"
+    );
+}
+
+#[test]
+fn load_refuses_a_policy_file_with_an_invalid_ceiling() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.toml");
+    std::fs::write(&policy, "[policy]\nmax_steps_ceiling = 0\n").unwrap();
+    let err = load(&[source(&policy, FileRole::PolicyOnly)]).unwrap_err();
+    assert!(matches!(err, ConfigError::Invalid(_)));
+    assert!(
+        err.to_string()
+            .contains("policy.max_steps_ceiling: 0 is not a valid ceiling"),
+        "{err}"
+    );
+    // The same table in a project file is only a warning.
+    let project = dir.path().join(PROJECT_FILE);
+    std::fs::write(&project, "[policy]\nmax_steps_ceiling = 0\n").unwrap();
+    let loaded = load(&[source(&project, FileRole::Project)]).unwrap();
+    assert!(loaded.model.policy.is_empty());
+    assert_eq!(loaded.diagnostics().count(), 1);
+}
+
+#[test]
+fn project_dir_ignores_system_and_policy_files() {
+    let loaded = merge(vec![
+        parse_as("/etc/stepguard/stepguard.toml", "", FileRole::System),
+        parse_as("/ci/policy.toml", "", FileRole::PolicyOnly),
+    ]);
+    assert_eq!(loaded.project_dir(), None);
+}
+
+#[test]
+fn validate_refuses_provider_units_that_contradict_the_policy() {
+    let loaded = merge(vec![
+        parse("[codex]\nmax_steps_unit = \"tool\"\n[gemini]\nmax_steps_unit = \"turn\"\n"),
+        parse_as(
+            "/etc/stepguard/stepguard.toml",
+            "[policy.codex]\nmax_steps_unit = \"item\"\n[policy.gemini]\nmax_steps_unit = \"turn\"\n",
+            FileRole::System,
+        ),
+    ]);
+    assert_eq!(
+        messages(&validate(&loaded, false)),
+        [
+            "error: /p/stepguard.toml: codex.max_steps_unit: unit \"tool\" differs from the unit `item` fixed by policy (/etc/stepguard/stepguard.toml: policy.codex.max_steps_unit)"
+        ]
+    );
 }

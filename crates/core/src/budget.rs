@@ -12,6 +12,10 @@
 //!
 //! When a profile is selected and a budget is also set explicitly (levels 1–6), the explicit
 //! budget is an upper bound: the effective budget is `min(explicit, profile)`.
+//!
+//! A policy ceiling ([`PolicySettings::max_steps_ceiling`], from a file the repository cannot
+//! edit) bounds the result of all of the above, `unlimited` included: the effective budget is
+//! `min(resolved, ceiling)`, and when the ceiling lowers it, the source names the policy.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -147,6 +151,10 @@ pub enum InvalidLimit {
     /// A fractional number.
     #[error("{0:?} is not a whole number")]
     NotWhole(String),
+    /// A policy ceiling that is not a whole number from 1 to [`MAX_STEPS_CEILING`]; `unlimited`
+    /// is refused too, since it would bound nothing.
+    #[error("{0} is not a valid ceiling; use a whole number from 1 to {MAX_STEPS_CEILING}")]
+    InvalidCeiling(String),
     /// Text that is not a number nor `unlimited`.
     #[error(
         "{0:?} is not a number; use a whole number from 1 to {MAX_STEPS_CEILING}, or \"unlimited\""
@@ -258,6 +266,86 @@ pub struct ProfileSettings {
     pub max_steps: Option<Setting>,
 }
 
+/// A policy's `max_steps_ceiling`: no budget, whatever its source, may exceed it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ceiling {
+    /// The most steps any run may be given, 1 to [`MAX_STEPS_CEILING`].
+    pub max_steps: u32,
+    /// Where the policy set it.
+    pub origin: Origin,
+}
+
+impl Ceiling {
+    /// Validates a raw `max_steps_ceiling` value: a whole number from 1 to [`MAX_STEPS_CEILING`].
+    pub fn from_setting(setting: &Setting) -> Result<Ceiling, BudgetError> {
+        let invalid = || BudgetError::InvalidValue {
+            origin: setting.origin.clone(),
+            reason: InvalidLimit::InvalidCeiling(raw_display(&setting.value)),
+        };
+        match StepLimit::from_raw(&setting.value) {
+            Ok(StepLimit::Limited(n)) => Ok(Ceiling {
+                max_steps: n,
+                origin: setting.origin.clone(),
+            }),
+            _ => Err(invalid()),
+        }
+    }
+
+    /// Returns the source label of a budget the ceiling lowered, e.g.
+    /// `policy max_steps_ceiling (/etc/stepguard/stepguard.toml)`.
+    pub fn label(&self) -> String {
+        match &self.origin {
+            Origin::File { path, .. } => format!("policy max_steps_ceiling ({path})"),
+            other => format!("policy max_steps_ceiling ({other})"),
+        }
+    }
+
+    /// Returns the ceiling as a limit, refusing values outside 1 to [`MAX_STEPS_CEILING`] (a model
+    /// built by hand could hold them).
+    fn limit(&self) -> Result<StepLimit, BudgetError> {
+        if (1..=MAX_STEPS_CEILING).contains(&self.max_steps) {
+            Ok(StepLimit::Limited(self.max_steps))
+        } else {
+            Err(BudgetError::InvalidValue {
+                origin: self.origin.clone(),
+                reason: InvalidLimit::InvalidCeiling(self.max_steps.to_string()),
+            })
+        }
+    }
+}
+
+fn raw_display(raw: &RawValue) -> String {
+    match raw {
+        RawValue::Integer(n) => n.to_string(),
+        RawValue::Float(f) => f.to_string(),
+        RawValue::Text(s) => format!("{s:?}"),
+        RawValue::Other(kind) => kind.clone(),
+    }
+}
+
+/// The `[policy]` in effect, merged from the policy-bearing files (the system file, the user's
+/// file, `STEPGUARD_POLICY`): limits the repository's own files, flags and environment cannot
+/// loosen. A project file's `[policy]` never reaches this.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PolicySettings {
+    /// `max_steps_ceiling`: the tightest of the policy files.
+    pub max_steps_ceiling: Option<Ceiling>,
+    /// `[policy.P] max_steps_unit`: the unit provider `P` must count in, with where it was fixed.
+    pub units: BTreeMap<String, (String, Origin)>,
+    /// `allow_plugin_override`: consent for plugin files replacing built-in providers. Any policy
+    /// file saying `false` wins over others saying `true`.
+    pub allow_plugin_override: Option<(bool, Origin)>,
+}
+
+impl PolicySettings {
+    /// Returns true when no policy is set.
+    pub fn is_empty(&self) -> bool {
+        self.max_steps_ceiling.is_none()
+            && self.units.is_empty()
+            && self.allow_plugin_override.is_none()
+    }
+}
+
 /// Everything the config files in effect say, merged, each value remembering its file and key.
 ///
 /// Produced by the `stepguard-config` crate (which does the I/O); consumed by [`resolve`].
@@ -273,6 +361,8 @@ pub struct ConfigModel {
     pub profile: Option<(String, Origin)>,
     /// Provider-scoped options, e.g. `[codex] max_steps_unit = "actionable"`, kept opaque.
     pub providers: BTreeMap<String, BTreeMap<String, (serde_json::Value, Origin)>>,
+    /// `[policy]` from the policy-bearing files.
+    pub policy: PolicySettings,
 }
 
 /// The inputs of one budget resolution: flags, env and the merged config, plus the run's scope.
@@ -317,7 +407,9 @@ pub struct ResolvedBudget {
     pub profile: Option<String>,
     /// The explicit budget before the profile bound applied, when both existed.
     pub explicit_max_steps: Option<StepLimit>,
-    /// Warnings for the user (deprecations), each naming its origin.
+    /// The budget before the policy ceiling lowered it, when it did.
+    pub uncapped_max_steps: Option<StepLimit>,
+    /// Warnings for the user (deprecations, budgets the policy lowered), each naming its origin.
     pub warnings: Vec<String>,
 }
 
@@ -393,62 +485,109 @@ pub fn resolve(req: &BudgetRequest<'_>) -> Result<ResolvedBudget, BudgetError> {
         warnings.push(format!("{}: {MAX_TURNS_DEPRECATION}", setting.origin));
     }
 
-    let (max_steps, source, source_file) = match (explicit, &profile) {
-        (Some((limit, setting, _)), Some((_, plimit, plabel, pfile))) => {
-            if limit.min(*plimit) == limit {
-                (
-                    limit,
-                    setting.origin.label(),
-                    setting.origin.file().map(str::to_owned),
-                )
-            } else {
-                (*plimit, plabel.clone(), pfile.clone())
-            }
-        }
-        (Some((limit, setting, _)), None) => (
+    // (limit, source label, source file, who asked for it: none for the default).
+    let (max_steps, source, source_file, asked) = match (explicit, &profile) {
+        (Some((limit, _, _)), Some(p)) if limit.min(p.limit) != limit => (
+            p.limit,
+            p.label.clone(),
+            p.file.clone(),
+            Some(p.asked.clone()),
+        ),
+        (Some((limit, setting, _)), _) => (
             limit,
             setting.origin.label(),
             setting.origin.file().map(str::to_owned),
+            Some(setting.origin.to_string()),
         ),
-        (None, Some((_, plimit, plabel, pfile))) => (*plimit, plabel.clone(), pfile.clone()),
+        (None, Some(p)) => (
+            p.limit,
+            p.label.clone(),
+            p.file.clone(),
+            Some(p.asked.clone()),
+        ),
         (None, None) => (
             StepLimit::Limited(DEFAULT_MAX_STEPS),
             "default".to_owned(),
             None,
+            None,
         ),
     };
-    Ok(ResolvedBudget {
+    let mut resolved = ResolvedBudget {
         max_steps,
         source,
         source_file,
         explicit_max_steps: explicit.filter(|_| profile.is_some()).map(|(l, _, _)| l),
-        profile: profile.map(|(name, ..)| name),
+        uncapped_max_steps: None,
+        profile: profile.map(|p| p.name),
         warnings,
-    })
+    };
+    if let Some(ceiling) = &req.config.policy.max_steps_ceiling {
+        apply_ceiling(&mut resolved, ceiling, asked.as_deref())?;
+    }
+    Ok(resolved)
 }
 
-/// Returns (name, budget, source label, source file) of the selected profile.
+/// Lowers the resolved budget to the policy ceiling when it is above it (`unlimited` always is).
+fn apply_ceiling(
+    resolved: &mut ResolvedBudget,
+    ceiling: &Ceiling,
+    asked: Option<&str>,
+) -> Result<(), BudgetError> {
+    let cap = ceiling.limit()?;
+    let requested = resolved.max_steps;
+    if requested.min(cap) == requested {
+        return Ok(());
+    }
+    // The default is nobody's request: lowering it is not worth a warning on every run.
+    if let Some(asked) = asked {
+        resolved.warnings.push(format!(
+            "{asked} asks for {requested} steps, above the policy ceiling of {cap} set in {}; \
+             using {cap}",
+            ceiling.origin
+        ));
+    }
+    resolved.max_steps = cap;
+    resolved.source = ceiling.label();
+    resolved.source_file = ceiling.origin.file().map(str::to_owned);
+    resolved.uncapped_max_steps = Some(requested);
+    Ok(())
+}
+
+/// The selected profile's budget and where it came from.
+struct ProfileBudget {
+    name: String,
+    limit: StepLimit,
+    /// Source label: `profile strict` or `profiles.strict.max_steps`.
+    label: String,
+    file: Option<String>,
+    /// Who asked for this budget, as a user would look for it.
+    asked: String,
+}
+
+/// Returns the budget of the selected profile.
 fn profile_budget(
     name: &str,
     origin: &Origin,
     config: &ConfigModel,
-) -> Result<(String, StepLimit, String, Option<String>), BudgetError> {
+) -> Result<ProfileBudget, BudgetError> {
     if let Some(setting) = config.profiles.get(name).and_then(|p| p.max_steps.as_ref()) {
         let limit = setting.limit()?;
-        return Ok((
-            name.to_owned(),
+        return Ok(ProfileBudget {
+            name: name.to_owned(),
             limit,
-            setting.origin.label(),
-            setting.origin.file().map(str::to_owned),
-        ));
+            label: setting.origin.label(),
+            file: setting.origin.file().map(str::to_owned),
+            asked: setting.origin.to_string(),
+        });
     }
     match builtin_profile(name) {
-        Some(b) => Ok((
-            name.to_owned(),
-            StepLimit::Limited(b),
-            format!("profile {name}"),
-            None,
-        )),
+        Some(b) => Ok(ProfileBudget {
+            name: name.to_owned(),
+            limit: StepLimit::Limited(b),
+            label: format!("profile {name}"),
+            file: None,
+            asked: format!("profile {name}"),
+        }),
         None => {
             let mut known: Vec<&str> = BUILTIN_PROFILES.iter().map(|(n, _)| *n).collect();
             known.extend(config.profiles.keys().map(String::as_str));
@@ -824,6 +963,215 @@ mod tests {
             StepLimit::from_raw(&RawValue::Text("UNLIMITED".into())),
             Ok(StepLimit::Unlimited)
         );
+    }
+
+    fn policy_file(key: &str) -> Origin {
+        Origin::File {
+            path: "/etc/stepguard/stepguard.toml".into(),
+            key: key.into(),
+        }
+    }
+
+    fn with_ceiling(mut config: ConfigModel, ceiling: u32) -> ConfigModel {
+        config.policy.max_steps_ceiling = Some(Ceiling {
+            max_steps: ceiling,
+            origin: policy_file("policy.max_steps_ceiling"),
+        });
+        config
+    }
+
+    const POLICY_SOURCE: &str = "policy max_steps_ceiling (/etc/stepguard/stepguard.toml)";
+
+    #[test]
+    fn ceiling_bounds_every_level_and_names_the_policy() {
+        for (i, label) in LABELS.iter().enumerate() {
+            let (flags, env, config) = with_levels(&[i]);
+            let config = with_ceiling(config, 80);
+            let r = resolve(&BudgetRequest {
+                flags,
+                env,
+                profile: None,
+                task_type: Some("review"),
+                config: &config,
+            })
+            .unwrap();
+            assert_eq!(r.max_steps, StepLimit::Limited(80), "{label}");
+            assert_eq!(r.source, POLICY_SOURCE, "{label}");
+            assert_eq!(
+                r.source_file.as_deref(),
+                Some("/etc/stepguard/stepguard.toml")
+            );
+            assert_eq!(
+                r.uncapped_max_steps,
+                Some(StepLimit::Limited(100 + i as u32))
+            );
+            let lowered = r
+                .warnings
+                .iter()
+                .find(|w| w.contains("policy ceiling"))
+                .unwrap_or_else(|| panic!("{label}: {:?}", r.warnings));
+            assert_eq!(
+                lowered,
+                &format!(
+                    "{} asks for {} steps, above the policy ceiling of 80 set in \
+                     /etc/stepguard/stepguard.toml: policy.max_steps_ceiling; using 80",
+                    if i < 4 {
+                        (*label).to_owned()
+                    } else {
+                        format!("/p/stepguard.toml: {label}")
+                    },
+                    100 + i
+                )
+            );
+        }
+    }
+
+    #[test]
+    fn unlimited_becomes_the_ceiling() {
+        let config = with_ceiling(ConfigModel::default(), 80);
+        let flags = LevelSettings {
+            max_steps: Some(Setting::text(
+                "unlimited",
+                Origin::Flag("--max-steps".into()),
+            )),
+            max_turns: None,
+        };
+        let r = resolve(&BudgetRequest {
+            flags,
+            ..BudgetRequest::new(&config)
+        })
+        .unwrap();
+        assert_eq!(r.max_steps, StepLimit::Limited(80));
+        assert_eq!(r.uncapped_max_steps, Some(StepLimit::Unlimited));
+        assert_eq!(
+            r.warnings,
+            [
+                "--max-steps asks for unlimited steps, above the policy ceiling of 80 set in \
+              /etc/stepguard/stepguard.toml: policy.max_steps_ceiling; using 80"
+            ]
+        );
+    }
+
+    #[test]
+    fn budgets_under_the_ceiling_are_untouched() {
+        let config = with_ceiling(ConfigModel::default(), 80);
+        let r = with_profile(Some(10), "yolo", config.clone());
+        assert_eq!(
+            (r.max_steps, r.source.as_str()),
+            (StepLimit::Limited(10), "--max-steps")
+        );
+        assert_eq!(r.uncapped_max_steps, None);
+        assert!(r.warnings.is_empty());
+        // Exactly at the ceiling is allowed and keeps its own source.
+        let r = with_profile(Some(80), "yolo", config);
+        assert_eq!(
+            (r.max_steps, r.source.as_str()),
+            (StepLimit::Limited(80), "--max-steps")
+        );
+    }
+
+    #[test]
+    fn ceiling_bounds_profiles_and_the_default_without_warning_for_the_default() {
+        let r = with_profile(None, "yolo", with_ceiling(ConfigModel::default(), 80));
+        assert_eq!(
+            (r.max_steps, r.source.as_str()),
+            (StepLimit::Limited(80), POLICY_SOURCE)
+        );
+        assert_eq!(r.profile.as_deref(), Some("yolo"));
+        assert_eq!(
+            r.warnings,
+            [
+                "profile yolo asks for 250 steps, above the policy ceiling of 80 set in \
+              /etc/stepguard/stepguard.toml: policy.max_steps_ceiling; using 80"
+            ]
+        );
+        let config = with_ceiling(ConfigModel::default(), 20);
+        let r = resolve(&BudgetRequest::new(&config)).unwrap();
+        assert_eq!(
+            (r.max_steps, r.source.as_str()),
+            (StepLimit::Limited(20), POLICY_SOURCE)
+        );
+        assert!(r.warnings.is_empty(), "{:?}", r.warnings);
+    }
+
+    #[test]
+    fn deprecation_warning_is_kept_beside_the_ceiling_warning() {
+        let (flags, env, config) = with_levels(&[1]);
+        let config = with_ceiling(config, 50);
+        let r = resolve(&BudgetRequest {
+            flags,
+            env,
+            profile: None,
+            task_type: None,
+            config: &config,
+        })
+        .unwrap();
+        assert_eq!(r.max_steps, StepLimit::Limited(50));
+        assert_eq!(r.warnings.len(), 2, "{:?}", r.warnings);
+        assert!(r.warnings[0].contains(MAX_TURNS_DEPRECATION));
+    }
+
+    #[test]
+    fn ceiling_values_are_validated() {
+        let setting = |value: RawValue| Setting {
+            value,
+            origin: policy_file("policy.max_steps_ceiling"),
+        };
+        assert_eq!(
+            Ceiling::from_setting(&setting(RawValue::Integer(80))).map(|c| c.max_steps),
+            Ok(80)
+        );
+        for (value, text) in [
+            (RawValue::Integer(0), "0 is not a valid ceiling"),
+            (RawValue::Integer(100_001), "100001 is not a valid ceiling"),
+            (
+                RawValue::Text("unlimited".into()),
+                "\"unlimited\" is not a valid ceiling",
+            ),
+            (RawValue::Float(2.5), "2.5 is not a valid ceiling"),
+            (
+                RawValue::Other("a boolean".into()),
+                "a boolean is not a valid ceiling",
+            ),
+        ] {
+            let err = Ceiling::from_setting(&setting(value))
+                .unwrap_err()
+                .to_string();
+            assert_eq!(
+                err,
+                format!(
+                    "invalid budget at /etc/stepguard/stepguard.toml: policy.max_steps_ceiling: \
+                     {text}; use a whole number from 1 to 100000"
+                )
+            );
+        }
+        // A model built by hand with an out-of-range ceiling is refused, not applied.
+        let config = with_ceiling(ConfigModel::default(), 0);
+        assert!(matches!(
+            resolve(&BudgetRequest::new(&config)),
+            Err(BudgetError::InvalidValue { .. })
+        ));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn effective_budget_is_min_of_request_and_ceiling(
+            asked in proptest::option::of(1u32..=MAX_STEPS_CEILING),
+            ceiling in 1u32..=MAX_STEPS_CEILING,
+        ) {
+            let value = asked.map_or_else(|| "unlimited".to_owned(), |n| n.to_string());
+            let config = with_ceiling(ConfigModel::default(), ceiling);
+            let r = resolve(&BudgetRequest {
+                flags: LevelSettings {
+                    max_steps: Some(Setting::text(value, Origin::Flag("--max-steps".into()))),
+                    max_turns: None,
+                },
+                ..BudgetRequest::new(&config)
+            })
+            .unwrap();
+            let expected = asked.map_or(ceiling, |a| a.min(ceiling));
+            proptest::prop_assert_eq!(r.max_steps, StepLimit::Limited(expected));
+        }
     }
 
     #[test]

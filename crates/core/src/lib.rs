@@ -4,7 +4,8 @@
 //! the rules every other crate agrees on, with no I/O, so it can be embedded in any agent loop:
 //!
 //! * [`budget`]: budget values, their sources and the precedence that resolves them
-//!   ([`budget::resolve`]), profiles, and the legacy `max_turns` spelling with its deprecation;
+//!   ([`budget::resolve`]), profiles, the policy ceiling no other source can exceed, and the
+//!   legacy `max_turns` spelling with its deprecation;
 //! * [`ledger`]: [`StepLedger`], which counts steps begun and completed and says when a run is
 //!   over budget: a budget of N lets N steps happen, and step N+1 beginning is over budget;
 //! * [`slug`]: [`FailureSlug`], the stable machine-readable reasons runs fail;
@@ -41,8 +42,8 @@ pub mod stats;
 pub mod verdict;
 
 pub use budget::{
-    BudgetError, BudgetRequest, ConfigModel, LevelSettings, Origin, RawValue, ResolvedBudget,
-    Setting, StepLimit,
+    BudgetError, BudgetRequest, Ceiling, ConfigModel, LevelSettings, Origin, PolicySettings,
+    RawValue, ResolvedBudget, Setting, StepLimit,
 };
 pub use exit::ExitCode;
 pub use ledger::{BudgetStatus, StepLedger};

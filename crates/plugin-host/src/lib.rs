@@ -4,11 +4,22 @@
 //! ([`stepguard_plugin_api::host::Provider`]). Plugin files come only from directories the user
 //! configured, in this order: `--plugin-dir` (repeatable), `STEPGUARD_PLUGIN_PATH` (a
 //! `:`-separated list), the user's data directory (`$XDG_DATA_HOME/stepguard/plugins`), and the
-//! `plugins/` directory beside the executable; never the working directory implicitly. The first
-//! file that provides a name wins; a loaded plugin whose name matches a built-in replaces it.
+//! `plugins/` directory beside the executable; never the working directory: relative entries in
+//! `STEPGUARD_PLUGIN_PATH` are ignored ([`SearchPath::ignored`]), while a relative `--plugin-dir`
+//! is explicit and resolved against the working directory. The first file that provides a name
+//! wins.
 //!
-//! A file that fails to load is skipped and remembered: a command that needs the provider it was
-//! meant to be fails with the same message ([`LookupError::FailedToLoad`]).
+//! Plugins decide how steps are counted, so loading one is a matter of trust:
+//!
+//! - a file is opened only when it and its directory are owned by root or the current user and
+//!   writable by nobody else ([`trust::check_plugin_file`], like OpenSSH's `StrictModes`);
+//! - a plugin whose name matches a built-in replaces it only when the caller consents
+//!   ([`LoadPolicy::allow_override`]); otherwise the built-in stays and the file is refused. The
+//!   name comes from the plugin's manifest, so such a file has been opened by then: this keeps
+//!   the budget's counter, it does not sandbox code that the current user could already run.
+//!
+//! A file that is refused or fails to load is skipped and remembered: a command that needs the
+//! provider it was meant to be fails with the same message ([`LookupError::FailedToLoad`]).
 //!
 //! ```
 //! let registry = stepguard_plugin_host::Registry::new(Vec::new());
@@ -16,7 +27,10 @@
 //! ```
 #![forbid(unsafe_code)]
 
+pub mod trust;
+
 use std::collections::BTreeMap;
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 
 use stepguard_plugin_api::ProviderBox;
@@ -56,20 +70,62 @@ pub struct Entry {
     pub replaces_builtin: bool,
 }
 
-/// A plugin file that could not be loaded.
+/// What the registry may load, beyond files that pass the trust check.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LoadPolicy {
+    /// Let a plugin replace a built-in provider of the same name (off: the file is refused).
+    pub allow_override: bool,
+}
+
+/// Why a plugin file is not in the registry.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FailureReason {
+    /// Someone other than root and the current user can change the file or its directory; it
+    /// was not opened.
+    #[error(transparent)]
+    Unsafe(#[from] trust::UnsafePlugin),
+    /// It provides a built-in provider's name and the policy does not allow overrides.
+    #[error(
+        "it would replace the built-in provider `{provider}`; pass --allow-override to allow it"
+    )]
+    WouldOverride {
+        /// The built-in provider's name.
+        provider: String,
+    },
+    /// It did not load.
+    #[error(transparent)]
+    Load(#[from] LoadError),
+}
+
+impl FailureReason {
+    /// Returns true when the host refused the file rather than the file failing to load.
+    pub fn is_refusal(&self) -> bool {
+        !matches!(self, FailureReason::Load(_))
+    }
+}
+
+/// A plugin file that was refused or could not be loaded.
 #[derive(Debug, Clone)]
 pub struct LoadFailure {
     /// The file.
     pub path: PathBuf,
     /// Why.
-    pub error: LoadError,
+    pub error: FailureReason,
     /// The provider it was probably meant to be (from its manifest, else its file name).
     pub provider_hint: Option<String>,
 }
 
 impl std::fmt::Display for LoadFailure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "skipped plugin {}: {}", self.path.display(), self.error)
+        let path = self.path.display();
+        match &self.error {
+            FailureReason::Unsafe(why) => write!(f, "refusing plugin {path}: {why}"),
+            FailureReason::WouldOverride { provider } => write!(
+                f,
+                "plugin {path} would replace the built-in provider `{provider}`; pass --allow-override to allow it"
+            ),
+            FailureReason::Load(error) => write!(f, "skipped plugin {path}: {error}"),
+        }
     }
 }
 
@@ -84,15 +140,19 @@ pub enum LookupError {
         /// Comma-separated names of the providers that exist.
         available: String,
     },
-    /// The provider's plugin file exists but failed to load.
-    #[error("provider `{name}` is unavailable: plugin {} failed to load: {error}", .path.display())]
+    /// The provider's plugin file exists but was refused or failed to load.
+    #[error(
+        "provider `{name}` is unavailable: plugin {} {}: {error}",
+        .path.display(),
+        if .error.is_refusal() { "was refused" } else { "failed to load" }
+    )]
     FailedToLoad {
         /// The name asked for.
         name: String,
         /// The plugin file.
         path: PathBuf,
         /// Why it failed.
-        error: LoadError,
+        error: FailureReason,
     },
 }
 
@@ -123,7 +183,7 @@ impl Registry {
                 // A built-in that does not load is a bug in this build; report it like a plugin.
                 Err(error) => registry.failures.push(LoadFailure {
                     path: PathBuf::from("<builtin>"),
-                    error,
+                    error: error.into(),
                     provider_hint: None,
                 }),
             }
@@ -131,20 +191,35 @@ impl Registry {
         registry
     }
 
-    /// Loads every plugin file in `dirs` (in order; missing directories are skipped).
+    /// Loads every plugin file in `dirs` (in order; missing directories are skipped) under the
+    /// default policy: no plugin may replace a built-in.
     pub fn load_dirs(&mut self, dirs: &[PathBuf]) {
+        self.load_dirs_with(dirs, LoadPolicy::default());
+    }
+
+    /// Loads every plugin file in `dirs` (in order; missing directories are skipped) under
+    /// `policy`. Files that fail the trust check are refused without being opened.
+    pub fn load_dirs_with(&mut self, dirs: &[PathBuf], policy: LoadPolicy) {
         let mut loaded_names = Vec::new();
         for dir in dirs {
             let Ok(files) = host::list_dir(dir) else {
                 continue;
             };
             for path in files {
-                self.load_file(&path, &mut loaded_names);
+                self.load_file(&path, policy, &mut loaded_names);
             }
         }
     }
 
-    fn load_file(&mut self, path: &Path, loaded_names: &mut Vec<String>) {
+    fn load_file(&mut self, path: &Path, policy: LoadPolicy, loaded_names: &mut Vec<String>) {
+        if let Err(unsafe_plugin) = trust::check_plugin_file(path) {
+            self.failures.push(LoadFailure {
+                path: path.to_path_buf(),
+                error: unsafe_plugin.into(),
+                provider_hint: name_from_file(path),
+            });
+            return;
+        }
         match host::load_file(path, host_callbacks()) {
             Ok(provider) => {
                 let name = provider.manifest().name.clone();
@@ -156,6 +231,16 @@ impl Registry {
                     .entries
                     .get(&name)
                     .is_some_and(|e| e.source == Source::Builtin);
+                if replaces_builtin && !policy.allow_override {
+                    self.failures.push(LoadFailure {
+                        path: path.to_path_buf(),
+                        error: FailureReason::WouldOverride {
+                            provider: name.clone(),
+                        },
+                        provider_hint: Some(name),
+                    });
+                    return;
+                }
                 tracing::debug!(path = %path.display(), provider = %name, replaces_builtin, "plugin loaded");
                 loaded_names.push(name.clone());
                 self.entries.insert(
@@ -174,7 +259,7 @@ impl Registry {
                     .or_else(|| name_from_file(path));
                 self.failures.push(LoadFailure {
                     path: path.to_path_buf(),
-                    error,
+                    error: error.into(),
                     provider_hint,
                 });
             }
@@ -236,26 +321,66 @@ pub fn name_from_file(path: &Path) -> Option<String> {
     Some(stem.replace('_', "-")).filter(|s| !s.is_empty())
 }
 
-/// Returns the plugin directories in search order.
+/// The plugin directories to search, and the `STEPGUARD_PLUGIN_PATH` entries left out.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SearchPath {
+    /// The directories, in search order.
+    pub dirs: Vec<PathBuf>,
+    /// Relative entries of `STEPGUARD_PLUGIN_PATH` (including `.` and empty ones), which would
+    /// load plugins from wherever stepguard happens to run; each is worth one warning.
+    pub ignored: Vec<IgnoredEntry>,
+}
+
+/// A relative `STEPGUARD_PLUGIN_PATH` entry that was not searched.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IgnoredEntry(pub PathBuf);
+
+impl std::fmt::Display for IgnoredEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "ignoring relative entry {:?} in {PLUGIN_PATH_ENV}; plugin directories there must be absolute",
+            self.0.display().to_string()
+        )
+    }
+}
+
+/// Returns the plugin directories in search order: `cli_dirs` (a relative one resolved against
+/// the working directory: naming it is explicit), the absolute entries of `env_path` (an empty
+/// value counts as unset), the user's data directory, and `plugins/` beside `exe`.
 pub fn plugin_dirs(
     cli_dirs: &[PathBuf],
-    env_path: Option<&std::ffi::OsStr>,
+    env_path: Option<&OsStr>,
     exe: Option<&Path>,
-) -> Vec<PathBuf> {
-    let mut dirs: Vec<PathBuf> = cli_dirs.to_vec();
-    if let Some(path) = env_path {
-        dirs.extend(std::env::split_paths(path).filter(|p| !p.as_os_str().is_empty()));
+) -> SearchPath {
+    let mut search = SearchPath {
+        dirs: cli_dirs
+            .iter()
+            .map(|d| std::path::absolute(d).unwrap_or_else(|_| d.clone()))
+            .collect(),
+        ignored: Vec::new(),
+    };
+    if let Some(path) = env_path.filter(|p| !p.is_empty()) {
+        for entry in std::env::split_paths(path) {
+            if entry.is_absolute() {
+                search.dirs.push(entry);
+            } else {
+                search.ignored.push(IgnoredEntry(entry));
+            }
+        }
     }
     {
         use etcetera::BaseStrategy as _;
         if let Ok(base) = etcetera::choose_base_strategy() {
-            dirs.push(base.data_dir().join("stepguard").join("plugins"));
+            search
+                .dirs
+                .push(base.data_dir().join("stepguard").join("plugins"));
         }
     }
     if let Some(dir) = exe.and_then(Path::parent) {
-        dirs.push(dir.join("plugins"));
+        search.dirs.push(dir.join("plugins"));
     }
-    dirs
+    search
 }
 
 fn host_callbacks() -> HostCallbacks {
@@ -284,15 +409,14 @@ extern "C" fn log_from_plugin(level: u8, target: RStr<'_>, message: RStr<'_>) {
     }
 }
 
-/// Loads one plugin file on its own and returns its manifest, or why it does not load.
-pub fn check_file(path: &Path) -> Result<stepguard_plugin_api::Manifest, LoadError> {
+/// Loads one plugin file on its own and returns its manifest, or why it is refused or does not
+/// load. The trust check applies as in a plugin directory; built-in names are not considered.
+pub fn check_file(path: &Path) -> Result<stepguard_plugin_api::Manifest, FailureReason> {
     if !path.is_file() {
-        return Err(LoadError::NotALibrary(format!(
-            "{} is not a file",
-            path.display()
-        )));
+        return Err(LoadError::NotALibrary(format!("{} is not a file", path.display())).into());
     }
-    host::load_file(path, host_callbacks()).map(|p| p.manifest().clone())
+    trust::check_plugin_file(path)?;
+    Ok(host::load_file(path, host_callbacks()).map(|p| p.manifest().clone())?)
 }
 
 #[cfg(test)]
@@ -317,11 +441,12 @@ mod tests {
 
     #[test]
     fn search_order_is_flags_env_data_dir_exe_dir() {
-        let dirs = plugin_dirs(
+        let search = plugin_dirs(
             &[PathBuf::from("/a"), PathBuf::from("/b")],
-            Some(std::ffi::OsStr::new("/c::/d")),
+            Some(std::ffi::OsStr::new("/c:/d")),
             Some(Path::new("/opt/sg/bin/stepguard")),
         );
+        let dirs = &search.dirs;
         assert_eq!(
             &dirs[..4],
             &[
@@ -333,7 +458,99 @@ mod tests {
         );
         assert!(dirs[4].ends_with("stepguard/plugins"));
         assert_eq!(dirs[5], PathBuf::from("/opt/sg/bin/plugins"));
-        assert!(!dirs.iter().any(|d| d == Path::new(".")));
+        assert_eq!(dirs.len(), 6);
+        assert!(search.ignored.is_empty());
+    }
+
+    #[test]
+    fn relative_env_entries_are_ignored_and_named() {
+        let search = plugin_dirs(&[], Some(std::ffi::OsStr::new(".:/c::plugins:/d")), None);
+        assert!(search.dirs.iter().all(|d| d.is_absolute()), "{search:?}");
+        assert_eq!(
+            &search.dirs[..2],
+            &[PathBuf::from("/c"), PathBuf::from("/d")]
+        );
+        let ignored: Vec<String> = search.ignored.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            ignored,
+            [
+                "ignoring relative entry \".\" in STEPGUARD_PLUGIN_PATH; plugin directories there must be absolute",
+                "ignoring relative entry \"\" in STEPGUARD_PLUGIN_PATH; plugin directories there must be absolute",
+                "ignoring relative entry \"plugins\" in STEPGUARD_PLUGIN_PATH; plugin directories there must be absolute",
+            ]
+        );
+        // A variable set to nothing is as good as unset.
+        let empty = plugin_dirs(&[], Some(std::ffi::OsStr::new("")), None);
+        assert!(empty.ignored.is_empty());
+    }
+
+    #[test]
+    fn relative_flag_dirs_are_resolved_against_the_working_directory() {
+        let search = plugin_dirs(&[PathBuf::from("my-plugins")], None, None);
+        let cwd = std::env::current_dir().expect("cwd");
+        assert_eq!(search.dirs[0], cwd.join("my-plugins"));
+        assert!(search.ignored.is_empty());
+    }
+
+    #[test]
+    fn failures_say_whether_the_file_was_refused_or_did_not_load() {
+        let refused = LoadFailure {
+            path: PathBuf::from("/x/libfoo.so"),
+            error: trust::UnsafePlugin {
+                dir: None,
+                problem: trust::Problem::Writable { mode: 0o666 },
+            }
+            .into(),
+            provider_hint: Some("foo".into()),
+        };
+        assert_eq!(
+            refused.to_string(),
+            "refusing plugin /x/libfoo.so: it is writable by others (mode 0666); chmod go-w it"
+        );
+        let override_ = LoadFailure {
+            path: PathBuf::from("/x/libcodex.so"),
+            error: FailureReason::WouldOverride {
+                provider: "codex".into(),
+            },
+            provider_hint: Some("codex".into()),
+        };
+        assert_eq!(
+            override_.to_string(),
+            "plugin /x/libcodex.so would replace the built-in provider `codex`; pass --allow-override to allow it"
+        );
+        let mut registry = Registry::new(Vec::new());
+        registry.failures.push(refused);
+        assert_eq!(
+            registry.get("foo").unwrap_err().to_string(),
+            "provider `foo` is unavailable: plugin /x/libfoo.so was refused: it is writable by others (mode 0666); chmod go-w it"
+        );
+    }
+
+    #[test]
+    fn unsafe_files_in_a_plugin_directory_are_refused_without_being_opened() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().join("plugins");
+        std::fs::create_dir(&dir).expect("mkdir");
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let file = dir.join(format!("libfoo.{}", std::env::consts::DLL_EXTENSION));
+        std::fs::write(&file, b"not a library").expect("write");
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+        let mut registry = Registry::new(Vec::new());
+        registry.load_dirs(std::slice::from_ref(&dir));
+        let failures = registry.failures();
+        assert_eq!(failures.len(), 1);
+        assert!(
+            matches!(failures[0].error, FailureReason::Unsafe(_)),
+            "{}",
+            failures[0]
+        );
+        assert_eq!(failures[0].provider_hint.as_deref(), Some("foo"));
+        assert!(matches!(check_file(&file), Err(FailureReason::Unsafe(_))));
+
+        // Once safe, the same file gets as far as being opened.
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        assert!(matches!(check_file(&file), Err(FailureReason::Load(_))));
     }
 
     #[test]

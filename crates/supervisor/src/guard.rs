@@ -95,7 +95,10 @@ pub fn guardian_main(args: &[OsString]) -> bool {
         if let Some(dir) = &cgroup {
             let _ = crate::cgroup::kill_dir(dir);
         }
-        if let Some(g) = pgid.and_then(|g| i32::try_from(g).ok()).and_then(Pid::from_raw) {
+        if let Some(g) = pgid
+            .and_then(|g| i32::try_from(g).ok())
+            .and_then(Pid::from_raw)
+        {
             let _ = rustix::process::kill_process_group(g, Signal::KILL);
         }
         let populated = cgroup.as_deref().is_some_and(crate::cgroup::populated);

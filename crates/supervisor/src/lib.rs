@@ -35,7 +35,6 @@ pub mod guard;
 mod reaper;
 mod walk;
 
-
 use std::collections::HashSet;
 use std::io;
 use std::os::unix::process::CommandExt as _;
@@ -134,6 +133,11 @@ pub struct Tree {
     pgid: u32,
     cgroup: Option<RunCgroup>,
     spared: Vec<u32>,
+    /// Process groups the run's processes were seen in (the agent's, and every group or
+    /// session a descendant created; never one with a member outside the run): signalled as
+    /// groups until they are empty, because a PID hopper keeps its group while its pid changes
+    /// faster than `/proc` can be read.
+    groups: std::cell::RefCell<HashSet<u32>>,
 }
 
 impl Tree {
@@ -143,6 +147,7 @@ impl Tree {
             pgid,
             cgroup,
             spared: Vec::new(),
+            groups: std::cell::RefCell::new(HashSet::from([pgid])),
         }
     }
 
@@ -174,6 +179,12 @@ impl Tree {
     fn scan(&self) -> walk::Scan {
         let mut scan = walk::scan_all(std::process::id());
         scan.descendants.retain(|p| !self.spared.contains(&p.pid));
+        let own_group = rustix::process::getpgrp().as_raw_pid() as u32;
+        self.groups
+            .borrow_mut()
+            .extend(scan.groups.iter().filter(|g| {
+                **g != own_group && !scan.foreign_groups.contains(g) && !self.spared.contains(g)
+            }));
         let found = &mut scan.descendants;
         if let Some(cg) = &self.cgroup {
             for pid in cg.pids() {
@@ -191,17 +202,21 @@ impl Tree {
     /// the run (this process's own, or a shell's a descendant joined).
     fn signal(&self, procs: &[walk::Proc], foreign: &HashSet<u32>, signal: Signal) {
         let own_group = rustix::process::getpgrp().as_raw_pid() as u32;
-        let mut groups: HashSet<u32> = HashSet::from([self.pgid]);
+        let known = self.groups.borrow().clone();
+        let mut groups: HashSet<u32> = HashSet::new();
         for p in procs {
             if let Some(pid) = pid(p.pid) {
                 let _ = rustix::process::kill_process(pid, signal);
             }
-            groups.insert(p.pgid);
+            if !foreign.contains(&p.pgid) {
+                groups.insert(p.pgid);
+            }
         }
+        // Groups the run created are signalled whoever is in them now.
+        groups.extend(known);
         for g in groups {
             if g != own_group
                 && g != 0
-                && !foreign.contains(&g)
                 && !self.spared.contains(&g)
                 && let Some(g) = pid(g)
             {
@@ -217,11 +232,12 @@ impl Tree {
         scan.descendants
     }
 
-    /// Returns true when [`EMPTY_SCANS`] scans in a row find no process of the run.
+    /// Returns true when [`EMPTY_SCANS`] scans in a row find no process of the run, and no
+    /// group the run created has a member left.
     fn gone(&self) -> bool {
         for i in 0..EMPTY_SCANS {
             let populated = self.cgroup.as_ref().is_some_and(RunCgroup::populated);
-            if populated || !self.members().is_empty() {
+            if populated || !self.members().is_empty() || self.groups_left() {
                 return false;
             }
             if i + 1 < EMPTY_SCANS {
@@ -229,6 +245,25 @@ impl Tree {
             }
         }
         true
+    }
+
+    /// Returns true while a group the run created still has a live member.
+    fn groups_left(&self) -> bool {
+        let own_group = rustix::process::getpgrp().as_raw_pid() as u32;
+        let left: Vec<u32> = self
+            .groups
+            .borrow()
+            .iter()
+            .copied()
+            .filter(|&g| {
+                g != own_group
+                    && pid(g).is_some_and(|g| rustix::process::test_kill_process_group(g).is_ok())
+            })
+            .collect();
+        if !left.is_empty() {
+            tracing::trace!(?left, "groups of the run still answer");
+        }
+        !left.is_empty()
     }
 
     /// Sends SIGTERM to the agent's group only: the fastest first move, safe from any thread;

@@ -132,5 +132,8 @@ impl Drop for Reaper {
         if let Some(thread) = thread {
             let _ = thread.join();
         }
+        // Processes killed at the very end may still be zombies of ours: reap them now, or they
+        // would go to an init that may never reap them.
+        while let Ok(Some(_)) = rustix::process::wait(WaitOptions::NOHANG) {}
     }
 }

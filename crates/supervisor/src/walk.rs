@@ -43,6 +43,9 @@ fn is_alive(pid: u32, state: char) -> bool {
 #[derive(Debug, Default)]
 pub(crate) struct Scan {
     pub descendants: Vec<Proc>,
+    /// Groups of every descendant seen, zombies included (a PID hopper's generations are
+    /// zombies of the supervisor long enough to be seen, while its live one rarely is).
+    pub groups: std::collections::HashSet<u32>,
     /// Groups with a live member that is not a descendant: never signalled as a group (a
     /// descendant may join a group of its session, e.g. the user's shell's).
     pub foreign_groups: std::collections::HashSet<u32>,
@@ -58,7 +61,7 @@ pub(crate) fn scan_all(root: u32) -> Scan {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Scan::default();
     };
-    let mut children: HashMap<u32, Vec<(Proc, bool)>> = HashMap::new();
+    let mut children: HashMap<u32, Vec<(Proc, char)>> = HashMap::new();
     for entry in entries.flatten() {
         let name = entry.file_name();
         let Some(name) = name
@@ -71,20 +74,24 @@ pub(crate) fn scan_all(root: u32) -> Scan {
             continue;
         };
         if let Some((pid, state, ppid, pgid)) = parse_stat(&stat) {
+            // Whether a zombie's threads run is asked only of descendants (below): reading
+            // every zombie's task list would make one scan slow on a machine full of them.
             children
                 .entry(ppid)
                 .or_default()
-                .push((Proc { pid, pgid }, is_alive(pid, state)));
+                .push((Proc { pid, pgid }, state));
         }
     }
     let mut out = Vec::new();
     let mut stack = vec![root];
     let mut seen = std::collections::HashSet::new();
+    let mut groups = std::collections::HashSet::new();
     while let Some(p) = stack.pop() {
-        for &(child, alive) in children.get(&p).map(Vec::as_slice).unwrap_or_default() {
-            if alive {
+        for &(child, state) in children.get(&p).map(Vec::as_slice).unwrap_or_default() {
+            if is_alive(child.pid, state) {
                 out.push(child);
             }
+            groups.insert(child.pgid);
             seen.insert(child.pid);
             stack.push(child.pid);
         }
@@ -92,11 +99,12 @@ pub(crate) fn scan_all(root: u32) -> Scan {
     let foreign_groups = children
         .values()
         .flatten()
-        .filter(|(p, alive)| *alive && !seen.contains(&p.pid))
+        .filter(|(p, state)| *state != 'Z' && *state != 'X' && !seen.contains(&p.pid))
         .map(|(p, _)| p.pgid)
         .collect();
     Scan {
         descendants: out,
+        groups,
         foreign_groups,
     }
 }
@@ -115,10 +123,7 @@ mod tests {
 
     #[test]
     fn stat_lines_with_odd_command_names() {
-        assert_eq!(
-            parse_stat("42 (sleep) S 7 42 42 0"),
-            Some((42, 'S', 7, 42))
-        );
+        assert_eq!(parse_stat("42 (sleep) S 7 42 42 0"), Some((42, 'S', 7, 42)));
         assert_eq!(parse_stat("43 (a) b (c) Z 9 1 1"), Some((43, 'Z', 9, 1)));
         assert_eq!(parse_stat("garbage"), None);
     }

@@ -1,10 +1,11 @@
-//! `stepguard config`: the effective budget, its source, provider options and warnings.
+//! `stepguard config`: the effective budget, its source, the policy, provider options and warnings.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde::Serialize;
-use stepguard_core::{ExitCode, StepLimit, budget};
+use stepguard_config::LoadedConfig;
+use stepguard_core::{ExitCode, Origin, StepLimit, budget};
 
 use crate::args::ConfigArgs;
 use crate::{output, settings};
@@ -19,7 +20,73 @@ struct ConfigReport<'a> {
     provider: Option<&'a str>,
     config_files: Vec<&'a str>,
     provider_options: BTreeMap<&'a str, BTreeMap<&'a str, &'a serde_json::Value>>,
+    policy: PolicyReport<'a>,
     warnings: Vec<String>,
+}
+
+/// The policy in effect: each value with the file and key that set it.
+#[derive(Serialize)]
+struct PolicyReport<'a> {
+    /// The policy-bearing files that set any policy.
+    files: Vec<&'a str>,
+    max_steps_ceiling: Option<PolicyValue<'a, u32>>,
+    /// Units fixed per provider (only `--provider`'s when given).
+    units: BTreeMap<&'a str, PolicyValue<'a, &'a str>>,
+    /// The effective consent: `false` with no source when no policy file sets it.
+    allow_plugin_override: PolicyValue<'a, bool>,
+}
+
+#[derive(Serialize)]
+struct PolicyValue<'a, T> {
+    value: T,
+    source_file: Option<&'a str>,
+    key: Option<&'a str>,
+}
+
+impl<'a, T> PolicyValue<'a, T> {
+    fn new(value: T, origin: &'a Origin) -> Self {
+        let (source_file, key) = match origin {
+            Origin::File { path, key } => (Some(path.as_str()), Some(key.as_str())),
+            _ => (None, None),
+        };
+        PolicyValue {
+            value,
+            source_file,
+            key,
+        }
+    }
+
+    fn origin_text(&self) -> String {
+        match (self.source_file, self.key) {
+            (Some(file), Some(key)) => format!("from {file}: {key}"),
+            _ => "default".to_owned(),
+        }
+    }
+}
+
+fn policy_report<'a>(loaded: &'a LoadedConfig, provider: Option<&str>) -> PolicyReport<'a> {
+    let policy = &loaded.model.policy;
+    PolicyReport {
+        files: loaded.policy_files().map(|f| f.path.as_str()).collect(),
+        max_steps_ceiling: policy
+            .max_steps_ceiling
+            .as_ref()
+            .map(|c| PolicyValue::new(c.max_steps, &c.origin)),
+        units: policy
+            .units
+            .iter()
+            .filter(|(name, _)| provider.is_none_or(|p| p == name.as_str()))
+            .map(|(name, (unit, origin))| (name.as_str(), PolicyValue::new(unit.as_str(), origin)))
+            .collect(),
+        allow_plugin_override: match &policy.allow_plugin_override {
+            Some((allow, origin)) => PolicyValue::new(*allow, origin),
+            None => PolicyValue {
+                value: false,
+                source_file: None,
+                key: None,
+            },
+        },
+    }
 }
 
 /// Runs `stepguard config`.
@@ -47,8 +114,9 @@ pub fn run(config_path: Option<&Path>, args: &ConfigArgs) -> anyhow::Result<Exit
         profile: resolved.profile.as_deref(),
         task_type: args.budget.task_type.as_deref(),
         provider: args.provider.as_deref(),
-        config_files: loaded.files.iter().map(|f| f.path.as_str()).collect(),
+        config_files: loaded.settings_files().map(|f| f.path.as_str()).collect(),
         provider_options,
+        policy: policy_report(&loaded, args.provider.as_deref()),
         warnings,
     };
     if args.json {
@@ -56,13 +124,19 @@ pub fn run(config_path: Option<&Path>, args: &ConfigArgs) -> anyhow::Result<Exit
         return Ok(ExitCode::Success);
     }
     let from = match report.source_file {
-        Some(file) => format!("{} in {file}", report.source),
-        None => report.source.to_owned(),
+        // The policy's label already names its file.
+        Some(file) if !report.source.contains(file) => format!("{} in {file}", report.source),
+        _ => report.source.to_owned(),
     };
     output::line(format!("max_steps: {} (from {from})", report.max_steps))?;
     if let Some(explicit) = resolved.explicit_max_steps {
         output::line(format!(
             "  explicit budget {explicit}, bounded by the profile"
+        ))?;
+    }
+    if let Some(uncapped) = resolved.uncapped_max_steps {
+        output::line(format!(
+            "  budget {uncapped} asked for, bounded by the policy ceiling"
         ))?;
     }
     output::line(format!("profile: {}", report.profile.unwrap_or("none")))?;
@@ -75,6 +149,7 @@ pub fn run(config_path: Option<&Path>, args: &ConfigArgs) -> anyhow::Result<Exit
             output::line(format!("  {f}"))?;
         }
     }
+    print_policy(&report.policy)?;
     for (provider, opts) in &report.provider_options {
         output::line(format!("[{provider}] options:"))?;
         for (k, v) in opts {
@@ -85,4 +160,31 @@ pub fn run(config_path: Option<&Path>, args: &ConfigArgs) -> anyhow::Result<Exit
         output::diag("warning", w.strip_prefix("warning: ").unwrap_or(w));
     }
     Ok(ExitCode::Success)
+}
+
+fn print_policy(policy: &PolicyReport<'_>) -> std::io::Result<()> {
+    if policy.files.is_empty() {
+        return output::line("policy: none");
+    }
+    output::line("policy:")?;
+    if let Some(c) = &policy.max_steps_ceiling {
+        output::line(format!(
+            "  max_steps_ceiling = {} ({})",
+            c.value,
+            c.origin_text()
+        ))?;
+    }
+    for (provider, unit) in &policy.units {
+        output::line(format!(
+            "  {provider}.max_steps_unit = {:?} (fixed, {})",
+            unit.value,
+            unit.origin_text()
+        ))?;
+    }
+    let allow = &policy.allow_plugin_override;
+    output::line(format!(
+        "  allow_plugin_override = {} ({})",
+        allow.value,
+        allow.origin_text()
+    ))
 }

@@ -14,7 +14,10 @@ use crate::{output, providers, settings};
 /// Runs `stepguard count`.
 pub fn run(cli: &Cli, args: &CountArgs) -> anyhow::Result<ExitCode> {
     let config = settings::load_config(cli.config.as_deref())?;
-    let registry = providers::load_registry(&cli.plugin_dir);
+    let registry = providers::load_registry(
+        &cli.plugin_dir,
+        cli.allow_override || settings::allow_override(&config),
+    );
     let selection = providers::select(
         &registry,
         &args.provider,

@@ -25,7 +25,7 @@ pub fn run(cli: &Cli, args: &PluginsArgs) -> anyhow::Result<ExitCode> {
     if let Some(PluginsAction::Check { path }) = &args.action {
         return check(path);
     }
-    let registry = providers::load_registry(&cli.plugin_dir);
+    let registry = providers::load_registry(&cli.plugin_dir, cli.allow_override);
     let reports: Vec<PluginReport<'_>> = registry
         .entries()
         .map(|e| {

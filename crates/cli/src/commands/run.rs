@@ -24,7 +24,10 @@ pub fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
     for w in &resolved.warnings {
         output::diag("warning", w);
     }
-    let registry = providers::load_registry(&cli.plugin_dir, cli.allow_override);
+    let registry = providers::load_registry(
+        &cli.plugin_dir,
+        cli.allow_override || settings::allow_override(&config),
+    );
     let selection = providers::select(
         &registry,
         &args.provider,
@@ -102,8 +105,7 @@ pub fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
 
     let failed_itself = report.spawn_error.is_some()
         || report.terminated_by == Some(stepguard_core::verdict::TerminatedBy::Plugin);
-    if failed_itself && let Some(message) = &report.record.message
-    {
+    if failed_itself && let Some(message) = &report.record.message {
         output::diag("error", message);
     }
     output::note(report.summary_line());

@@ -10,14 +10,14 @@ use crate::{output, providers, settings};
 
 /// Runs `stepguard validate`.
 pub fn run(cli: &Cli, config_path: Option<&Path>, args: &ValidateArgs) -> anyhow::Result<ExitCode> {
-    let paths = settings::config_paths(config_path)?;
-    if paths.is_empty() {
+    let sources = settings::config_sources(config_path)?;
+    if sources.is_empty() {
         output::line(
             "no config file in effect (looked for stepguard.toml here and in parent directories, and the user config file)",
         )?;
         return Ok(ExitCode::Success);
     }
-    let (loaded, mut diags) = stepguard_config::load_all(&paths);
+    let (loaded, mut diags) = stepguard_config::load_all(&sources);
     diags.extend(stepguard_config::validate(&loaded, args.strict));
     diags.extend(provider_options(cli, &loaded, args.strict));
     for d in &diags {
@@ -30,8 +30,8 @@ pub fn run(cli: &Cli, config_path: Option<&Path>, args: &ValidateArgs) -> anyhow
     let warnings = diags.len() - errors;
     output::line(format!(
         "{} file{} checked: {errors} error{}, {warnings} warning{}",
-        paths.len(),
-        plural(paths.len()),
+        sources.len(),
+        plural(sources.len()),
         plural(errors),
         plural(warnings)
     ))?;
@@ -46,16 +46,17 @@ fn plural(n: usize) -> &'static str {
     if n == 1 { "" } else { "s" }
 }
 
-/// Asks each provider's plugin to check the options of its table, and checks the unit.
+/// Asks each provider's plugin to check the options of its table, and checks the units of the
+/// tables and of the policy.
 fn provider_options(
     cli: &Cli,
     loaded: &stepguard_config::LoadedConfig,
     strict: bool,
 ) -> Vec<Diagnostic> {
-    if loaded.model.providers.is_empty() {
+    if loaded.model.providers.is_empty() && loaded.model.policy.units.is_empty() {
         return Vec::new();
     }
-    let registry = providers::load_registry(&cli.plugin_dir);
+    let registry = providers::load_registry(&cli.plugin_dir, cli.allow_override);
     let mut out = Vec::new();
     let at = |severity, origin: &stepguard_core::Origin, message: String| match origin {
         stepguard_core::Origin::File { path, key } => Diagnostic {
@@ -71,6 +72,33 @@ fn provider_options(
             message,
         },
     };
+    for (name, (unit, origin)) in &loaded.model.policy.units {
+        let severity = if strict {
+            Severity::Error
+        } else {
+            Severity::Warning
+        };
+        match registry.get(name) {
+            Ok(entry) => {
+                let manifest = entry.provider.manifest();
+                if !manifest.units.iter().any(|u| u.name == *unit) {
+                    out.push(at(
+                        Severity::Error,
+                        origin,
+                        format!(
+                            "unknown unit `{unit}` for provider `{name}`; valid units: {}",
+                            manifest.unit_names()
+                        ),
+                    ));
+                }
+            }
+            Err(e) => out.push(at(
+                severity,
+                origin,
+                format!("policy for a provider that is not available: {e}"),
+            )),
+        }
+    }
     for (name, table) in &loaded.model.providers {
         let Some((_, first_origin)) = table.values().next() else {
             continue;

@@ -1,0 +1,448 @@
+//! Containment attacked as a tool call could: a zombie leader, a PID hopper, stepguard killed
+//! with SIGKILL (alone, and with its whole process group), a survivor holding stdout under
+//! `--timeout`, out-of-range durations. Each runs on the fallback walk and, where this machine
+//! lets stepguard create one, on a cgroup of the run's own; each asserts no survivor, the exit
+//! code and the slug, within a stated bound.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::harness::{STEPGUARD, Sandbox};
+
+/// A Codex item line.
+fn item(i: usize) -> String {
+    format!(r#"{{"type":"item.started","item":{{"id":"item_{i}","type":"command_execution"}}}}"#)
+}
+
+fn script(sb: &Sandbox, name: &str, body: &str) -> String {
+    let path = sb.write(name, format!("#!/bin/sh\n{body}\n"));
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    path.display().to_string()
+}
+
+/// Compiles a C helper into the sandbox.
+fn compile(sb: &Sandbox, name: &str, source: &str) -> PathBuf {
+    let src = sb.write(&format!("{name}.c"), source);
+    let bin = sb.root().join(name);
+    let out = Command::new("gcc")
+        .args(["-O1", "-pthread", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .output()
+        .expect("gcc runs");
+    assert!(
+        out.status.success(),
+        "gcc: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    bin
+}
+
+/// The containment modes to test: the walk always, a cgroup where one can be created here.
+fn modes() -> Vec<&'static str> {
+    let mut modes = vec!["process-walk"];
+    if cgroup_available() {
+        modes.push("cgroup");
+    }
+    modes
+}
+
+fn cgroup_available() -> bool {
+    let sb = Sandbox::new();
+    let run = sb.run(&[
+        "run",
+        "-q",
+        "--no-record",
+        "-p",
+        "codex",
+        "--containment",
+        "cgroup",
+        "--",
+        "true",
+    ]);
+    run.code == Some(0)
+}
+
+/// Fields of `/proc/PID/stat` after the command name: (state, session).
+fn stat(pid: u32) -> Option<(char, u32)> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &s[s.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    Some((f.first()?.chars().next()?, f.get(3)?.parse().ok()?))
+}
+
+/// True while any thread of `pid` runs (a zombie leader with a live thread counts).
+fn alive(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().any(|t| {
+        std::fs::read_to_string(t.path().join("stat")).is_ok_and(|s| {
+            s.rfind(')')
+                .and_then(|i| s[i + 1..].split_whitespace().next().map(str::to_owned))
+                .is_some_and(|state| state != "Z" && state != "X")
+        })
+    })
+}
+
+/// Every live process whose session is `sid`.
+fn in_session(sid: u32) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&p| stat(p).is_some_and(|(state, s)| s == sid && state != 'Z'))
+        .filter(|&p| alive(p))
+        .collect()
+}
+
+fn read_pid(path: &Path) -> u32 {
+    let until = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < until {
+        if let Some(pid) = std::fs::read_to_string(path)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+        {
+            return pid;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("no pid in {}", path.display());
+}
+
+/// Runs stepguard with its output in files (a survivor holding a pipe must not hang the test)
+/// and a hard bound; returns the exit code and stderr.
+fn run_bounded(sb: &Sandbox, args: &[&str], bound: Duration) -> (Option<i32>, String) {
+    let err_path = sb.root().join("stepguard.err");
+    let mut cmd = sb.cmd(args);
+    cmd.stdout(Stdio::null())
+        .stderr(std::fs::File::create(&err_path).unwrap());
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    let mut child = cmd.spawn().unwrap();
+    let until = Instant::now() + bound;
+    let code = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status.code();
+        }
+        if Instant::now() >= until {
+            let g = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+            let _ = rustix::process::kill_process_group(g, rustix::process::Signal::KILL);
+            let _ = child.wait();
+            panic!("stepguard {args:?} did not exit within {bound:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    (code, std::fs::read_to_string(&err_path).unwrap_or_default())
+}
+
+/// Waits up to `bound` for `check` to hold.
+fn eventually(bound: Duration, check: impl Fn() -> bool) -> bool {
+    let until = Instant::now() + bound;
+    loop {
+        if check() {
+            return true;
+        }
+        if Instant::now() >= until {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+const ZOMBIE_LEADER: &str = r#"
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <unistd.h>
+static void *work(void *arg) { (void)arg; for (;;) sleep(1); return 0; }
+int main(int argc, char **argv) {
+    if (fork() != 0) return 0;             /* the agent's tool returns at once */
+    setsid();
+    signal(SIGTERM, SIG_IGN);
+    FILE *f = fopen(argv[1], "w"); fprintf(f, "%d\n", getpid()); fclose(f);
+    pthread_t t; pthread_create(&t, 0, work, 0);
+    pthread_exit(0);                       /* the leader is a zombie; the worker runs on */
+}
+"#;
+
+#[test]
+fn a_zombie_leader_with_a_live_thread_is_stopped() {
+    let sb = Sandbox::new();
+    let helper = compile(&sb, "zombie", ZOMBIE_LEADER);
+    for mode in modes() {
+        let pidfile = sb.root().join(format!("zombie-{mode}.pid"));
+        let body = format!(
+            "{} {}\nsleep 0.3\n{}\nsleep 30",
+            helper.display(),
+            pidfile.display(),
+            (0..4)
+                .map(|i| format!("echo '{}'", item(i)))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        let agent = script(&sb, &format!("zombie-{mode}.sh"), &body);
+        let started = Instant::now();
+        let (code, stderr) = run_bounded(
+            &sb,
+            &[
+                "run",
+                "-q",
+                "--no-record",
+                "-p",
+                "codex",
+                "--max-steps",
+                "2",
+                "--grace",
+                "300ms",
+                "--containment",
+                mode,
+                "--",
+                &agent,
+            ],
+            Duration::from_secs(20),
+        );
+        assert_eq!(code, Some(3), "{mode}: {stderr}");
+        assert!(stderr.contains("failed: max_steps"), "{mode}: {}", stderr);
+        let pid = read_pid(&pidfile);
+        assert!(
+            eventually(Duration::from_secs(2), || !alive(pid)),
+            "{mode}: the zombie leader's worker thread survived"
+        );
+        assert!(started.elapsed() < Duration::from_secs(10), "{mode}");
+    }
+}
+
+const PID_HOPPER: &str = r#"
+#include <stdio.h>
+#include <signal.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    if (fork() != 0) return 0;
+    setsid();
+    signal(SIGTERM, SIG_IGN);
+    FILE *f = fopen(argv[1], "w"); fprintf(f, "%d\n", getpid()); fclose(f);
+    for (;;) {                              /* a new pid every few hundred microseconds */
+        if (fork() != 0) _exit(0);
+        usleep(500);
+    }
+}
+"#;
+
+#[test]
+fn a_pid_hopper_is_stopped() {
+    let sb = Sandbox::new();
+    let helper = compile(&sb, "hopper", PID_HOPPER);
+    for mode in modes() {
+        let sidfile = sb.root().join(format!("hopper-{mode}.sid"));
+        let body = format!(
+            "{} {}\nsleep 0.3\n{}\nsleep 30",
+            helper.display(),
+            sidfile.display(),
+            (0..4)
+                .map(|i| format!("echo '{}'", item(i)))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        let agent = script(&sb, &format!("hopper-{mode}.sh"), &body);
+        let started = Instant::now();
+        let (code, stderr) = run_bounded(
+            &sb,
+            &[
+                "run",
+                "-q",
+                "--no-record",
+                "-p",
+                "codex",
+                "--max-steps",
+                "2",
+                "--grace",
+                "300ms",
+                "--containment",
+                mode,
+                "--",
+                &agent,
+            ],
+            Duration::from_secs(20),
+        );
+        assert_eq!(code, Some(3), "{mode}: {stderr}");
+        let sid = read_pid(&sidfile);
+        // A hopper's pid changes faster than /proc is read, but its group stays: probe it
+        // (zombies answer the probe too, so a live member must also be seen in a scan).
+        let survived = || {
+            let g = rustix::process::Pid::from_raw(sid as i32).unwrap();
+            rustix::process::test_kill_process_group(g).is_ok()
+                && (0..20).any(|_| !in_session(sid).is_empty())
+        };
+        if survived() {
+            let g = rustix::process::Pid::from_raw(sid as i32).unwrap();
+            let _ = rustix::process::kill_process_group(g, rustix::process::Signal::KILL);
+            panic!("{mode}: the PID hopper survived the stop");
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "{mode}");
+    }
+}
+
+/// Starts `stepguard run` on an agent that leaves a process of its own session behind and one
+/// in its group, then kills stepguard with SIGKILL (or its whole process group); returns the
+/// pids that must not survive.
+fn kill_stepguard_mid_run(sb: &Sandbox, mode: &str, whole_group: bool) -> Vec<u32> {
+    let tag = format!("{mode}-{whole_group}");
+    let grouped = sb.root().join(format!("grouped-{tag}.pid"));
+    let escaped = sb.root().join(format!("escaped-{tag}.pid"));
+    let agent_pid = sb.root().join(format!("agent-{tag}.pid"));
+    let body = format!(
+        "echo $$ > {}\nsleep 300 &\necho $! > {}\nsetsid sh -c 'echo $$ > {}; exec sleep 300' &\necho '{}'\nsleep 300",
+        agent_pid.display(),
+        grouped.display(),
+        escaped.display(),
+        item(0)
+    );
+    let agent = script(sb, &format!("victim-{tag}.sh"), &body);
+    let mut cmd = Command::new(STEPGUARD);
+    cmd.args([
+        "run",
+        "-q",
+        "--no-record",
+        "-p",
+        "codex",
+        "--containment",
+        mode,
+        "--",
+        &agent,
+    ])
+    .current_dir(sb.project())
+    .stdout(Stdio::null())
+    .stderr(Stdio::null());
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    let mut stepguard = cmd.spawn().unwrap();
+    let mut pids = vec![read_pid(&agent_pid), read_pid(&grouped)];
+    if mode == "cgroup" {
+        pids.push(read_pid(&escaped));
+    } else {
+        let _ = read_pid(&escaped);
+    }
+    let sg = rustix::process::Pid::from_raw(stepguard.id() as i32).unwrap();
+    if whole_group {
+        rustix::process::kill_process_group(sg, rustix::process::Signal::KILL).unwrap();
+    } else {
+        rustix::process::kill_process(sg, rustix::process::Signal::KILL).unwrap();
+    }
+    let _ = stepguard.wait();
+    pids
+}
+
+#[test]
+fn the_agent_dies_with_stepguard_killed_by_sigkill() {
+    for mode in modes() {
+        for whole_group in [false, true] {
+            let sb = Sandbox::new();
+            let pids = kill_stepguard_mid_run(&sb, mode, whole_group);
+            assert!(
+                eventually(Duration::from_secs(3), || pids.iter().all(|&p| !alive(p))),
+                "{mode}, whole group {whole_group}: survivors {:?}",
+                pids.iter().filter(|&&p| alive(p)).collect::<Vec<_>>()
+            );
+        }
+    }
+}
+
+#[test]
+fn a_survivor_holding_stdout_does_not_outlast_the_timeout() {
+    let sb = Sandbox::new();
+    for mode in modes() {
+        let pidfile = sb.root().join(format!("holder-{mode}.pid"));
+        // The agent exits at once; its child ignores SIGTERM and keeps stdout open.
+        let body = format!(
+            "sh -c 'trap \"\" TERM; echo $$ > {p}; while :; do sleep 1; done' &\nwhile [ ! -s {p} ]; do sleep 0.01; done\necho '{}'\nexit 0",
+            item(0),
+            p = pidfile.display(),
+        );
+        let agent = script(&sb, &format!("holder-{mode}.sh"), &body);
+        let started = Instant::now();
+        let (code, stderr) = run_bounded(
+            &sb,
+            &[
+                "run",
+                "-q",
+                "--no-record",
+                "-p",
+                "codex",
+                "--timeout",
+                "1s",
+                "--grace",
+                "300ms",
+                "--containment",
+                mode,
+                "--",
+                &agent,
+            ],
+            Duration::from_secs(20),
+        );
+        let took = started.elapsed();
+        assert!(took < Duration::from_secs(8), "{mode}: took {took:?}");
+        assert!(
+            matches!(code, Some(0 | 1 | 124)),
+            "{mode}: {:?} {}",
+            code,
+            stderr
+        );
+        let pid = read_pid(&pidfile);
+        assert!(
+            eventually(Duration::from_secs(1), || !alive(pid)),
+            "{mode}: holder survived"
+        );
+    }
+}
+
+#[test]
+fn out_of_range_durations_are_refused_before_anything_starts() {
+    let sb = Sandbox::new();
+    let marker = sb.root().join("started");
+    let agent = script(&sb, "never.sh", &format!("touch {}", marker.display()));
+    for (flag, value, words) in [
+        (
+            "--timeout",
+            "18446744073709551615s",
+            "`18446744073709551615s`",
+        ),
+        (
+            "--grace",
+            "18446744073709551615s",
+            "`18446744073709551615s`",
+        ),
+        ("--timeout", "0s", "is zero"),
+        ("--grace", "2h", "longer than the maximum of 1h"),
+        ("--timeout", "abc", "`abc` is not a duration"),
+    ] {
+        let run = sb.run(&["run", "-p", "codex", flag, value, "--", &agent]);
+        assert_eq!(run.code, Some(2), "{flag} {value}: {}", run.stderr);
+        assert!(run.stderr.contains(words), "{flag} {value}: {}", run.stderr);
+        assert!(!marker.exists(), "{flag} {value}: the agent started");
+    }
+}
+
+#[test]
+fn the_run_record_names_the_containment_used() {
+    let sb = Sandbox::new();
+    let agent = script(&sb, "ok.sh", "echo '{\"type\":\"turn.completed\"}'");
+    let file = sb.root().join("summary.json");
+    for mode in modes() {
+        let run = sb.run(&[
+            "run",
+            "-q",
+            "--summary-file",
+            file.to_str().unwrap(),
+            "-p",
+            "codex",
+            "--containment",
+            mode,
+            "--",
+            &agent,
+        ]);
+        assert_eq!(run.code, Some(0), "{mode}: {}", run.stderr);
+        let record: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+        assert_eq!(record["containment"], mode);
+    }
+}
