@@ -446,3 +446,72 @@ fn the_run_record_names_the_containment_used() {
         assert_eq!(record["containment"], mode);
     }
 }
+
+#[test]
+fn a_write_locked_history_database_does_not_delay_the_stop_or_the_exit() {
+    let sb = Sandbox::new();
+    let db = sb.root().join("history.db");
+    // Create the database, then hold its write lock as a `sqlite3` shell or a backup would.
+    let created = sb.run(&[
+        "run",
+        "-q",
+        "--db",
+        db.to_str().unwrap(),
+        "-p",
+        "codex",
+        "--",
+        "true",
+    ]);
+    assert_eq!(created.code, Some(0), "{}", created.stderr);
+    let lock = rusqlite::Connection::open(&db).unwrap();
+    lock.execute_batch("BEGIN EXCLUSIVE; INSERT INTO runs (started_at, provider, command, outcome) VALUES ('x', 'lock', '[]', 'running');").unwrap();
+    let body = format!(
+        "{}\nsleep 30",
+        (0..4)
+            .map(|i| format!("echo '{}'", item(i)))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    let agent = script(&sb, "breach.sh", &body);
+    let started = Instant::now();
+    let (code, stderr) = run_bounded(
+        &sb,
+        &[
+            "run",
+            "-q",
+            "--db",
+            db.to_str().unwrap(),
+            "-p",
+            "codex",
+            "--max-steps",
+            "2",
+            "--",
+            &agent,
+        ],
+        Duration::from_secs(25),
+    );
+    let took = started.elapsed();
+    // The busy timeout is 30 s: the stop and the exit do not wait for it.
+    assert_eq!(code, Some(3), "{stderr}");
+    assert!(took < Duration::from_secs(6), "took {took:?}: {stderr}");
+    assert!(stderr.contains("did not answer within 2s"), "{stderr}");
+    let (code, stderr) = run_bounded(
+        &sb,
+        &[
+            "run",
+            "-q",
+            "--db",
+            db.to_str().unwrap(),
+            "-p",
+            "codex",
+            "--timeout",
+            "1s",
+            "--",
+            "sleep",
+            "30",
+        ],
+        Duration::from_secs(25),
+    );
+    assert_eq!(code, Some(124), "{stderr}");
+    drop(lock);
+}

@@ -1,19 +1,34 @@
 //! Where a run's record goes when it ends: the history database and the `--summary-file`.
 
 use std::path::PathBuf;
+use std::sync::mpsc::{self, Receiver, Sender};
 use std::time::{Duration, Instant};
 
+use stepguard_core::RunRecord;
 use stepguard_runner::{Progress, RunObserver, RunReport, RunStarted};
 use stepguard_store::{NewRun, RunId, Store};
 
 use crate::output;
 
-/// Records the run in the history database: a `running` row at the start, the live step count
-/// at most once a second, the whole record at the end. A history problem never stops the run:
-/// enforcing the budget comes first, so it is reported and the run goes on unrecorded.
+/// How long the end of a run waits for the history database before exiting anyway.
+const FINISH_WAIT: Duration = Duration::from_secs(2);
+
+/// What the recorder asks its writer thread to do.
+enum Write {
+    Begin(Box<NewRun>),
+    Progress(u64),
+    Finish(Box<RunRecord>),
+}
+
+/// Records the run in the history database from a writer thread of its own, so that SQLite
+/// (a lock another process holds, a slow disk) never sits on the enforcement path: a `running`
+/// row at the start, the live step count at most once a second, the whole record at the end.
+/// A history problem never stops the run; it is reported, and the end of a run waits for the
+/// database at most [`FINISH_WAIT`] (the row is then left `running`, and the next stepguard
+/// that opens the database marks it `interrupted`).
 pub struct HistoryRecorder {
     path: Option<PathBuf>,
-    row: Option<(Store, RunId)>,
+    writer: Option<(Sender<Write>, Receiver<Result<Option<RunId>, String>>)>,
     last_write: Option<Instant>,
     last_steps: u64,
 }
@@ -23,7 +38,7 @@ impl HistoryRecorder {
     pub fn new(path: Option<PathBuf>) -> Self {
         HistoryRecorder {
             path,
-            row: None,
+            writer: None,
             last_write: None,
             last_steps: 0,
         }
@@ -31,16 +46,63 @@ impl HistoryRecorder {
 
     fn begin(&mut self, run: NewRun) {
         let Some(path) = self.path.take() else { return };
-        let opened = Store::open(&path).and_then(|store| {
-            let id = store.begin_run(&run)?;
-            Ok((store, id))
-        });
-        match opened {
-            Ok(row) => {
-                tracing::debug!(db = %path.display(), id = row.1, "recording the run");
-                self.row = Some(row);
+        let (tx, rx) = mpsc::channel::<Write>();
+        let (done_tx, done) = mpsc::channel();
+        let spawned = std::thread::Builder::new()
+            .name("stepguard-history".into())
+            .spawn(move || write_history(&path, &rx, &done_tx));
+        match spawned {
+            Ok(_) => {
+                let _ = tx.send(Write::Begin(Box::new(run)));
+                self.writer = Some((tx, done));
             }
             Err(e) => output::diag("warning", format!("not recording this run: {e}")),
+        }
+    }
+}
+
+/// The writer thread: opens the database, writes the row, and answers the end with the row's
+/// id (or why there is none).
+fn write_history(
+    path: &std::path::Path,
+    jobs: &Receiver<Write>,
+    done: &Sender<Result<Option<RunId>, String>>,
+) {
+    let mut row: Option<(Store, RunId)> = None;
+    let mut failure: Option<String> = None;
+    for job in jobs {
+        match job {
+            Write::Begin(run) => {
+                match Store::open(path).and_then(|store| {
+                    let id = store.begin_run(&run)?;
+                    Ok((store, id))
+                }) {
+                    Ok(opened) => {
+                        tracing::debug!(db = %path.display(), id = opened.1, "recording the run");
+                        row = Some(opened);
+                    }
+                    Err(e) => failure = Some(format!("not recording this run: {e}")),
+                }
+            }
+            Write::Progress(steps) => {
+                if let Some((store, id)) = &row
+                    && let Err(e) = store.update_progress(*id, steps)
+                {
+                    tracing::warn!("cannot record progress: {e}");
+                }
+            }
+            Write::Finish(record) => {
+                let answer = match (&row, failure.take()) {
+                    (_, Some(why)) => Err(why),
+                    (Some((store, id)), None) => store
+                        .finish_run(*id, &record)
+                        .map(|()| Some(*id))
+                        .map_err(|e| format!("cannot record the end of this run: {e}")),
+                    (None, None) => Ok(None),
+                };
+                let _ = done.send(answer);
+                return;
+            }
         }
     }
 }
@@ -62,21 +124,22 @@ impl RunObserver for HistoryRecorder {
     }
 
     fn tick(&mut self, p: &Progress) {
-        let Some((store, id)) = &self.row else { return };
+        let Some((writer, _)) = &self.writer else {
+            return;
+        };
         let due = self
             .last_write
             .is_none_or(|t| t.elapsed() >= Duration::from_secs(1));
         if due && p.steps != self.last_steps {
-            if let Err(e) = store.update_progress(*id, p.steps) {
-                tracing::warn!("cannot record progress: {e}");
-            }
+            // Queued, never waited for: the writer catches up when the database lets it.
+            let _ = writer.send(Write::Progress(p.steps));
             self.last_write = Some(Instant::now());
             self.last_steps = p.steps;
         }
     }
 
     fn finished(&mut self, report: &mut RunReport) {
-        if self.row.is_none() {
+        if self.writer.is_none() {
             // A run that could not start is history too.
             let r = &report.record;
             self.begin(NewRun {
@@ -92,10 +155,20 @@ impl RunObserver for HistoryRecorder {
                 started_at: r.started_at.clone(),
             });
         }
-        let Some((store, id)) = &self.row else { return };
-        match store.finish_run(*id, &report.record) {
-            Ok(()) => report.record.id = Some(*id),
-            Err(e) => output::diag("warning", format!("cannot record the end of this run: {e}")),
+        let Some((writer, done)) = self.writer.take() else {
+            return;
+        };
+        let _ = writer.send(Write::Finish(Box::new(report.record.clone())));
+        match done.recv_timeout(FINISH_WAIT) {
+            Ok(Ok(id)) => report.record.id = id,
+            Ok(Err(why)) => output::diag("warning", why),
+            Err(_) => output::diag(
+                "warning",
+                format!(
+                    "the history database did not answer within {}s; this run's row is left unfinished (the next stepguard to open it marks it interrupted)",
+                    FINISH_WAIT.as_secs()
+                ),
+            ),
         }
     }
 }

@@ -300,3 +300,71 @@ fn a_command_without_a_program_is_refused() {
     assert_eq!(report.stats.slug, Some(FailureSlug::SpawnFailed));
     assert_eq!(report.exit_code, ExitCode::Usage);
 }
+
+/// A provider whose counter never returns from the line `HANG`.
+struct Hanging;
+
+struct HangingCounter;
+
+impl ProviderPlugin for Hanging {
+    fn manifest(&self) -> Manifest {
+        Manifest::new("hanging", "1.0.0").unit("line", "every line", true)
+    }
+
+    fn open_counter(&self, _: &CounterRequest) -> Result<Box<dyn StepCounter>, String> {
+        Ok(Box::new(HangingCounter))
+    }
+}
+
+impl StepCounter for HangingCounter {
+    fn feed(&mut self, line: &[u8]) -> Result<LineReport, String> {
+        if line == b"HANG" {
+            std::thread::sleep(Duration::from_secs(3600));
+        }
+        Ok(LineReport {
+            steps_begun: 1,
+            ..LineReport::default()
+        })
+    }
+
+    fn finish(&mut self) -> CounterStats {
+        CounterStats::default()
+    }
+}
+
+#[test]
+fn a_plugin_call_that_never_returns_is_abandoned_and_the_run_stopped() {
+    let dir = Dir::new();
+    let counter = counter_of(stepguard_plugin_api::provider_box(Hanging), "line");
+    let (mut spec, _) = spec(
+        dir.script("hang.sh", "echo one\nsleep 0.2\necho HANG\nsleep 300\n"),
+        counter,
+        10,
+    );
+    spec.plugin_timeout = Duration::from_millis(500);
+    let started = Instant::now();
+    let report = Runner::new(spec).run(&mut []);
+    assert_eq!(report.exit_code, ExitCode::Plugin);
+    assert_eq!(report.stats.slug, Some(FailureSlug::PluginError));
+    let message = report.record.message.clone().unwrap_or_default();
+    assert!(
+        message.contains("did not return from a call within 500ms"),
+        "{message}"
+    );
+    assert_eq!(report.stats.num_steps_computed, Some(1));
+    assert!(!alive(report.pid.unwrap()));
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn the_cgroup_or_the_walk_is_named_in_the_record() {
+    let dir = Dir::new();
+    let (mut spec, _) = spec(dir.items(1, "0"), codex(), 5);
+    spec.containment = stepguard_runner::Containment::ProcessWalk;
+    let report = Runner::new(spec).run(&mut []);
+    assert_eq!(report.record.containment.as_deref(), Some("process-walk"));
+}
