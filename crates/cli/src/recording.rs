@@ -13,6 +13,9 @@ use crate::output;
 /// How long the end of a run waits for the history database before exiting anyway.
 const FINISH_WAIT: Duration = Duration::from_secs(2);
 
+/// The writer's answer at the end: the row's id (none when nothing was recorded), or why not.
+type Finished = Result<Option<RunId>, String>;
+
 /// What the recorder asks its writer thread to do.
 enum Write {
     Begin(Box<NewRun>),
@@ -28,7 +31,7 @@ enum Write {
 /// that opens the database marks it `interrupted`).
 pub struct HistoryRecorder {
     path: Option<PathBuf>,
-    writer: Option<(Sender<Write>, Receiver<Result<Option<RunId>, String>>)>,
+    writer: Option<(Sender<Write>, Receiver<Finished>)>,
     last_write: Option<Instant>,
     last_steps: u64,
 }
@@ -66,7 +69,7 @@ impl HistoryRecorder {
 fn write_history(
     path: &std::path::Path,
     jobs: &Receiver<Write>,
-    done: &Sender<Result<Option<RunId>, String>>,
+    done: &Sender<Finished>,
 ) {
     let mut row: Option<(Store, RunId)> = None;
     let mut failure: Option<String> = None;
