@@ -286,8 +286,13 @@ fn a_pid_hopper_is_stopped() {
 /// Starts `stepguard run` on an agent that leaves a process of its own session behind and one
 /// in its group, then kills stepguard with SIGKILL (or its whole process group); returns the
 /// pids that must not survive.
-fn kill_stepguard_mid_run(sb: &Sandbox, mode: &str, whole_group: bool) -> Vec<u32> {
-    let tag = format!("{mode}-{whole_group}");
+fn kill_stepguard_mid_run(
+    sb: &Sandbox,
+    mode: &str,
+    whole_group: bool,
+    signal: rustix::process::Signal,
+) -> Vec<u32> {
+    let tag = format!("{mode}-{whole_group}-{}", signal.as_raw());
     let grouped = sb.root().join(format!("grouped-{tag}.pid"));
     let escaped = sb.root().join(format!("escaped-{tag}.pid"));
     let agent_pid = sb.root().join(format!("agent-{tag}.pid"));
@@ -324,9 +329,9 @@ fn kill_stepguard_mid_run(sb: &Sandbox, mode: &str, whole_group: bool) -> Vec<u3
     }
     let sg = rustix::process::Pid::from_raw(stepguard.id() as i32).unwrap();
     if whole_group {
-        rustix::process::kill_process_group(sg, rustix::process::Signal::KILL).unwrap();
+        rustix::process::kill_process_group(sg, signal).unwrap();
     } else {
-        rustix::process::kill_process(sg, rustix::process::Signal::KILL).unwrap();
+        rustix::process::kill_process(sg, signal).unwrap();
     }
     let _ = stepguard.wait();
     pids
@@ -337,10 +342,28 @@ fn the_agent_dies_with_stepguard_killed_by_sigkill() {
     for mode in modes() {
         for whole_group in [false, true] {
             let sb = Sandbox::new();
-            let pids = kill_stepguard_mid_run(&sb, mode, whole_group);
+            let pids =
+                kill_stepguard_mid_run(&sb, mode, whole_group, rustix::process::Signal::KILL);
             assert!(
                 eventually(Duration::from_secs(3), || pids.iter().all(|&p| !alive(p))),
                 "{mode}, whole group {whole_group}: survivors {:?}",
+                pids.iter().filter(|&&p| alive(p)).collect::<Vec<_>>()
+            );
+        }
+    }
+}
+
+#[test]
+fn the_agent_dies_with_stepguard_ended_by_a_signal_it_does_not_handle() {
+    use rustix::process::Signal;
+    // SIGABRT is also how a plugin's abort() or a panic=abort ends stepguard.
+    for mode in modes() {
+        for signal in [Signal::ABORT, Signal::QUIT, Signal::USR1, Signal::ALARM] {
+            let sb = Sandbox::new();
+            let pids = kill_stepguard_mid_run(&sb, mode, false, signal);
+            assert!(
+                eventually(Duration::from_secs(3), || pids.iter().all(|&p| !alive(p))),
+                "{mode}, {signal:?}: survivors {:?}",
                 pids.iter().filter(|&&p| alive(p)).collect::<Vec<_>>()
             );
         }

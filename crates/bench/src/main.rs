@@ -4,10 +4,12 @@
 //!   side by side with `jq -c 'select(.type=="item.completed")' | wc -l` and `wc -l`, with peak
 //!   memory;
 //! * `boundary`: per-line cost of a counter called directly, through the plugin interface
-//!   (built-in), and through a dynamically loaded plugin library.
+//!   (built-in), and through a dynamically loaded plugin library;
+//! * `contain`: breach → no process of the run left, for an agent with 200 descendants that
+//!   ignore SIGTERM, under `--containment cgroup` and `--containment process-walk`.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
-use std::io::Write as _;
+use std::io::{BufRead as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -52,6 +54,19 @@ enum Bench {
         #[arg(long)]
         record: bool,
     },
+    /// Containment: breaching line passed through → no process of the run left, for an agent
+    /// with many descendants that ignore SIGTERM (`--grace 0s`), per containment path.
+    Contain {
+        /// Supervised runs per containment path.
+        #[arg(long, default_value_t = 20)]
+        runs: usize,
+        /// Descendants the agent starts (a quarter of them in sessions of their own).
+        #[arg(long, default_value_t = 200)]
+        descendants: usize,
+        /// The stepguard binary (build it with `cargo build --release -p stepguard-cli`).
+        #[arg(long, default_value = "target/release/stepguard")]
+        stepguard: PathBuf,
+    },
     /// Per-line cost of the plugin boundary.
     Boundary {
         /// Lines fed per measurement.
@@ -78,6 +93,11 @@ fn main() -> anyhow::Result<()> {
             stepguard,
             record,
         } => latency(runs, &stepguard, record),
+        Bench::Contain {
+            runs,
+            descendants,
+            stepguard,
+        } => contain(runs, descendants, &stepguard),
     }
 }
 
@@ -431,5 +451,198 @@ fn latency(runs: usize, stepguard: &Path, record: bool) -> anyhow::Result<()> {
         ms(at(0.99)),
         ms(at(1.0))
     );
+    Ok(())
+}
+
+/// The agent for the containment benchmark: ignores SIGTERM, starts `$2` descendants that inherit
+/// that (every fourth in a session of its own, the others in the agent's group), waits until each
+/// runs `sleep`, writes every pid (its own first) to `$1`, then writes one step, and the
+/// breaching step 100 ms later.
+const CONTAIN_AGENT: &str = r#"trap '' TERM
+out=$1
+n=$2
+pids=$$
+i=0
+while [ "$i" -lt "$n" ]; do
+    if [ $((i % 4)) -eq 0 ]; then
+        setsid sh -c 'trap "" TERM; exec sleep 300' >/dev/null &
+    else
+        sh -c 'trap "" TERM; exec sleep 300' >/dev/null &
+    fi
+    pids="$pids $!"
+    i=$((i + 1))
+done
+for p in $pids; do
+    [ "$p" = "$$" ] && continue
+    while :; do
+        read -r c < "/proc/$p/comm"
+        [ "$c" = sleep ] && break
+    done
+done
+echo "$pids" > "$out.tmp"
+mv "$out.tmp" "$out"
+line='{"type":"item.started","item":{"id":"item_%d","type":"command_execution"}}\n'
+printf "$line" 0
+sleep 0.1
+printf "$line" 1
+exec sleep 300
+"#;
+
+/// A process's start time (field 22 of `/proc/PID/stat`), or `None` when it is gone or a zombie.
+fn live_start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces and parentheses: the fields that follow start after the
+    // last ')'.
+    let mut fields = stat.get(stat.rfind(')')? + 1..)?.split_whitespace();
+    let state = fields.next()?;
+    if state == "Z" || state == "X" {
+        return None;
+    }
+    fields.nth(18)?.parse().ok()
+}
+
+fn quantile(sorted: &[Duration], q: f64) -> Duration {
+    sorted[((sorted.len() as f64 - 1.0) * q).round() as usize]
+}
+
+/// One supervised run: the time from the breaching line reaching us to every recorded pid gone,
+/// and how many were still alive after 10 s.
+fn contain_run(
+    stepguard: &Path,
+    containment: &str,
+    agent: &Path,
+    pid_file: &Path,
+    descendants: usize,
+) -> anyhow::Result<(Duration, usize)> {
+    let _ = std::fs::remove_file(pid_file);
+    let mut child = Command::new(stepguard)
+        .args([
+            "run",
+            "-q",
+            "--no-record",
+            "-p",
+            "codex",
+            "--max-steps",
+            "1",
+            "--grace",
+            "0s",
+            "--containment",
+            containment,
+            "--",
+            "sh",
+        ])
+        .arg(agent)
+        .arg(pid_file)
+        .arg(descendants.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let mut out = std::io::BufReader::new(child.stdout.take().context("stdout")?);
+    let mut line = String::new();
+    // The first step: every descendant runs and the pid file is complete.
+    if out.read_line(&mut line)? == 0 {
+        bail!(
+            "stepguard ended before the agent's first step: {}",
+            child.wait()?
+        );
+    }
+    let pids: Vec<(u32, u64)> = std::fs::read_to_string(pid_file)
+        .context("the agent wrote no pid file")?
+        .split_whitespace()
+        .map(|p| {
+            let pid: u32 = p.parse()?;
+            let start = live_start_time(pid).with_context(|| format!("pid {pid} is not alive"))?;
+            Ok((pid, start))
+        })
+        .collect::<anyhow::Result<_>>()?;
+    if pids.len() != descendants + 1 {
+        bail!(
+            "the agent recorded {} pids, expected {}",
+            pids.len(),
+            descendants + 1
+        );
+    }
+    // The breaching line, passed through right after the group's SIGTERM.
+    line.clear();
+    if out.read_line(&mut line)? == 0 {
+        bail!(
+            "stepguard passed the breaching line through: {}",
+            child.wait()?
+        );
+    }
+    let breach = Instant::now();
+    let mut alive = pids;
+    let elapsed = loop {
+        alive.retain(|&(pid, start)| live_start_time(pid) == Some(start));
+        if alive.is_empty() || breach.elapsed() > Duration::from_secs(10) {
+            break breach.elapsed();
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    let survivors = alive.len();
+    if survivors > 0 {
+        let _ = Command::new("kill")
+            .arg("-KILL")
+            .args(alive.iter().map(|(pid, _)| pid.to_string()))
+            .status();
+    }
+    std::io::copy(&mut out, &mut std::io::sink())?;
+    let status = child.wait()?;
+    if status.code() != Some(3) {
+        bail!("stepguard exited with {status}, expected 3");
+    }
+    Ok((elapsed, survivors))
+}
+
+fn contain(runs: usize, descendants: usize, stepguard: &Path) -> anyhow::Result<()> {
+    if !stepguard.is_file() {
+        bail!(
+            "{} not found: build it with `cargo build --release -p stepguard-cli`",
+            stepguard.display()
+        );
+    }
+    if runs == 0 {
+        bail!("--runs must be at least 1");
+    }
+    std::fs::create_dir_all("target/bench")?;
+    let agent = Path::new("target/bench/contain_agent.sh");
+    std::fs::write(agent, CONTAIN_AGENT)?;
+    let pid_file = Path::new("target/bench/contain_pids.txt");
+    println!(
+        "breaching line passed through -> no process of the run left, {descendants} descendants \
+         ignoring SIGTERM (a quarter in sessions of their own), --grace 0s, {runs} runs a path"
+    );
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    for containment in ["cgroup", "process-walk"] {
+        let probe = Command::new(stepguard)
+            .args(["run", "-q", "--no-record", "-p", "codex", "--containment"])
+            .args([containment, "--", "true"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()?;
+        if !probe.success() {
+            println!(
+                "{containment:<13} skipped: `stepguard run --containment {containment} -- true` \
+                 fails here ({probe})"
+            );
+            continue;
+        }
+        let mut samples = Vec::with_capacity(runs);
+        let mut survivors = 0;
+        for _ in 0..runs {
+            let (t, s) = contain_run(stepguard, containment, agent, pid_file, descendants)?;
+            samples.push(t);
+            survivors += s;
+        }
+        samples.sort();
+        println!(
+            "{containment:<13} median {:7.2} ms, p90 {:7.2} ms, max {:7.2} ms, survivors {survivors}",
+            ms(quantile(&samples, 0.5)),
+            ms(quantile(&samples, 0.9)),
+            ms(quantile(&samples, 1.0)),
+        );
+    }
     Ok(())
 }

@@ -66,11 +66,7 @@ impl HistoryRecorder {
 
 /// The writer thread: opens the database, writes the row, and answers the end with the row's
 /// id (or why there is none).
-fn write_history(
-    path: &std::path::Path,
-    jobs: &Receiver<Write>,
-    done: &Sender<Finished>,
-) {
+fn write_history(path: &std::path::Path, jobs: &Receiver<Write>, done: &Sender<Finished>) {
     let mut row: Option<(Store, RunId)> = None;
     let mut failure: Option<String> = None;
     for job in jobs {
