@@ -2,7 +2,7 @@
 
 use serde_json::json;
 
-use crate::harness::Sandbox;
+use crate::harness::{Sandbox, workspace};
 
 const PROJECT: &str = r#"
 max_steps = 40
@@ -666,4 +666,57 @@ fn invalid_policy_values_are_errors_naming_file_and_key() {
         "{}",
         run.stdout
     );
+}
+
+#[test]
+fn a_policy_unit_and_ceiling_hold_for_run_and_count() {
+    let sb = Sandbox::new();
+    // The repository asks for another unit and no limit; the user's policy says otherwise.
+    sb.write(
+        "project/stepguard.toml",
+        "max_steps = \"unlimited\"\n[codex]\nmax_steps_unit = \"tool\"\n",
+    );
+    sb.write(
+        "xdg-config/stepguard/stepguard.toml",
+        "[policy]\nmax_steps_ceiling = 3\n[policy.codex]\nmax_steps_unit = \"item\"\n",
+    );
+    let (_, env) = policy_env(&sb);
+    let stream = workspace()
+        .join("tests/fixtures/streams/codex/long_run.jsonl")
+        .display()
+        .to_string();
+    let run = run_with(&sb, &["count", "-p", "codex", &stream], &env);
+    assert_eq!(run.code, Some(2), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("unit `tool`")
+            && run.stderr.contains("fixes the unit of `codex` to `item`"),
+        "{}",
+        run.stderr
+    );
+    // Without the repository's unit, `run` counts items under the policy's ceiling of 3.
+    sb.write("project/stepguard.toml", "max_steps = \"unlimited\"\n");
+    let agent = sb.write("agent.sh", format!("#!/bin/sh\ncat {stream}\n"));
+    std::fs::set_permissions(&agent, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let summary = sb.root().join("summary.json");
+    let run = run_with(
+        &sb,
+        &[
+            "run",
+            "-q",
+            "--no-record",
+            "--summary-file",
+            summary.to_str().unwrap(),
+            "-p",
+            "codex",
+            "--",
+            agent.to_str().unwrap(),
+        ],
+        &env,
+    );
+    assert_eq!(run.code, Some(3), "{}", run.stderr);
+    let record: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
+    assert_eq!(record["max_steps"], 3);
+    assert_eq!(record["unit"], "item");
+    assert_eq!(record["breached_at_step"], 4);
 }
