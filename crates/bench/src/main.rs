@@ -567,7 +567,7 @@ fn contain_run(
     line.clear();
     if out.read_line(&mut line)? == 0 {
         bail!(
-            "stepguard passed the breaching line through: {}",
+            "stepguard ended before the breaching line: {}",
             child.wait()?
         );
     }
