@@ -13,7 +13,8 @@
 //!   as turn-based tools stored them;
 //! * version 2: nullable `num_steps_reported` and `num_steps_computed` (NULL for older rows);
 //! * version 3: the rest of the run record (`message`, `child_signal`, `breached_at_step`, noise
-//!   and token details, `sub_agent_steps`), NULL for older rows.
+//!   and token details, `sub_agent_steps`), NULL for older rows;
+//! * version 4: `plugin_source` and `containment`, NULL for older rows.
 //!
 //! Rows are read back as [`RunRecord`], the same shape every stepguard command emits.
 //!
@@ -85,8 +86,9 @@ pub const MIGRATIONS: &[&str] = &[
      ALTER TABLE runs ADD COLUMN truncated_last_line INTEGER;
      ALTER TABLE runs ADD COLUMN cached_input_tokens INTEGER;
      ALTER TABLE runs ADD COLUMN reasoning_output_tokens INTEGER;
-     ALTER TABLE runs ADD COLUMN sub_agent_steps TEXT;
-     ALTER TABLE runs ADD COLUMN plugin_source TEXT;
+     ALTER TABLE runs ADD COLUMN sub_agent_steps TEXT;",
+    // 4: where the provider came from, and how the run was contained.
+    "ALTER TABLE runs ADD COLUMN plugin_source TEXT;
      ALTER TABLE runs ADD COLUMN containment TEXT;",
 ];
 

@@ -130,7 +130,7 @@ fn a_newer_database_is_refused_and_left_untouched() {
     assert!(matches!(err, StoreError::NewerSchema { found: 99, .. }));
     assert!(
         err.to_string().contains(
-            "has schema version 99, newer than this stepguard knows (3); refusing to modify it"
+            "has schema version 99, newer than this stepguard knows (4); refusing to modify it"
         ),
         "{err}"
     );
