@@ -166,50 +166,51 @@ int main(int argc, char **argv) {
 }
 "#;
 
+/// Runs, under a budget of 2 in `mode`, an agent that starts `helper FILE` (an attack that
+/// writes a pid to FILE), then breaches; asserts exit 3 within 10 s and returns the pid.
+fn breach_after(sb: &Sandbox, helper: &Path, name: &str, mode: &str) -> u32 {
+    let pidfile = sb.root().join(format!("{name}-{mode}.pid"));
+    let items: Vec<String> = (0..4).map(|i| format!("echo '{}'", item(i))).collect();
+    let body = format!(
+        "{} {}\nsleep 0.3\n{}\nsleep 30",
+        helper.display(),
+        pidfile.display(),
+        items.join("\n")
+    );
+    let agent = script(sb, &format!("{name}-{mode}.sh"), &body);
+    let started = Instant::now();
+    let args = [
+        "run",
+        "-q",
+        "--no-record",
+        "-p",
+        "codex",
+        "--max-steps",
+        "2",
+        "--grace",
+        "300ms",
+        "--containment",
+        mode,
+        "--",
+        &agent,
+    ];
+    let (code, stderr) = run_bounded(sb, &args, Duration::from_secs(20));
+    assert_eq!(code, Some(3), "{mode}: {stderr}");
+    assert!(stderr.contains("failed: max_steps"), "{mode}: {stderr}");
+    assert!(started.elapsed() < Duration::from_secs(10), "{mode}");
+    read_pid(&pidfile)
+}
+
 #[test]
 fn a_zombie_leader_with_a_live_thread_is_stopped() {
     let sb = Sandbox::new();
     let helper = compile(&sb, "zombie", ZOMBIE_LEADER);
     for mode in modes() {
-        let pidfile = sb.root().join(format!("zombie-{mode}.pid"));
-        let body = format!(
-            "{} {}\nsleep 0.3\n{}\nsleep 30",
-            helper.display(),
-            pidfile.display(),
-            (0..4)
-                .map(|i| format!("echo '{}'", item(i)))
-                .collect::<Vec<_>>()
-                .join("\n")
-        );
-        let agent = script(&sb, &format!("zombie-{mode}.sh"), &body);
-        let started = Instant::now();
-        let (code, stderr) = run_bounded(
-            &sb,
-            &[
-                "run",
-                "-q",
-                "--no-record",
-                "-p",
-                "codex",
-                "--max-steps",
-                "2",
-                "--grace",
-                "300ms",
-                "--containment",
-                mode,
-                "--",
-                &agent,
-            ],
-            Duration::from_secs(20),
-        );
-        assert_eq!(code, Some(3), "{mode}: {stderr}");
-        assert!(stderr.contains("failed: max_steps"), "{mode}: {}", stderr);
-        let pid = read_pid(&pidfile);
+        let pid = breach_after(&sb, &helper, "zombie", mode);
         assert!(
             eventually(Duration::from_secs(2), || !alive(pid)),
             "{mode}: the zombie leader's worker thread survived"
         );
-        assert!(started.elapsed() < Duration::from_secs(10), "{mode}");
     }
 }
 
@@ -234,52 +235,16 @@ fn a_pid_hopper_is_stopped() {
     let sb = Sandbox::new();
     let helper = compile(&sb, "hopper", PID_HOPPER);
     for mode in modes() {
-        let sidfile = sb.root().join(format!("hopper-{mode}.sid"));
-        let body = format!(
-            "{} {}\nsleep 0.3\n{}\nsleep 30",
-            helper.display(),
-            sidfile.display(),
-            (0..4)
-                .map(|i| format!("echo '{}'", item(i)))
-                .collect::<Vec<_>>()
-                .join("\n")
-        );
-        let agent = script(&sb, &format!("hopper-{mode}.sh"), &body);
-        let started = Instant::now();
-        let (code, stderr) = run_bounded(
-            &sb,
-            &[
-                "run",
-                "-q",
-                "--no-record",
-                "-p",
-                "codex",
-                "--max-steps",
-                "2",
-                "--grace",
-                "300ms",
-                "--containment",
-                mode,
-                "--",
-                &agent,
-            ],
-            Duration::from_secs(20),
-        );
-        assert_eq!(code, Some(3), "{mode}: {stderr}");
-        let sid = read_pid(&sidfile);
+        let sid = breach_after(&sb, &helper, "hopper", mode);
         // A hopper's pid changes faster than /proc is read, but its group stays: probe it
         // (zombies answer the probe too, so a live member must also be seen in a scan).
-        let survived = || {
-            let g = rustix::process::Pid::from_raw(sid as i32).unwrap();
-            rustix::process::test_kill_process_group(g).is_ok()
-                && (0..20).any(|_| !in_session(sid).is_empty())
-        };
-        if survived() {
-            let g = rustix::process::Pid::from_raw(sid as i32).unwrap();
+        let g = rustix::process::Pid::from_raw(sid as i32).unwrap();
+        let survived = rustix::process::test_kill_process_group(g).is_ok()
+            && (0..20).any(|_| !in_session(sid).is_empty());
+        if survived {
             let _ = rustix::process::kill_process_group(g, rustix::process::Signal::KILL);
             panic!("{mode}: the PID hopper survived the stop");
         }
-        assert!(started.elapsed() < Duration::from_secs(10), "{mode}");
     }
 }
 
