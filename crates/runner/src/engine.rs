@@ -165,12 +165,19 @@ impl Runner {
             Ok(child) => child,
             Err(e) => return finish(spec, Ending::not_started(e, start, started_at), observers),
         };
-        if trampoline.is_none()
-            && let Some(cg) = &cgroup
-            && let Err(e) = cg.add(child.id())
-        {
-            tracing::warn!("cannot move the agent into its cgroup: {e}");
-        }
+        let cgroup = match cgroup {
+            Some(cg) if trampoline.is_none() => match cg.add(child.id()) {
+                Ok(()) => Some(cg),
+                Err(e) => {
+                    // Not in it, so not contained by it: the record must say the walk.
+                    tracing::warn!(
+                        "cannot move the agent into its cgroup ({e}); using the process walk"
+                    );
+                    None
+                }
+            },
+            other => other,
+        };
         let pgid = child.id();
         let mut tree = Tree::new(pgid, cgroup);
         let guardian = trampoline.as_deref().and_then(|binary| {
@@ -204,6 +211,7 @@ impl Runner {
             resume,
             steps: Arc::clone(&steps),
             feeding_since: Arc::clone(&feeding_since),
+            started: start,
             // Nobody will be asked: the reader may signal the group at once.
             term_on_breach: (!asks).then_some(pgid),
         };
@@ -265,6 +273,10 @@ impl Runner {
         let mut drain_until: Option<Instant> = None;
         let mut abandoned: Option<String> = None;
         while child_exit.is_none() || reader_end.is_none() {
+            if run.stop.is_some() {
+                // Stopped: the agent's exit and the reader's end have this long to arrive.
+                drain_until.get_or_insert(Instant::now() + DRAIN);
+            }
             if drain_until.is_some_and(|d| Instant::now() >= d) {
                 tracing::warn!(
                     agent_exited = child_exit.is_some(),
@@ -426,6 +438,12 @@ impl Supervision<'_> {
         tracing::info!(reason = why.as_str(), "stopping the agent's process tree");
         let report = self.tree.stop(first, self.grace);
         tracing::debug!(?report, "process tree stopped");
+        if report.survivors > 0 {
+            tracing::warn!(
+                survivors = report.survivors,
+                "processes of the run survived SIGKILL (unkillable, e.g. in uninterruptible sleep)"
+            );
+        }
         self.stop = Some(report);
     }
 }

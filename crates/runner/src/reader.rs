@@ -42,6 +42,8 @@ pub(crate) struct StreamReader {
     /// When the plugin call under way began (ms since the run's start, plus one), 0 when none
     /// is: the engine abandons a call that does not return.
     pub feeding_since: Arc<AtomicU64>,
+    /// The run's start, the clock `feeding_since` is read against.
+    pub started: std::time::Instant,
     /// The process group to SIGTERM the moment a breach is seen (when nobody will be asked).
     pub term_on_breach: Option<u32>,
 }
@@ -57,9 +59,9 @@ impl StreamReader {
             resume,
             steps,
             feeding_since,
+            started,
             term_on_breach,
         } = self;
-        let started = std::time::Instant::now();
         let mut lines = LineSplitter::new(pipe);
         let mut passthrough = true;
         let mut oversized_lines = 0;

@@ -113,8 +113,8 @@ pub fn guardian_main(args: &[OsString]) -> bool {
     true
 }
 
-/// A running guardian; dropping it without [`Guardian::release`] (a panic, an early return)
-/// leaves it on guard: it stops the run once this process is gone.
+/// A running guardian. Dropping it without [`Guardian::release`] (a panic, an early return)
+/// closes its pipe: the guardian then stops the run at once, as it does when this process dies.
 #[derive(Debug)]
 pub struct Guardian {
     child: std::process::Child,

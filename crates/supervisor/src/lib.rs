@@ -212,8 +212,9 @@ impl Tree {
                 groups.insert(p.pgid);
             }
         }
-        // Groups the run created are signalled whoever is in them now.
-        groups.extend(known);
+        // Groups the run was seen in are signalled whoever is in them now, unless someone
+        // outside the run is in them (a reused id, a shell a descendant joined).
+        groups.extend(known.into_iter().filter(|g| !foreign.contains(g)));
         for g in groups {
             if g != own_group
                 && g != 0
@@ -250,18 +251,14 @@ impl Tree {
     /// Returns true while a group the run created still has a live member.
     fn groups_left(&self) -> bool {
         let own_group = rustix::process::getpgrp().as_raw_pid() as u32;
-        let left: Vec<u32> = self
-            .groups
-            .borrow()
-            .iter()
-            .copied()
-            .filter(|&g| {
-                g != own_group
-                    && pid(g).is_some_and(|g| rustix::process::test_kill_process_group(g).is_ok())
-            })
-            .collect();
+        // A group found empty is forgotten at once: its id may be reused by someone else's.
+        self.groups.borrow_mut().retain(|&g| {
+            g != own_group
+                && pid(g).is_some_and(|g| rustix::process::test_kill_process_group(g).is_ok())
+        });
+        let left = self.groups.borrow();
         if !left.is_empty() {
-            tracing::trace!(?left, "groups of the run still answer");
+            tracing::trace!(left = ?*left, "groups of the run still answer");
         }
         !left.is_empty()
     }

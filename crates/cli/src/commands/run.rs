@@ -93,7 +93,18 @@ pub fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
         ContainmentArg::ProcessWalk => Containment::ProcessWalk,
     };
     // stepguard's own binary is the agent's trampoline and the run's guardian.
-    spec.trampoline = std::env::current_exe().ok();
+    spec.trampoline = match std::env::current_exe() {
+        Ok(exe) => Some(exe),
+        Err(e) => {
+            output::diag(
+                "warning",
+                format!(
+                    "cannot find stepguard's own binary ({e}): the agent will not die with stepguard and no guardian watches the run"
+                ),
+            );
+            None
+        }
+    };
 
     let db = (!args.no_record).then(|| {
         stepguard_store::default_location(cli.db.as_deref(), config.project_dir().as_deref(), &cwd)
