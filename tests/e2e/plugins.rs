@@ -739,3 +739,42 @@ fn replacing_a_builtin_needs_consent_and_without_it_the_builtin_budget_holds() {
     ]);
     assert_eq!(find(&listed.json(), "codex")["replaces_builtin"], true);
 }
+
+#[test]
+fn a_policy_that_forbids_overrides_beats_the_flag() {
+    let dirs = plugin_dirs();
+    let sb = Sandbox::new();
+    let plugin = install(&sb, "plugins", &dylib(&dirs.good, "codex_override"));
+    let dir = plugin.parent().unwrap();
+    sb.write(
+        "xdg-config/stepguard/stepguard.toml",
+        "[policy]\nallow_plugin_override = false\n",
+    );
+    let fixture = crate::harness::workspace().join("tests/fixtures/streams/codex/long_run.jsonl");
+    let count = sb.run(&[
+        "count",
+        "-p",
+        "codex",
+        "--json",
+        "--allow-override",
+        "--plugin-dir",
+        arg(dir),
+        arg(&fixture),
+    ]);
+    assert_eq!(count.code, Some(0), "{}", count.stderr);
+    assert!(
+        count
+            .stderr
+            .contains("--allow-override is refused by the policy at"),
+        "{}",
+        count.stderr
+    );
+    let v = count.json();
+    assert_eq!(
+        (
+            v["plugin_source"].as_str(),
+            v["num_steps_computed"].as_u64()
+        ),
+        (Some("builtin"), Some(42))
+    );
+}

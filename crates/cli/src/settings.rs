@@ -48,16 +48,23 @@ pub fn load_config(explicit: Option<&Path>) -> anyhow::Result<LoadedConfig> {
     Ok(stepguard_config::load(&config_sources(explicit)?)?)
 }
 
-/// Returns true when the policy consents to plugin files replacing built-in providers
-/// (`[policy] allow_plugin_override = true` in a policy-bearing file, and no such file saying
-/// `false`). A project file cannot give this consent.
-pub fn allow_override(config: &LoadedConfig) -> bool {
-    config
-        .model
-        .policy
-        .allow_plugin_override
-        .as_ref()
-        .is_some_and(|(allow, _)| *allow)
+/// Returns whether plugin files may replace built-in providers: a policy's
+/// `allow_plugin_override` decides when one says it (a policy's `false` beats `--allow-override`,
+/// which is warned about), else the `--allow-override` flag. A project file cannot consent.
+pub fn allow_override(config: &LoadedConfig, flag: bool) -> bool {
+    match &config.model.policy.allow_plugin_override {
+        Some((false, origin)) => {
+            if flag {
+                crate::output::diag(
+                    "warning",
+                    format!("--allow-override is refused by the policy at {origin}"),
+                );
+            }
+            false
+        }
+        Some((true, _)) => true,
+        None => flag,
+    }
 }
 
 /// Returns the unit the policy fixes for `provider` (`[policy.P] max_steps_unit`) and where it

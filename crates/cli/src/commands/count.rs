@@ -16,7 +16,7 @@ pub fn run(cli: &Cli, args: &CountArgs) -> anyhow::Result<ExitCode> {
     let config = settings::load_config(cli.config.as_deref())?;
     let registry = providers::load_registry(
         &cli.plugin_dir,
-        cli.allow_override || settings::allow_override(&config),
+        settings::allow_override(&config, cli.allow_override),
     );
     let selection = providers::select(
         &registry,

@@ -26,7 +26,7 @@ pub fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
     }
     let registry = providers::load_registry(
         &cli.plugin_dir,
-        cli.allow_override || settings::allow_override(&config),
+        settings::allow_override(&config, cli.allow_override),
     );
     let selection = providers::select(
         &registry,
