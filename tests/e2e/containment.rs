@@ -307,18 +307,26 @@ fn kill_stepguard_mid_run(
     pids
 }
 
+/// Kills stepguard mid-run with `signal` and asserts the run's processes are gone within 3 s.
+fn assert_the_run_dies_with_stepguard(
+    mode: &str,
+    whole_group: bool,
+    signal: rustix::process::Signal,
+) {
+    let sb = Sandbox::new();
+    let pids = kill_stepguard_mid_run(&sb, mode, whole_group, signal);
+    assert!(
+        eventually(Duration::from_secs(3), || pids.iter().all(|&p| !alive(p))),
+        "{mode}, whole group {whole_group}, {signal:?}: survivors {:?}",
+        pids.iter().filter(|&&p| alive(p)).collect::<Vec<_>>()
+    );
+}
+
 #[test]
 fn the_agent_dies_with_stepguard_killed_by_sigkill() {
     for mode in modes() {
         for whole_group in [false, true] {
-            let sb = Sandbox::new();
-            let pids =
-                kill_stepguard_mid_run(&sb, mode, whole_group, rustix::process::Signal::KILL);
-            assert!(
-                eventually(Duration::from_secs(3), || pids.iter().all(|&p| !alive(p))),
-                "{mode}, whole group {whole_group}: survivors {:?}",
-                pids.iter().filter(|&&p| alive(p)).collect::<Vec<_>>()
-            );
+            assert_the_run_dies_with_stepguard(mode, whole_group, rustix::process::Signal::KILL);
         }
     }
 }
@@ -329,13 +337,7 @@ fn the_agent_dies_with_stepguard_ended_by_a_signal_it_does_not_handle() {
     // SIGABRT is also how a plugin's abort() or a panic=abort ends stepguard.
     for mode in modes() {
         for signal in [Signal::ABORT, Signal::QUIT, Signal::USR1, Signal::ALARM] {
-            let sb = Sandbox::new();
-            let pids = kill_stepguard_mid_run(&sb, mode, false, signal);
-            assert!(
-                eventually(Duration::from_secs(3), || pids.iter().all(|&p| !alive(p))),
-                "{mode}, {signal:?}: survivors {:?}",
-                pids.iter().filter(|&&p| alive(p)).collect::<Vec<_>>()
-            );
+            assert_the_run_dies_with_stepguard(mode, false, signal);
         }
     }
 }

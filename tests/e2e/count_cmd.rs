@@ -2,15 +2,7 @@
 
 use serde_json::{Value, json};
 
-use crate::harness::{Sandbox, workspace};
-
-fn fixture(rel: &str) -> String {
-    workspace()
-        .join("tests/fixtures")
-        .join(rel)
-        .display()
-        .to_string()
-}
+use crate::harness::{Sandbox, fixture, workspace};
 
 fn count_json(args: &[&str]) -> Vec<Value> {
     let sb = Sandbox::new();

@@ -105,6 +105,15 @@ impl Sandbox {
     }
 }
 
+/// The path of a file under `tests/fixtures`, as an argument.
+pub fn fixture(rel: &str) -> String {
+    workspace()
+        .join("tests/fixtures")
+        .join(rel)
+        .display()
+        .to_string()
+}
+
 /// The workspace root.
 pub fn workspace() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

@@ -5,15 +5,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::harness::{Sandbox, workspace};
-
-fn fixture(rel: &str) -> String {
-    workspace()
-        .join("tests/fixtures")
-        .join(rel)
-        .display()
-        .to_string()
-}
+use crate::harness::{Sandbox, fixture, workspace};
 
 fn agent(sb: &Sandbox, name: &str, body: &str) -> String {
     let path = sb.write(name, format!("#!/usr/bin/env bash\n{body}\n"));

@@ -6,18 +6,10 @@ use std::path::PathBuf;
 use serde_json::Value;
 use stepguard_core::RunRecord;
 
-use crate::harness::{Sandbox, workspace};
+use crate::harness::{Sandbox, fixture, workspace};
 
 fn schema_path() -> PathBuf {
     workspace().join("docs/run-record.schema.json")
-}
-
-fn fixture(rel: &str) -> String {
-    workspace()
-        .join("tests/fixtures")
-        .join(rel)
-        .display()
-        .to_string()
 }
 
 /// Regenerate with `STEPGUARD_UPDATE_SCHEMA=1 cargo nextest run -E 'test(published_schema)'`.

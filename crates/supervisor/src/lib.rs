@@ -263,12 +263,6 @@ impl Tree {
         !left.is_empty()
     }
 
-    /// Sends SIGTERM to the agent's group only: the fastest first move, safe from any thread;
-    /// a full [`Tree::stop`] should follow.
-    pub fn term_group(&self) {
-        term_group(self.pgid);
-    }
-
     /// Pauses (SIGSTOP) or resumes (SIGCONT) every process of the run.
     pub fn pause(&self, pause: bool) {
         self.signal_all(if pause { Signal::STOP } else { Signal::CONT });
