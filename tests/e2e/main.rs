@@ -7,13 +7,16 @@ mod agents;
 mod harness;
 
 mod claude;
+mod cli_edges;
 mod codex;
 mod config_cmd;
 mod containment;
 mod count_cmd;
+mod fail_closed;
 mod gemini;
 mod history_cmd;
 mod opencode;
+mod options;
 mod plugins;
 mod record_schema;
 mod run_cmd;

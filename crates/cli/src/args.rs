@@ -86,6 +86,15 @@ pub enum OnLimit {
     Ask,
 }
 
+/// What to do with a stream none of which is recognised as the provider's format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Unrecognized {
+    /// Stop the agent (slug `unrecognized_stream`, exit 2): nothing could be counted.
+    Stop,
+    /// Warn once and let the run go on uncounted.
+    Warn,
+}
+
 /// How the agent's processes are contained.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum ContainmentArg {
@@ -127,6 +136,16 @@ pub struct RunArgs {
     /// What to do at the limit.
     #[arg(long, value_enum, default_value_t = OnLimit::Stop)]
     pub on_limit: OnLimit,
+    /// With `--on-limit ask`: how long the prompt waits for an answer before stopping the agent.
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_timeout)]
+    pub ask_timeout: Duration,
+    /// Skip the provider's check of the agent command line (e.g. `codex exec` without `--json`).
+    #[arg(long)]
+    pub no_preflight: bool,
+    /// What to do when none of the agent's output is recognised as the provider's stream
+    /// (default: `[run] unrecognized_stream` from the config, else `stop`).
+    #[arg(long, value_enum, value_name = "WHAT")]
+    pub unrecognized: Option<Unrecognized>,
     /// The agent's standard input.
     #[arg(long, value_enum, default_value_t = StdinMode::Inherit)]
     pub stdin: StdinMode,

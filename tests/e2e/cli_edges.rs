@@ -1,0 +1,1 @@
+//! Rough edges a new user hits: error messages, input checking, first run, completions, colour.

@@ -1,0 +1,1 @@
+//! Provider options and configuration checks agree across `config`, `validate`, `run` and `count`.
