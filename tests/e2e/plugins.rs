@@ -92,7 +92,7 @@ fn good_plugins_load_side_by_side_and_override_a_builtin() {
         arg(&dirs.good),
     ]);
     assert!(
-        human.stdout.contains("codex 9.9.9 (protocol 1.1.0) from ")
+        human.stdout.contains("codex 9.9.9 (protocol 1.2.0) from ")
             && human.stdout.contains("(replaces the built-in)"),
         "{}",
         human.stdout

@@ -3,16 +3,28 @@
 
 use std::io::{self, IsTerminal as _, Write as _};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use stepguard_runner::{Breach, LimitDecision, LimitPolicy, Progress, RunObserver, RunReport};
+use stepguard_core::budget;
+use stepguard_runner::{
+    Breach, LimitDecision, LimitPolicy, Progress, Question, RunObserver, RunReport,
+};
 
 /// The live status line on stderr (drawn only when stderr is a terminal).
 #[derive(Clone)]
 pub struct StatusLine {
     enabled: bool,
     label: String,
-    /// True while a line is drawn (it must be cleared before the agent's output or a prompt).
-    drawn: Arc<Mutex<bool>>,
+    state: Arc<Mutex<LineState>>,
+}
+
+/// What is on the status line's terminal row right now.
+#[derive(Default)]
+struct LineState {
+    /// True while a status line is drawn (it must be cleared before anything else is written).
+    drawn: bool,
+    /// True while the agent's stderr has written part of a line: drawing would overwrite it.
+    agent_mid_line: bool,
 }
 
 impl StatusLine {
@@ -21,17 +33,17 @@ impl StatusLine {
         StatusLine {
             enabled: wanted && io::stderr().is_terminal(),
             label: format!("{provider} ({unit})"),
-            drawn: Arc::new(Mutex::new(false)),
+            state: Arc::default(),
         }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, LineState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Erases the line if it is drawn.
     pub fn clear(&self) {
-        let mut drawn = self.drawn.lock().unwrap_or_else(|p| p.into_inner());
-        if *drawn {
-            let _ = io::stderr().write_all(b"\r\x1b[2K");
-            *drawn = false;
-        }
+        erase(&mut self.state());
     }
 
     /// Returns where the agent's output goes: stdout, clearing the status line first when both
@@ -43,6 +55,20 @@ impl StatusLine {
             Box::new(io::stdout())
         }
     }
+
+    /// Returns where the agent's stderr goes while the line is drawn: through stepguard, which
+    /// clears the line before each write; `None` (inherited) when no line is drawn.
+    pub fn agent_stderr(&self) -> Option<Box<dyn io::Write + Send>> {
+        self.enabled
+            .then(|| Box::new(ClearingStderr(self.clone())) as Box<dyn io::Write + Send>)
+    }
+}
+
+fn erase(state: &mut LineState) {
+    if state.drawn {
+        let _ = io::stderr().write_all(b"\r\x1b[2K");
+        state.drawn = false;
+    }
 }
 
 impl RunObserver for StatusLine {
@@ -50,7 +76,10 @@ impl RunObserver for StatusLine {
         if !self.enabled {
             return;
         }
-        let mut drawn = self.drawn.lock().unwrap_or_else(|p| p.into_inner());
+        let mut state = self.state();
+        if state.agent_mid_line {
+            return;
+        }
         let _ = write!(
             io::stderr(),
             "\r\x1b[2Kstepguard: {}/{} steps | {} | {}",
@@ -59,7 +88,7 @@ impl RunObserver for StatusLine {
             self.label,
             stepguard_core::stats::format_duration_ms(p.elapsed.as_millis() as u64)
         );
-        *drawn = true;
+        state.drawn = true;
     }
 
     fn finished(&mut self, _report: &mut RunReport) {
@@ -72,7 +101,8 @@ struct ClearingStdout(StatusLine);
 
 impl io::Write for ClearingStdout {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.0.clear();
+        let mut state = self.0.state();
+        erase(&mut state);
         io::stdout().write(buf)
     }
 
@@ -81,18 +111,45 @@ impl io::Write for ClearingStdout {
     }
 }
 
+/// The agent's stderr, written to stepguard's after erasing the status line.
+struct ClearingStderr(StatusLine);
+
+impl io::Write for ClearingStderr {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let mut state = self.0.state();
+        erase(&mut state);
+        io::stderr().write_all(buf)?;
+        if let Some(last) = buf.last() {
+            state.agent_mid_line = *last != b'\n';
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        io::stderr().flush()
+    }
+}
+
 /// Asks on the terminal at the limit: stop, allow N more steps, or continue without a limit.
 pub struct AskOnTerminal {
     provider: String,
     status: StatusLine,
+    /// The highest limit an answer may reach.
+    ceiling: u32,
+    /// Whether "continue without a limit" may be chosen (not under a policy ceiling).
+    unlimited_ok: bool,
 }
 
 impl AskOnTerminal {
-    /// Creates the prompt; it clears `status` before asking.
-    pub fn new(provider: &str, status: StatusLine) -> Self {
+    /// Creates the prompt; it clears `status` before asking. `policy_ceiling` is the policy's
+    /// `max_steps_ceiling`: no answer may raise the limit past it (or past the 100000 any
+    /// budget is held to), nor lift it.
+    pub fn new(provider: &str, status: StatusLine, policy_ceiling: Option<u32>) -> Self {
         AskOnTerminal {
             provider: provider.to_owned(),
             status,
+            ceiling: policy_ceiling.unwrap_or(budget::MAX_STEPS_CEILING),
+            unlimited_ok: policy_ceiling.is_none(),
         }
     }
 }
@@ -102,47 +159,138 @@ impl LimitPolicy for AskOnTerminal {
         true
     }
 
-    fn decide(&mut self, breach: &Breach) -> LimitDecision {
+    fn decide(&mut self, breach: &Breach, question: &Question) -> LimitDecision {
         self.status.clear();
         let Breach { step, limit } = *breach;
+        let room = Room {
+            more: self
+                .ceiling
+                .saturating_sub(limit.get().unwrap_or(self.ceiling)),
+            ceiling: self.ceiling,
+            unlimited_ok: self.unlimited_ok,
+        };
+        let within = question
+            .deadline()
+            .map(|d| {
+                let secs = d.saturating_duration_since(Instant::now()).as_secs();
+                format!(
+                    " Answer within {}.",
+                    humantime::format_duration(Duration::from_secs(secs.max(1)))
+                )
+            })
+            .unwrap_or_default();
         let mut err = io::stderr().lock();
         let _ = writeln!(
             err,
-            "stepguard: step budget reached: step {step} began, the budget is {limit} ({}). The agent is paused.",
+            "stepguard: step budget reached: step {step} began, the budget is {limit} ({}). The agent is paused.{within}",
             self.provider
         );
         for _ in 0..3 {
-            let _ = write!(
-                err,
-                "stepguard: [s]top now, [a N] allow N more steps, [c]ontinue without a limit? "
-            );
+            let _ = write!(err, "stepguard: {}? ", room.choices());
             let _ = err.flush();
-            let mut answer = String::new();
-            match io::stdin().read_line(&mut answer) {
-                Ok(0) | Err(_) => return LimitDecision::Stop,
-                Ok(_) => {}
+            let Some(answer) = read_answer(question) else {
+                // Withdrawn (a signal, the timeout) or the terminal closed: the run is stopped.
+                let _ = writeln!(err);
+                return LimitDecision::Stop;
+            };
+            match parse_answer(&answer, &room) {
+                Ok(decision) => return decision,
+                Err(hint) => {
+                    let _ = writeln!(err, "stepguard: {hint}");
+                }
             }
-            if let Some(decision) = parse_answer(&answer) {
-                return decision;
-            }
-            let _ = writeln!(err, "stepguard: answer `s`, `a 5` (any number) or `c`.");
         }
         LimitDecision::Stop
     }
 }
 
-/// Reads one answer at the prompt; `None` when it is not one.
-fn parse_answer(answer: &str) -> Option<LimitDecision> {
+/// How far an answer may raise the limit.
+struct Room {
+    /// The most steps that may be allowed beyond the current limit.
+    more: u32,
+    ceiling: u32,
+    unlimited_ok: bool,
+}
+
+impl Room {
+    fn choices(&self) -> String {
+        let mut s = String::from("[s]top now");
+        if self.more > 0 {
+            s.push_str(&format!(", [a N] allow N more steps (1 to {})", self.more));
+        }
+        if self.unlimited_ok {
+            s.push_str(", [c]ontinue without a limit");
+        }
+        s
+    }
+}
+
+/// Reads one line of the answer from stdin, polling so that a withdrawn question (or the
+/// terminal closing) ends the wait; `None` then.
+fn read_answer(question: &Question) -> Option<String> {
+    use rustix::event::{PollFd, PollFlags, Timespec, poll};
+    let stdin = io::stdin();
+    let mut line = Vec::new();
+    let tick = Timespec {
+        tv_sec: 0,
+        tv_nsec: 100_000_000,
+    };
+    loop {
+        if question.withdrawn() {
+            return None;
+        }
+        let mut fds = [PollFd::new(&stdin, PollFlags::IN)];
+        match poll(&mut fds, Some(&tick)) {
+            Ok(0) => continue,
+            Ok(_) => {}
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(_) => return None,
+        }
+        let mut buf = [0u8; 256];
+        match rustix::io::read(&stdin, &mut buf) {
+            Ok(0) => return None,
+            Ok(n) => line.extend_from_slice(&buf[..n]),
+            Err(rustix::io::Errno::INTR | rustix::io::Errno::AGAIN) => continue,
+            Err(_) => return None,
+        }
+        if line.contains(&b'\n') {
+            return Some(String::from_utf8_lossy(&line).into_owned());
+        }
+    }
+}
+
+/// Reads one answer at the prompt; the error is the hint to show when it is not one.
+fn parse_answer(answer: &str, room: &Room) -> Result<LimitDecision, String> {
     let words: Vec<&str> = answer.split_whitespace().collect();
+    let allow = |n: &str| -> Result<LimitDecision, String> {
+        let range = if room.more == 0 {
+            format!(
+                "no more steps can be allowed: the budget is at the ceiling of {}",
+                room.ceiling
+            )
+        } else {
+            format!(
+                "allow 1 to {} more steps (the ceiling is {})",
+                room.more, room.ceiling
+            )
+        };
+        match n.parse::<u64>() {
+            Ok(n) if n >= 1 && n <= u64::from(room.more) => {
+                Ok(LimitDecision::Allow(u32::try_from(n).unwrap_or(room.more)))
+            }
+            Ok(_) => Err(format!("`{n}` is out of range: {range}")),
+            Err(_) => Err(format!("`{n}` is not a number: {range}")),
+        }
+    };
     match words.as_slice() {
-        [] | ["s" | "stop"] => Some(LimitDecision::Stop),
-        ["c" | "continue"] => Some(LimitDecision::Unlimited),
-        ["a" | "allow", n] | [n] => n
-            .parse::<u32>()
-            .ok()
-            .filter(|n| *n > 0)
-            .map(LimitDecision::Allow),
-        _ => None,
+        [] | ["s" | "stop"] => Ok(LimitDecision::Stop),
+        ["c" | "continue"] if room.unlimited_ok => Ok(LimitDecision::Unlimited),
+        ["c" | "continue"] => Err(format!(
+            "the policy's ceiling of {} steps forbids going on without a limit",
+            room.ceiling
+        )),
+        ["a" | "allow", n] | [n] => allow(n),
+        _ => Err(format!("answer {}", room.choices())),
     }
 }
 
@@ -152,12 +300,43 @@ mod tests {
 
     #[test]
     fn answers_at_the_prompt() {
-        assert_eq!(parse_answer("\n"), Some(LimitDecision::Stop));
-        assert_eq!(parse_answer("s\n"), Some(LimitDecision::Stop));
-        assert_eq!(parse_answer("a 5\n"), Some(LimitDecision::Allow(5)));
-        assert_eq!(parse_answer("7"), Some(LimitDecision::Allow(7)));
-        assert_eq!(parse_answer("c"), Some(LimitDecision::Unlimited));
-        assert_eq!(parse_answer("a 0"), None);
-        assert_eq!(parse_answer("maybe"), None);
+        let room = Room {
+            more: 99_990,
+            ceiling: 100_000,
+            unlimited_ok: true,
+        };
+        assert_eq!(parse_answer("\n", &room), Ok(LimitDecision::Stop));
+        assert_eq!(parse_answer("s\n", &room), Ok(LimitDecision::Stop));
+        assert_eq!(parse_answer("a 5\n", &room), Ok(LimitDecision::Allow(5)));
+        assert_eq!(parse_answer("7", &room), Ok(LimitDecision::Allow(7)));
+        assert_eq!(parse_answer("c", &room), Ok(LimitDecision::Unlimited));
+        assert!(
+            parse_answer("a 0", &room)
+                .unwrap_err()
+                .contains("1 to 99990")
+        );
+        assert!(
+            parse_answer("a 999999", &room)
+                .unwrap_err()
+                .contains("`999999` is out of range")
+        );
+        assert!(parse_answer("maybe", &room).unwrap_err().contains("[s]top"));
+    }
+
+    #[test]
+    fn a_policy_ceiling_bounds_the_answers() {
+        let room = Room {
+            more: 3,
+            ceiling: 13,
+            unlimited_ok: false,
+        };
+        assert_eq!(parse_answer("a 3", &room), Ok(LimitDecision::Allow(3)));
+        assert!(parse_answer("a 4", &room).unwrap_err().contains("1 to 3"));
+        assert!(
+            parse_answer("c", &room)
+                .unwrap_err()
+                .contains("ceiling of 13")
+        );
+        assert!(!room.choices().contains("[c]"));
     }
 }

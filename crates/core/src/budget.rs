@@ -16,6 +16,11 @@
 //! A policy ceiling ([`PolicySettings::max_steps_ceiling`], from a file the repository cannot
 //! edit) bounds the result of all of the above, `unlimited` included: the effective budget is
 //! `min(resolved, ceiling)`, and when the ceiling lowers it, the source names the policy.
+//!
+//! Resolution also warns, naming where each value was set, when a legacy `max_turns` decides
+//! the budget (deprecated), when one is ignored because a `max_steps` of higher precedence
+//! applies (both spellings at one level, or a task type's `max_turns` under the global
+//! `max_steps`), and when the task type has no `[task_types.T]` table.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -405,7 +410,8 @@ pub struct ResolvedBudget {
     pub source_file: Option<String>,
     /// The selected profile, if any.
     pub profile: Option<String>,
-    /// The explicit budget before the profile bound applied, when both existed.
+    /// The explicit budget that the profile's budget lowered, when it did (an explicit budget at
+    /// or under the profile's is not bounded by it, and this is `None`).
     pub explicit_max_steps: Option<StepLimit>,
     /// The budget before the policy ceiling lowered it, when it did.
     pub uncapped_max_steps: Option<StepLimit>,
@@ -481,9 +487,15 @@ pub fn resolve(req: &BudgetRequest<'_>) -> Result<ResolvedBudget, BudgetError> {
     };
 
     let mut warnings = Vec::new();
+    if let Some(name) = req.task_type
+        && !req.config.task_types.contains_key(name)
+    {
+        warnings.push(unknown_task_type(name, req.config));
+    }
     if let Some((_, setting, true)) = explicit {
         warnings.push(format!("{}: {MAX_TURNS_DEPRECATION}", setting.origin));
     }
+    warnings.extend(shadowed_legacy(req).iter().map(ToString::to_string));
 
     // (limit, source label, source file, who asked for it: none for the default).
     let (max_steps, source, source_file, asked) = match (explicit, &profile) {
@@ -516,7 +528,10 @@ pub fn resolve(req: &BudgetRequest<'_>) -> Result<ResolvedBudget, BudgetError> {
         max_steps,
         source,
         source_file,
-        explicit_max_steps: explicit.filter(|_| profile.is_some()).map(|(l, _, _)| l),
+        explicit_max_steps: match (explicit, &profile) {
+            (Some((limit, _, _)), Some(p)) if limit.min(p.limit) != limit => Some(limit),
+            _ => None,
+        },
         uncapped_max_steps: None,
         profile: profile.map(|p| p.name),
         warnings,
@@ -525,6 +540,124 @@ pub fn resolve(req: &BudgetRequest<'_>) -> Result<ResolvedBudget, BudgetError> {
         apply_ceiling(&mut resolved, ceiling, asked.as_deref())?;
     }
     Ok(resolved)
+}
+
+/// Returns the warning for a task type that no `[task_types.*]` table defines: the budget is
+/// resolved as if none were given, which is worth saying since a typo looks the same.
+fn unknown_task_type(name: &str, config: &ConfigModel) -> String {
+    let known = if config.task_types.is_empty() {
+        "none are configured".to_owned()
+    } else {
+        let names: Vec<&str> = config.task_types.keys().map(String::as_str).collect();
+        format!("known task types: {}", names.join(", "))
+    };
+    format!(
+        "unknown task type `{name}`: no [task_types.{name}] in the config files in effect \
+         ({known}); its budget is resolved without one"
+    )
+}
+
+/// A legacy `max_turns` that a `max_steps` of higher precedence makes dead.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ShadowedLegacy {
+    /// The ignored `max_turns` setting.
+    pub legacy: Setting,
+    /// The `max_steps` setting that takes precedence over it.
+    pub winner: Setting,
+    /// How the winner's level reads after it: ` (global)`, `` (task type `review`)`` or empty.
+    winner_scope: String,
+    /// What to do: rename the legacy key (when that would apply it) or remove it.
+    advice: String,
+}
+
+impl ShadowedLegacy {
+    /// Returns why the legacy setting is ignored and what to do, without naming it, e.g.
+    /// ``ignored: `max_steps = 40` in /p/stepguard.toml (global) takes precedence; remove it``.
+    pub fn reason(&self) -> String {
+        format!(
+            "ignored: {}{} takes precedence; {}",
+            describe(&self.winner),
+            self.winner_scope,
+            self.advice
+        )
+    }
+}
+
+impl fmt::Display for ShadowedLegacy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} is {}", describe(&self.legacy), self.reason())
+    }
+}
+
+/// Returns each legacy `max_turns` relevant to the request that a `max_steps` of higher
+/// precedence makes dead: at the same level (both spellings set) or, for the task type's
+/// `max_turns`, the global `max_steps` (level 4 beats level 5, which surprises whoever wrote the
+/// more specific table).
+///
+/// A task type's `max_steps` beating the global `max_turns` is the ordinary specific-over-general
+/// rule and is not reported; neither is a shadowed value equal to the winner, since nothing is
+/// lost. [`resolve`] warns about each; `validate` uses it to say why a `max_turns` is unused.
+pub fn shadowed_legacy(req: &BudgetRequest<'_>) -> Vec<ShadowedLegacy> {
+    let empty = LevelSettings::default();
+    let task = req
+        .task_type
+        .and_then(|t| req.config.task_types.get(t))
+        .unwrap_or(&empty);
+    let global = &req.config.global;
+    let task_scope = format!(" (task type `{}`)", req.task_type.unwrap_or_default());
+    // (legacy, the max_steps that beats it, how to name the winner's level).
+    let (task_winner, task_winner_scope) = match &task.max_steps {
+        Some(_) => (&task.max_steps, task_scope.as_str()),
+        None => (&global.max_steps, " (global)"),
+    };
+    let pairs = [
+        (&req.flags.max_turns, &req.flags.max_steps, ""),
+        (&req.env.max_turns, &req.env.max_steps, ""),
+        (&task.max_turns, task_winner, task_winner_scope),
+        (&global.max_turns, &global.max_steps, " (global)"),
+    ];
+    let mut out = Vec::new();
+    for (legacy, winner, scope) in pairs {
+        let (Some(legacy), Some(winner)) = (legacy, winner) else {
+            continue;
+        };
+        if legacy.limit().ok() == winner.limit().ok() {
+            continue;
+        }
+        let advice = match &legacy.origin {
+            // A task type's legacy budget under the global `max_steps`: renaming it applies it.
+            Origin::File { key, .. }
+                if key.starts_with("task_types.") && task.max_steps.is_none() =>
+            {
+                format!(
+                    "rename it to `{}max_steps` to apply it",
+                    key.trim_end_matches("max_turns")
+                )
+            }
+            _ => "remove it".to_owned(),
+        };
+        out.push(ShadowedLegacy {
+            legacy: legacy.clone(),
+            winner: winner.clone(),
+            winner_scope: scope.to_owned(),
+            advice,
+        });
+    }
+    out
+}
+
+/// Describes a setting as the user wrote it: `` `max_steps = 40` in FILE ``, `` `--max-steps 5` ``,
+/// `` `STEPGUARD_MAX_STEPS=5` ``.
+fn describe(setting: &Setting) -> String {
+    let text = match &setting.value {
+        RawValue::Text(s) if !matches!(setting.origin, Origin::File { .. }) => s.clone(),
+        other => raw_display(other),
+    };
+    match &setting.origin {
+        Origin::Flag(flag) => format!("`{flag} {text}`"),
+        Origin::Env(var) => format!("`{var}={text}`"),
+        Origin::File { path, key } => format!("`{key} = {text}` in {path}"),
+    }
 }
 
 /// Lowers the resolved budget to the policy ceiling when it is above it (`unlimited` always is).
@@ -742,10 +875,97 @@ mod tests {
     }
 
     #[test]
-    fn max_turns_shadowed_by_max_steps_does_not_warn() {
-        assert!(run(&[0, 1], None).warnings.is_empty());
-        assert!(run(&[5, 7], None).warnings.is_empty());
-        assert!(run(&[4, 6], Some("review")).warnings.is_empty());
+    fn max_turns_shadowed_by_max_steps_warns_naming_both() {
+        assert_eq!(
+            run(&[0, 1], None).warnings,
+            ["`--max-turns 101` is ignored: `--max-steps 100` takes precedence; remove it"]
+        );
+        assert_eq!(
+            run(&[2, 3], None).warnings,
+            [
+                "`STEPGUARD_MAX_TURNS=103` is ignored: `STEPGUARD_MAX_STEPS=102` takes precedence; \
+                 remove it"
+            ]
+        );
+        assert_eq!(
+            run(&[5, 7], None).warnings,
+            [
+                "`defaults.max_turns = 107` in /p/stepguard.toml is ignored: `max_steps = 105` in \
+                 /p/stepguard.toml (global) takes precedence; remove it"
+            ]
+        );
+        assert_eq!(
+            run(&[4, 6], Some("review")).warnings,
+            [
+                "`task_types.review.max_turns = 106` in /p/stepguard.toml is ignored: \
+                 `task_types.review.max_steps = 104` in /p/stepguard.toml (task type `review`) \
+                 takes precedence; remove it"
+            ]
+        );
+    }
+
+    #[test]
+    fn task_type_max_turns_under_the_global_max_steps_warns_how_to_apply_it() {
+        let r = run(&[5, 6], Some("review"));
+        assert_eq!(r.max_steps, StepLimit::Limited(105));
+        assert_eq!(
+            r.warnings,
+            [
+                "`task_types.review.max_turns = 106` in /p/stepguard.toml is ignored: \
+                 `max_steps = 105` in /p/stepguard.toml (global) takes precedence; rename it to \
+                 `task_types.review.max_steps` to apply it"
+            ]
+        );
+        // Reported whatever decides the run, since the file is wrong either way.
+        let r = run(&[0, 5, 6], Some("review"));
+        assert_eq!(r.max_steps, StepLimit::Limited(100));
+        assert_eq!(r.warnings.len(), 1, "{:?}", r.warnings);
+        // Only for the task type in question.
+        assert!(run(&[5, 6], None).warnings.is_empty());
+    }
+
+    #[test]
+    fn shadowing_that_loses_nothing_or_is_specific_over_general_is_silent() {
+        // A task type's max_steps beating the global max_turns is the ordinary override.
+        assert!(run(&[4, 7], Some("review")).warnings.is_empty());
+        // Both spellings with one value: nothing is ignored.
+        let config = ConfigModel {
+            global: LevelSettings {
+                max_steps: int(40, file("max_steps")),
+                max_turns: int(40, file("max_turns")),
+            },
+            ..Default::default()
+        };
+        let r = resolve(&BudgetRequest::new(&config)).unwrap();
+        assert!(r.warnings.is_empty(), "{:?}", r.warnings);
+    }
+
+    #[test]
+    fn unknown_task_type_warns_listing_the_known_ones_and_uses_the_budget_without_it() {
+        let r = run(&[5], Some("revew"));
+        assert_eq!(
+            (r.max_steps, r.source.as_str()),
+            (StepLimit::Limited(105), "max_steps")
+        );
+        assert_eq!(
+            r.warnings,
+            [
+                "unknown task type `revew`: no [task_types.revew] in the config files in effect \
+                 (known task types: review); its budget is resolved without one"
+            ]
+        );
+        let config = ConfigModel::default();
+        let r = resolve(&BudgetRequest {
+            task_type: Some("ops"),
+            ..BudgetRequest::new(&config)
+        })
+        .unwrap();
+        assert_eq!(r.max_steps, StepLimit::Limited(DEFAULT_MAX_STEPS));
+        assert!(
+            r.warnings[0].contains("(none are configured)"),
+            "{:?}",
+            r.warnings
+        );
     }
 
     #[test]
@@ -786,6 +1006,10 @@ mod tests {
             (r.max_steps, r.source.as_str()),
             (StepLimit::Limited(10), "--max-steps")
         );
+        // The profile bounded nothing, so there is nothing to report about it.
+        assert_eq!(r.explicit_max_steps, None);
+        let r = with_profile(Some(15), "strict", ConfigModel::default());
+        assert_eq!(r.explicit_max_steps, None);
         let r = with_profile(Some(40), "strict", ConfigModel::default());
         assert_eq!(
             (r.max_steps, r.source.as_str()),

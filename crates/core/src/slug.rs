@@ -65,6 +65,9 @@ failure_slugs! {
     SpawnFailed => "spawn_failed", "SPAWN_FAILED";
     /// A provider plugin failed to load, panicked or returned an error.
     PluginError => "plugin_error", "PLUGIN_ERROR";
+    /// None of the agent's output was recognised as the provider's stream, so nothing could be
+    /// counted (a missing `--json`, or the wrong provider).
+    UnrecognizedStream => "unrecognized_stream", "UNRECOGNIZED_STREAM";
     /// The conversation outgrew the model's context window.
     ContextGuard => "context_guard", "CONTEXT_GUARD";
     /// The model answered without calling a tool where one was required.
@@ -179,6 +182,7 @@ mod tests {
             "killed",
             "spawn_failed",
             "plugin_error",
+            "unrecognized_stream",
             "context_guard",
             "no_tools",
             "empty_response",

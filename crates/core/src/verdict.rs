@@ -19,6 +19,8 @@ pub enum TerminatedBy {
     Signal,
     /// The provider plugin failed mid-run (fail closed).
     Plugin,
+    /// None of the agent's output was recognised as the provider's stream (fail closed).
+    Unrecognized,
 }
 
 impl TerminatedBy {
@@ -29,6 +31,7 @@ impl TerminatedBy {
             TerminatedBy::Timeout => "timeout",
             TerminatedBy::Signal => "signal",
             TerminatedBy::Plugin => "plugin",
+            TerminatedBy::Unrecognized => "unrecognized",
         }
     }
 }
@@ -92,6 +95,9 @@ pub fn classify(
         }
         Some(TerminatedBy::Plugin) => {
             return Verdict::failed(FailureSlug::PluginError, ExitCode::Plugin);
+        }
+        Some(TerminatedBy::Unrecognized) => {
+            return Verdict::failed(FailureSlug::UnrecognizedStream, ExitCode::Usage);
         }
         None => {}
     }
@@ -168,6 +174,11 @@ mod tests {
             (TerminatedBy::Timeout, FailureSlug::Timeout, 124),
             (TerminatedBy::Signal, FailureSlug::Interrupted, 130),
             (TerminatedBy::Plugin, FailureSlug::PluginError, 4),
+            (
+                TerminatedBy::Unrecognized,
+                FailureSlug::UnrecognizedStream,
+                2,
+            ),
         ] {
             let v = classify(Some(by), ok(), Some(ChildExit::Signal(15)));
             assert_eq!(

@@ -49,7 +49,8 @@
 //!   generation before touching anything else, with a message saying what to rebuild against.
 //! * [`PROTOCOL_VERSION`] versions the JSON payloads ([`model`]). A plugin built against protocol
 //!   `X.Y` loads in a host speaking `X.Z` with `Z >= Y`. History: 1.0 manifest, counters, stats;
-//!   1.1 manifest `native_limit`, stats `sub_agent_steps`.
+//!   1.1 manifest `native_limit`, stats `sub_agent_steps`; 1.2 manifest `expects` and
+//!   `preflight` (checks of the agent's command line).
 #![deny(missing_docs)]
 // The plugin boundary is the one crate where `unsafe` lives: abi_stable's derives generate it,
 // and the host's loader needs it for dlopen; each hand-written block carries a `// SAFETY:` note.
@@ -66,8 +67,8 @@ pub mod model;
 pub use abi::{ChunkReport, HostCallbacks, LineReport, PluginModRef, ProviderBox};
 pub use guest::{ProviderPlugin, StepCounter, provider_box, testing};
 pub use model::{
-    CounterRequest, CounterStats, Manifest, NativeLimit, OptionInfo, Terminal, Tokens, UnitInfo,
-    slug_for_error_text,
+    CounterRequest, CounterStats, Manifest, NativeLimit, OptionInfo, PreflightRule, Terminal,
+    Tokens, UnitInfo, slug_for_error_text,
 };
 
 /// abi_stable's borrowed string, which appears in [`HostCallbacks`]' signature.
@@ -79,7 +80,7 @@ pub mod abi_stable_rstr {
 pub const ABI_GENERATION: u32 = 1;
 
 /// The version of the JSON protocol spoken by this API crate.
-pub const PROTOCOL_VERSION: &str = "1.1.0";
+pub const PROTOCOL_VERSION: &str = "1.2.0";
 
 /// The name of the plain `extern "C" fn() -> u32` symbol carrying the ABI generation.
 pub const ABI_GENERATION_SYMBOL: &str = "stepguard_plugin_abi_generation";

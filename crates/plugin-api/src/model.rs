@@ -28,6 +28,14 @@ pub struct Manifest {
     /// How to pass the budget to the provider CLI's own limit, if it has one (protocol 1.1).
     #[serde(default)]
     pub native_limit: Option<NativeLimit>,
+    /// What the counted stream looks like, in a few words, for messages when none of the
+    /// agent's output is recognised, e.g. "JSONL events of `codex exec --json`" (protocol 1.2).
+    #[serde(default)]
+    pub expects: String,
+    /// Checks of the agent's command line before it starts: a command that cannot produce the
+    /// counted stream is refused with the fix (protocol 1.2).
+    #[serde(default)]
+    pub preflight: Vec<PreflightRule>,
 }
 
 fn default_protocol() -> String {
@@ -45,7 +53,26 @@ impl Manifest {
             units: Vec::new(),
             options: Vec::new(),
             native_limit: None,
+            expects: String::new(),
+            preflight: Vec::new(),
         }
+    }
+
+    /// Says what the counted stream looks like (for messages).
+    pub fn expects(mut self, text: impl Into<String>) -> Self {
+        self.expects = text.into();
+        self
+    }
+
+    /// Adds a pre-flight check of the agent's command line.
+    pub fn preflight(mut self, rule: PreflightRule) -> Self {
+        self.preflight.push(rule);
+        self
+    }
+
+    /// Returns the first pre-flight rule `command` breaks, if any.
+    pub fn preflight_failure(&self, command: &[String]) -> Option<&PreflightRule> {
+        self.preflight.iter().find(|rule| !rule.accepts(command))
     }
 
     /// Sets the description.
@@ -129,6 +156,70 @@ pub struct NativeLimit {
     /// If the command already carries any of these arguments (or `ARG=…`), nothing is added.
     #[serde(default)]
     pub skip_if_present: Vec<String>,
+}
+
+/// A check of the agent's command line: when the program is `program` and the command has
+/// one of `when_any` (or `when_any` is empty), it must have one of `require_any`.
+///
+/// An argument pattern is `FLAG` (matching `FLAG` or `FLAG=…`) or `FLAG=VALUE` (matching
+/// `FLAG=VALUE` or `FLAG VALUE`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreflightRule {
+    /// The program's file name (the command's first word, without its directory).
+    pub program: String,
+    /// The rule applies when the command has any of these (always, when empty).
+    #[serde(default)]
+    pub when_any: Vec<String>,
+    /// What the command must have (any one of them).
+    pub require_any: Vec<String>,
+    /// What to tell the user, naming the exact fix, e.g. "add `--json` after `codex exec`".
+    pub fix: String,
+}
+
+impl PreflightRule {
+    /// Creates a rule for `program`: the command must have one of `require_any`.
+    pub fn new(program: &str, require_any: &[&str], fix: &str) -> Self {
+        PreflightRule {
+            program: program.to_owned(),
+            when_any: Vec::new(),
+            require_any: require_any.iter().map(|s| (*s).to_owned()).collect(),
+            fix: fix.to_owned(),
+        }
+    }
+
+    /// Limits the rule to commands that have one of `args`.
+    pub fn when_any(mut self, args: &[&str]) -> Self {
+        self.when_any = args.iter().map(|s| (*s).to_owned()).collect();
+        self
+    }
+
+    /// Returns false when `command` breaks the rule.
+    pub fn accepts(&self, command: &[String]) -> bool {
+        let Some(program) = command.first() else {
+            return true;
+        };
+        let name = program.rsplit('/').next().unwrap_or(program);
+        if name != self.program {
+            return true;
+        }
+        let args = &command[1..];
+        let applies = self.when_any.is_empty() || self.when_any.iter().any(|p| has_arg(args, p));
+        !applies || self.require_any.iter().any(|p| has_arg(args, p))
+    }
+}
+
+/// Returns true when `args` has `pattern` (`FLAG`, `FLAG=…`, or `FLAG=VALUE` / `FLAG VALUE`).
+fn has_arg(args: &[String], pattern: &str) -> bool {
+    match pattern.split_once('=') {
+        None => args.iter().any(|a| {
+            a == pattern
+                || a.strip_prefix(pattern)
+                    .is_some_and(|rest| rest.starts_with('='))
+        }),
+        Some((flag, value)) => args.iter().enumerate().any(|(i, a)| {
+            a == pattern || (a == flag && args.get(i + 1).is_some_and(|v| v == value))
+        }),
+    }
 }
 
 impl NativeLimit {
@@ -256,6 +347,29 @@ mod tests {
         assert_eq!(
             slug_for_error_text("stream disconnected before completion"),
             "provider_error"
+        );
+    }
+
+    #[test]
+    fn preflight_rules_name_the_missing_flag() {
+        let cmd = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let json = PreflightRule::new("codex", &["--json"], "add `--json`").when_any(&["exec"]);
+        assert!(!json.accepts(&cmd(&["codex", "exec", "fix it"])));
+        assert!(!json.accepts(&cmd(&["/usr/bin/codex", "exec", "fix it"])));
+        assert!(json.accepts(&cmd(&["codex", "exec", "--json", "fix it"])));
+        assert!(json.accepts(&cmd(&["codex", "login"])));
+        assert!(json.accepts(&cmd(&["./wrapper.sh", "exec"])));
+        let format = PreflightRule::new("gemini", &["--output-format=stream-json"], "add it");
+        assert!(format.accepts(&cmd(&["gemini", "--output-format", "stream-json"])));
+        assert!(format.accepts(&cmd(&["gemini", "--output-format=stream-json"])));
+        assert!(!format.accepts(&cmd(&["gemini", "--output-format", "json"])));
+        assert!(!format.accepts(&cmd(&["gemini", "-p", "x"])));
+        let manifest = Manifest::new("codex", "1").preflight(json);
+        assert_eq!(
+            manifest
+                .preflight_failure(&cmd(&["codex", "exec", "x"]))
+                .map(|r| r.fix.as_str()),
+            Some("add `--json`")
         );
     }
 

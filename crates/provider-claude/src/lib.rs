@@ -32,8 +32,8 @@ use rustc_hash::FxHashSet as HashSet;
 
 use stepguard_jsonl::{RawValue, scan};
 use stepguard_plugin_api::{
-    CounterRequest, CounterStats, LineReport, Manifest, NativeLimit, ProviderBox, ProviderPlugin,
-    StepCounter, Terminal, Tokens, slug_for_error_text,
+    CounterRequest, CounterStats, LineReport, Manifest, NativeLimit, PreflightRule, ProviderBox,
+    ProviderPlugin, StepCounter, Terminal, Tokens, slug_for_error_text,
 };
 
 /// The Claude Code provider plugin.
@@ -61,6 +61,20 @@ impl ProviderPlugin for ClaudePlugin {
                 "tool_use",
                 "top-level tool_use blocks, deduplicated by id",
                 false,
+            )
+            .expects("JSONL events of `claude -p --output-format stream-json --verbose` (`system`, `assistant`, `user`, `result`)")
+            .preflight(PreflightRule::new(
+                "claude",
+                &["-p", "--print"],
+                "stepguard counts Claude Code's print mode: add `-p \"PROMPT\" --output-format stream-json --verbose`",
+            ))
+            .preflight(
+                PreflightRule::new(
+                    "claude",
+                    &["--output-format=stream-json"],
+                    "add `--output-format stream-json --verbose`: stepguard counts its JSONL events",
+                )
+                .when_any(&["-p", "--print"]),
             )
             .native_limit(NativeLimit {
                 args: vec!["--max-turns".into(), "{max_steps}".into()],

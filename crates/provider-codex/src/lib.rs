@@ -29,8 +29,8 @@
 use rustc_hash::FxHashSet as HashSet;
 use stepguard_jsonl::{RawValue, scan, scan_prefix};
 use stepguard_plugin_api::{
-    CounterRequest, CounterStats, LineReport, Manifest, ProviderBox, ProviderPlugin, StepCounter,
-    Terminal, Tokens, slug_for_error_text,
+    CounterRequest, CounterStats, LineReport, Manifest, PreflightRule, ProviderBox, ProviderPlugin,
+    StepCounter, Terminal, Tokens, slug_for_error_text,
 };
 
 /// The Codex provider plugin.
@@ -80,6 +80,20 @@ impl ProviderPlugin for CodexPlugin {
             .unit("actionable", "agent_message and command_execution items", false)
             .unit("tool", "command_execution, file_change, mcp_tool_call, web_search and collab_tool_call items", false)
             .unit("message", "agent_message items", false)
+            .expects("JSONL events of `codex exec --json` (`thread.started`, `turn.started`, `item.completed`, …)")
+            .preflight(PreflightRule::new(
+                "codex",
+                &["exec", "e"],
+                "stepguard supervises `codex exec --json \"PROMPT\"`; the interactive `codex` prints no event stream",
+            ))
+            .preflight(
+                PreflightRule::new(
+                    "codex",
+                    &["--json", "--experimental-json"],
+                    "add `--json` after `codex exec`: stepguard counts its JSONL events",
+                )
+                .when_any(&["exec", "e"]),
+            )
     }
 
     fn open_counter(&self, request: &CounterRequest) -> Result<Box<dyn StepCounter>, String> {

@@ -25,8 +25,8 @@ use rustc_hash::FxHashSet as HashSet;
 
 use stepguard_jsonl::{RawValue, scan};
 use stepguard_plugin_api::{
-    CounterRequest, CounterStats, LineReport, Manifest, ProviderBox, ProviderPlugin, StepCounter,
-    Terminal, Tokens, slug_for_error_text,
+    CounterRequest, CounterStats, LineReport, Manifest, PreflightRule, ProviderBox, ProviderPlugin,
+    StepCounter, Terminal, Tokens, slug_for_error_text,
 };
 
 /// The Gemini CLI provider plugin.
@@ -51,6 +51,12 @@ impl ProviderPlugin for GeminiPlugin {
                 "model turns inferred from tool_result boundaries (the unit of maxSessionTurns)",
                 false,
             )
+            .expects("JSONL events of `gemini --output-format stream-json` (`init`, `message`, `tool_use`, `tool_result`, `result`)")
+            .preflight(PreflightRule::new(
+                "gemini",
+                &["--output-format=stream-json", "-o=stream-json"],
+                "add `--output-format stream-json`: stepguard counts its JSONL events",
+            ))
     }
 
     fn open_counter(&self, request: &CounterRequest) -> Result<Box<dyn StepCounter>, String> {

@@ -12,11 +12,13 @@ use stepguard_core::{StepLedger, StepLimit};
 use stepguard_supervisor::guard::{self, Guardian};
 use stepguard_supervisor::{ExitStatus, Reaper, RunCgroup, StopReport, Tree};
 
-use crate::reader::{ReaderEnd, Resume, StreamReader};
+use crate::reader::{ReaderEnd, Resume, StreamReader, StreamWatch};
 use crate::report::{Ending, RunReport};
 use crate::spec::{
-    Breach, Containment, LimitDecision, Progress, RunObserver, RunSpec, RunStarted, StdinMode,
+    Breach, Containment, LimitDecision, LimitPolicy, OnUnrecognized, Progress, Question,
+    RunObserver, RunSpec, RunStarted, StdinMode,
 };
+use crate::stream::Recognition;
 
 /// Held for the whole of a run: runs in one process take turns (see the crate docs).
 static ONE_RUN_AT_A_TIME: Mutex<()> = Mutex::new(());
@@ -37,6 +39,10 @@ pub(crate) enum Event {
     ChildExited(ExitStatus),
     /// A signal arrived (or an [`Interrupter`] was used): stop the run, starting with it.
     Interrupt(i32),
+    /// This many lines came and none was recognised as the provider's stream.
+    Unrecognized { lines: u64 },
+    /// The policy that asks has answered (and is handed back for the next breach).
+    Decided(LimitDecision, Box<dyn LimitPolicy>),
 }
 
 /// Stops a run from another thread as a signal to stepguard would (slug `interrupted`).
@@ -95,12 +101,17 @@ impl Runner {
             grace,
             timeout,
             stdin,
-            mut on_limit,
+            on_limit,
             output,
             forward_signals,
             containment,
             trampoline,
             plugin_timeout,
+            expects,
+            on_unrecognized,
+            recognition,
+            ask_timeout,
+            stderr,
         } = spec;
         let plugin_timeout_ms = u64::try_from(plugin_timeout.as_millis()).unwrap_or(u64::MAX);
         let spec = Labels {
@@ -156,7 +167,11 @@ impl Runner {
             }
         };
         cmd.stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(if stderr.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::inherit()
+            })
             .stdin(match stdin {
                 StdinMode::Inherit => Stdio::inherit(),
                 StdinMode::Null => Stdio::null(),
@@ -195,6 +210,12 @@ impl Runner {
         }
         tracing::info!(containment = tree.mechanism().as_str(), "agent started");
         let asks = on_limit.asks();
+        let mut on_limit = Some(on_limit);
+        let stderr_done = match (stderr, child.stderr.take()) {
+            (Some(writer), Some(pipe)) => forward_stderr(pipe, writer),
+            _ => None,
+        };
+        let watch = Arc::new(StreamWatch::default());
         let (resume_tx, resume) = mpsc::channel();
         let steps = Arc::new(AtomicU64::new(0));
         let feeding_since = Arc::new(AtomicU64::new(0));
@@ -214,6 +235,8 @@ impl Runner {
             started: start,
             // Nobody will be asked: the reader may signal the group at once.
             term_on_breach: (!asks).then_some(pgid),
+            watch: Arc::clone(&watch),
+            recognition_lines: recognition.lines,
         };
         let reader = std::thread::Builder::new()
             .name("stepguard-reader".into())
@@ -236,11 +259,13 @@ impl Runner {
                     oversized_lines: 0,
                     truncated_last_line: false,
                     plugin_error: None,
+                    recognition: Recognition::default(),
                 })));
                 (None, true)
             }
         };
-        drop(events_tx);
+        // The thread that asks at the limit answers through the same channel.
+        let events_tx_for_ask = events_tx;
         for o in observers.iter_mut() {
             o.started(&RunStarted {
                 pid: pgid,
@@ -260,6 +285,9 @@ impl Runner {
             stop: None,
             breached_at: None,
             decisions: Vec::new(),
+            why: None,
+            asking: None,
+            resume: resume_tx,
         };
         if reader_failed {
             run.stop(TerminatedBy::Plugin, Signal::TERM);
@@ -271,7 +299,8 @@ impl Runner {
         // run may take this long: a pipe a survivor holds or a stuck plugin never keeps
         // stepguard from exiting.
         let mut drain_until: Option<Instant> = None;
-        let mut abandoned: Option<String> = None;
+        let mut abandoned = false;
+        let mut unrecognised_told = false;
         while child_exit.is_none() || reader_end.is_none() {
             if run.stop.is_some() {
                 // Stopped: the agent's exit and the reader's end have this long to arrive.
@@ -286,7 +315,8 @@ impl Runner {
                 break;
             }
             let now = Instant::now();
-            let wait = [deadline, drain_until]
+            let ask_until = run.asking.as_ref().and_then(|(q, _)| q.deadline());
+            let wait = [deadline, drain_until, ask_until]
                 .into_iter()
                 .flatten()
                 .map(|d| d.saturating_duration_since(now))
@@ -294,40 +324,49 @@ impl Runner {
             match events.recv_timeout(wait) {
                 Ok(Event::Breach { step }) => {
                     run.breached_at.get_or_insert(step);
-                    let decision = if asks {
-                        tree.pause(true);
-                        let d = on_limit.decide(&Breach {
-                            step,
-                            limit: run.limit,
-                        });
-                        run.decisions.push(d);
-                        d
-                    } else {
-                        LimitDecision::Stop
-                    };
-                    let resume = match decision {
-                        LimitDecision::Stop => Resume::Stop,
-                        LimitDecision::Allow(n) => {
-                            let raised = run.limit.get().unwrap_or(0).saturating_add(n);
-                            let at_least = u32::try_from(step).unwrap_or(u32::MAX);
-                            run.limit = StepLimit::Limited(raised.max(at_least));
-                            Resume::Continue(run.limit)
+                    match on_limit.take() {
+                        Some(mut policy) if asks => {
+                            tree.pause(true);
+                            let question =
+                                Question::new(ask_timeout.and_then(|t| now.checked_add(t)));
+                            let breach = Breach {
+                                step,
+                                limit: run.limit,
+                            };
+                            let events = events_tx_for_ask.clone();
+                            let asked = question.clone();
+                            let spawned = std::thread::Builder::new()
+                                .name("stepguard-ask".into())
+                                .spawn(move || {
+                                    let d = policy.decide(&breach, &asked);
+                                    let _ = events.send(Event::Decided(d, policy));
+                                });
+                            match spawned {
+                                Ok(_) => run.asking = Some((question, step)),
+                                Err(e) => {
+                                    tracing::error!("cannot ask at the limit ({e}); stopping");
+                                    run.decide(LimitDecision::Stop, step);
+                                }
+                            }
                         }
-                        LimitDecision::Unlimited => {
-                            run.limit = StepLimit::Unlimited;
-                            Resume::Continue(run.limit)
+                        policy => {
+                            on_limit = policy;
+                            run.decide(LimitDecision::Stop, step);
                         }
-                    };
-                    let stopping = matches!(resume, Resume::Stop);
-                    let _ = resume_tx.send(resume);
-                    if stopping {
-                        run.stop(TerminatedBy::Budget, Signal::TERM);
-                    } else {
-                        tree.pause(false);
+                    }
+                }
+                Ok(Event::Decided(decision, policy)) => {
+                    on_limit = Some(policy);
+                    if let Some((question, step)) = run.asking.take()
+                        && !question.withdrawn()
+                    {
+                        run.decisions.push(decision);
+                        run.decide(decision, step);
                     }
                 }
                 Ok(Event::ChildExited(exit)) => {
                     child_exit = Some(exit);
+                    run.withdraw_question();
                     // Nothing the agent started may outlive it; this also closes stdout pipes
                     // that leftover descendants still hold.
                     let report = tree.stop(Signal::TERM, grace);
@@ -349,14 +388,51 @@ impl Runner {
                     let first = Signal::from_named_raw(sig).unwrap_or(Signal::TERM);
                     run.stop(TerminatedBy::Signal, first);
                 }
+                Ok(Event::Unrecognized { lines }) => {
+                    if !unrecognised_told {
+                        unrecognised_told = true;
+                        let why = unrecognised(&spec.meta.provider, &expects, lines, None);
+                        run.unrecognised(on_unrecognized, why);
+                    }
+                }
                 Err(RecvTimeoutError::Timeout) => {
                     if deadline.is_some_and(|d| Instant::now() >= d) {
                         run.stop(TerminatedBy::Timeout, Signal::TERM);
                     }
+                    if let Some((question, step)) = &run.asking
+                        && question.deadline().is_some_and(|d| Instant::now() >= d)
+                    {
+                        let step = *step;
+                        let waited = ask_timeout.unwrap_or_default();
+                        run.why = Some(format!(
+                            "no answer at the limit within {}; stopped",
+                            humantime::format_duration(waited)
+                        ));
+                        tracing::warn!(
+                            "no answer at the limit within {}; stopping the agent",
+                            humantime::format_duration(waited)
+                        );
+                        run.withdraw_question();
+                        run.decisions.push(LimitDecision::Stop);
+                        run.decide(LimitDecision::Stop, step);
+                    }
+                    // Output keeps coming and none of it is the provider's: judged once.
+                    let first = watch.first_output.load(Ordering::Relaxed);
+                    if !unrecognised_told
+                        && first > 0
+                        && !watch.recognised.load(Ordering::Relaxed)
+                        && start.elapsed().as_millis() as u64
+                            >= first + recognition.after.as_millis() as u64
+                    {
+                        unrecognised_told = true;
+                        let why =
+                            unrecognised(&spec.meta.provider, &expects, 0, Some(recognition.after));
+                        run.unrecognised(on_unrecognized, why);
+                    }
                     // A plugin call that does not return is abandoned: fail closed.
                     let since = feeding_since.load(Ordering::Relaxed);
                     if since > 0
-                        && abandoned.is_none()
+                        && !abandoned
                         && start.elapsed().as_millis() as u64 > since + plugin_timeout_ms
                     {
                         let why = format!(
@@ -364,7 +440,8 @@ impl Runner {
                             humantime::format_duration(plugin_timeout)
                         );
                         tracing::error!("{why}");
-                        abandoned = Some(why);
+                        abandoned = true;
+                        run.why = Some(why);
                         run.stop(TerminatedBy::Plugin, Signal::TERM);
                     }
                     let progress = Progress {
@@ -395,6 +472,23 @@ impl Runner {
         if let Some(reader) = reader.filter(|_| reader_end.is_some()) {
             let _ = reader.join();
         }
+        // The agent's last words on stderr come before the summary (bounded like the drain).
+        if let Some(done) = stderr_done {
+            let _ = done.recv_timeout(
+                drain_until.map_or(DRAIN, |d| d.saturating_duration_since(Instant::now())),
+            );
+        }
+        // Output that ended before the window closed, none of it recognised.
+        if let Some(end) = reader_end.as_ref().filter(|e| e.recognition.failed())
+            && !unrecognised_told
+            && run.terminated_by.is_none()
+        {
+            let why = unrecognised(&spec.meta.provider, &expects, end.recognition.lines, None);
+            match on_unrecognized {
+                OnUnrecognized::Stop => run.why = Some(why),
+                OnUnrecognized::Warn => tracing::warn!("{why}"),
+            }
+        }
         let containment_used = tree.mechanism();
         let ending = Ending {
             started_at,
@@ -409,7 +503,8 @@ impl Runner {
             spawn_error: None,
             steps_seen: steps.load(Ordering::Relaxed),
             containment: Some(containment_used.as_str()),
-            abandoned,
+            why: run.why,
+            unrecognized: on_unrecognized,
         };
         // Removes the run's cgroup (empty by now).
         drop(tree);
@@ -426,11 +521,61 @@ struct Supervision<'t> {
     stop: Option<StopReport>,
     breached_at: Option<u64>,
     decisions: Vec<LimitDecision>,
+    /// What the record's message says about how the run ended, when the engine knows best.
+    why: Option<String>,
+    /// The question at the limit, while it is open, and the step that raised it.
+    asking: Option<(Question, u64)>,
+    /// Tells the reader, which waits after a breach, how to go on.
+    resume: Sender<Resume>,
 }
 
 impl Supervision<'_> {
+    /// Carries out the decision at the breach of `step`: stop, or raise the limit and resume.
+    fn decide(&mut self, decision: LimitDecision, step: u64) {
+        let resume = match decision {
+            LimitDecision::Stop => {
+                let _ = self.resume.send(Resume::Stop);
+                self.stop(TerminatedBy::Budget, Signal::TERM);
+                return;
+            }
+            LimitDecision::Allow(n) => {
+                let raised = self.limit.get().unwrap_or(0).saturating_add(n);
+                let at_least = u32::try_from(step).unwrap_or(u32::MAX);
+                self.limit = StepLimit::Limited(raised.max(at_least));
+                Resume::Continue(self.limit)
+            }
+            LimitDecision::Unlimited => {
+                self.limit = StepLimit::Unlimited;
+                Resume::Continue(self.limit)
+            }
+        };
+        let _ = self.resume.send(resume);
+        self.tree.pause(false);
+    }
+
+    /// Withdraws the open question, if any, and lets the waiting reader stop.
+    fn withdraw_question(&mut self) {
+        if let Some((question, _)) = self.asking.take() {
+            question.withdraw();
+            let _ = self.resume.send(Resume::Stop);
+        }
+    }
+
+    /// Acts on output none of which was recognised: stop, or warn.
+    fn unrecognised(&mut self, on: OnUnrecognized, why: String) {
+        match on {
+            OnUnrecognized::Stop => {
+                tracing::info!("{why}");
+                self.why.get_or_insert(why);
+                self.stop(TerminatedBy::Unrecognized, Signal::TERM);
+            }
+            OnUnrecognized::Warn => tracing::warn!("{why}"),
+        }
+    }
+
     /// Stops the tree once, for the first reason that asked.
     fn stop(&mut self, why: TerminatedBy, first: Signal) {
+        self.withdraw_question();
         if self.terminated_by.is_some() {
             return;
         }
@@ -463,6 +608,53 @@ fn finish(spec: Labels, ending: Ending, observers: &mut [&mut dyn RunObserver]) 
         o.finished(&mut report);
     }
     report
+}
+
+/// Says that none of the agent's output was recognised, after `lines` lines or `after` of it.
+fn unrecognised(provider: &str, expects: &str, lines: u64, after: Option<Duration>) -> String {
+    let seen = match after {
+        Some(t) => format!(
+            "output in the {} since its first line",
+            humantime::format_duration(t)
+        ),
+        None if lines == 1 => "output (1 line)".to_owned(),
+        None => format!("output ({lines} lines)"),
+    };
+    let expected = if expects.is_empty() {
+        format!("the {provider} plugin's event stream")
+    } else {
+        expects.to_owned()
+    };
+    format!(
+        "none of the agent's {seen} was recognised as a {provider} stream, so no step could be counted; expected {expected}. Check the agent's command (a missing `--json` or `--output-format`?) and `--provider`"
+    )
+}
+
+/// Copies the agent's stderr to `writer` on a thread of its own; the receiver hears when the
+/// pipe closes.
+fn forward_stderr(
+    mut pipe: std::process::ChildStderr,
+    mut writer: Box<dyn std::io::Write + Send>,
+) -> Option<Receiver<()>> {
+    let (done_tx, done) = mpsc::channel();
+    std::thread::Builder::new()
+        .name("stepguard-stderr".into())
+        .spawn(move || {
+            let mut buf = [0u8; 8192];
+            loop {
+                match std::io::Read::read(&mut pipe, &mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        let _ = writer.write_all(&buf[..n]).and_then(|()| writer.flush());
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(_) => break,
+                }
+            }
+            let _ = done_tx.send(());
+        })
+        .ok()?;
+    Some(done)
 }
 
 /// Turns SIGINT, SIGTERM and SIGHUP into interrupts of the run.

@@ -49,8 +49,8 @@ mod stream;
 pub use engine::{Interrupter, Runner};
 pub use report::RunReport;
 pub use spec::{
-    Breach, Containment, LimitDecision, LimitPolicy, Progress, RunMeta, RunObserver, RunSpec,
-    RunStarted, StdinMode, StopAtLimit,
+    Breach, Containment, LimitDecision, LimitPolicy, OnUnrecognized, Progress, Question,
+    RecognitionWindow, RunMeta, RunObserver, RunSpec, RunStarted, StdinMode, StopAtLimit,
 };
 pub use stepguard_supervisor::{ExitStatus, Mechanism, StopReport};
-pub use stream::{CountError, StreamCount, count_stream, run_stats, stream_record};
+pub use stream::{CountError, Recognition, StreamCount, count_stream, run_stats, stream_record};

@@ -3,7 +3,7 @@
 
 use std::io::{Read, Write};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
 
 use stepguard_core::{StepLedger, StepLimit};
@@ -12,6 +12,7 @@ use stepguard_plugin_api::CounterStats;
 use stepguard_plugin_api::host::{CallError, Counter};
 
 use crate::engine::Event;
+use crate::stream::Recognition;
 
 /// The engine's answer to a breach.
 pub(crate) enum Resume {
@@ -28,6 +29,16 @@ pub(crate) struct ReaderEnd {
     pub oversized_lines: u64,
     pub truncated_last_line: bool,
     pub plugin_error: Option<CallError>,
+    pub recognition: Recognition,
+}
+
+/// What the engine sees of the stream while the reader blocks on it.
+#[derive(Default)]
+pub(crate) struct StreamWatch {
+    /// When the first line arrived (ms since the run's start, plus one), 0 before.
+    pub first_output: AtomicU64,
+    /// True once a line was recognised as the provider's stream.
+    pub recognised: AtomicBool,
 }
 
 /// The reader thread's inputs.
@@ -46,6 +57,10 @@ pub(crate) struct StreamReader {
     pub started: std::time::Instant,
     /// The process group to SIGTERM the moment a breach is seen (when nobody will be asked).
     pub term_on_breach: Option<u32>,
+    /// Shared with the engine, which judges how long output has gone unrecognised.
+    pub watch: Arc<StreamWatch>,
+    /// After this many lines with none recognised, the engine is told.
+    pub recognition_lines: u64,
 }
 
 impl StreamReader {
@@ -61,11 +76,15 @@ impl StreamReader {
             feeding_since,
             started,
             term_on_breach,
+            watch,
+            recognition_lines,
         } = self;
         let mut lines = LineSplitter::new(pipe);
         let mut passthrough = true;
         let mut oversized_lines = 0;
         let mut plugin_error = None;
+        let mut recognition = Recognition::default();
+        let mut told_unrecognised = false;
         loop {
             let chunk = match lines.next_chunk() {
                 Ok(Some(chunk)) => chunk,
@@ -75,10 +94,15 @@ impl StreamReader {
                     break;
                 }
             };
+            if watch.first_output.load(Ordering::Relaxed) == 0 {
+                let now = started.elapsed().as_millis() as u64 + 1;
+                watch.first_output.store(now, Ordering::Relaxed);
+            }
             let bytes = match chunk {
                 SplitChunk::Lines(bytes) => bytes,
                 SplitChunk::Oversized(len) => {
                     oversized_lines += 1;
+                    recognition.lines += 1;
                     tracing::warn!(
                         bytes = len,
                         "a line over the length cap was counted as noise and not passed through"
@@ -91,7 +115,7 @@ impl StreamReader {
                 StepLimit::Unlimited => u64::MAX,
             };
             feeding_since.store(started.elapsed().as_millis() as u64 + 1, Ordering::Relaxed);
-            let fed = counter.feed_chunk(bytes, allowance);
+            let fed = recognition.feed(&mut counter, bytes, allowance);
             feeding_since.store(0, Ordering::Relaxed);
             let report = match fed {
                 Ok(r) => r,
@@ -101,6 +125,14 @@ impl StreamReader {
                     break;
                 }
             };
+            if recognition.recognised {
+                watch.recognised.store(true, Ordering::Relaxed);
+            } else if recognition.lines >= recognition_lines && !told_unrecognised {
+                told_unrecognised = true;
+                let _ = events.send(Event::Unrecognized {
+                    lines: recognition.lines,
+                });
+            }
             ledger.begin(u64::from(report.sum.steps_begun));
             ledger.complete(u64::from(report.sum.steps_completed));
             steps.store(ledger.steps(), Ordering::Relaxed);
@@ -140,6 +172,7 @@ impl StreamReader {
                             oversized_lines,
                             truncated_last_line: false,
                             plugin_error,
+                            recognition,
                         };
                     }
                 }
@@ -158,6 +191,7 @@ impl StreamReader {
             oversized_lines,
             truncated_last_line: lines.last_line_unterminated,
             plugin_error,
+            recognition,
         }
     }
 }

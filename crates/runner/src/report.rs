@@ -11,7 +11,7 @@ use stepguard_supervisor::{ExitStatus, StopReport};
 
 use crate::engine::Labels;
 use crate::reader::ReaderEnd;
-use crate::spec::LimitDecision;
+use crate::spec::{LimitDecision, OnUnrecognized};
 use crate::stream::{StreamCount, run_stats, stream_record};
 
 /// How a run went, gathered by the engine.
@@ -30,8 +30,11 @@ pub(crate) struct Ending {
     pub steps_seen: u64,
     /// The containment mechanism used.
     pub containment: Option<&'static str>,
-    /// Why the engine stopped waiting for a plugin call.
-    pub abandoned: Option<String>,
+    /// What the record's message should say about the ending, when the engine knows best (a
+    /// plugin call abandoned, no answer at the limit, an unrecognised stream).
+    pub why: Option<String>,
+    /// What an unrecognised stream means for the verdict.
+    pub unrecognized: OnUnrecognized,
 }
 
 impl Ending {
@@ -54,7 +57,8 @@ impl Ending {
             spawn_error: Some(error),
             steps_seen: 0,
             containment: None,
-            abandoned: None,
+            why: None,
+            unrecognized: OnUnrecognized::Stop,
         }
     }
 }
@@ -96,6 +100,16 @@ pub struct RunReport {
 impl RunReport {
     pub(crate) fn new(spec: &Labels, ending: Ending) -> Self {
         let duration_ms = u64::try_from(ending.duration.as_millis()).unwrap_or(u64::MAX);
+        let unrecognised = ending.unrecognized == OnUnrecognized::Stop
+            && ending
+                .reader
+                .as_ref()
+                .is_some_and(|end| end.recognition.failed());
+        let recognition = ending
+            .reader
+            .as_ref()
+            .map(|end| end.recognition)
+            .unwrap_or_default();
         let (counter_stats, oversized_lines, truncated_last_line, plugin_error, steps) =
             match ending.reader {
                 Some(end) => (
@@ -134,7 +148,11 @@ impl RunReport {
                     ExitStatus::Code(c) => ChildExit::Code(c),
                     ExitStatus::Signal(s) => ChildExit::Signal(s),
                 });
-                let judged = verdict::classify(ending.terminated_by, stream, child);
+                // Output none of which was the provider's is never a success: it was not counted.
+                let judged_by = ending
+                    .terminated_by
+                    .or(unrecognised.then_some(TerminatedBy::Unrecognized));
+                let judged = verdict::classify(judged_by, stream, child);
                 let mut stats = run_stats(&counter_stats);
                 stats.num_steps_computed = steps;
                 stats.outcome = judged.outcome;
@@ -149,6 +167,7 @@ impl RunReport {
             stats: counter_stats,
             oversized_lines,
             truncated_last_line,
+            recognition,
         };
         let mut record = stream_record(&spec.meta, &stats, &count);
         let counter_stats = count.stats;
@@ -180,7 +199,7 @@ impl RunReport {
             record.sub_agent_steps = None;
         } else if let Some(e) = &plugin_error {
             record.message = Some(e.to_string());
-        } else if let Some(why) = &ending.abandoned {
+        } else if let Some(why) = &ending.why {
             record.message = Some(why.clone());
         }
         RunReport {

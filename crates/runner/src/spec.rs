@@ -1,7 +1,9 @@
 //! What a run is given: the spec, the on-limit policy, and the observers' view of a run.
 
 use std::io::Write;
-use std::time::{Duration, SystemTime};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime};
 
 use stepguard_core::StepLimit;
 use stepguard_plugin_api::host::Counter;
@@ -28,6 +30,40 @@ pub enum Containment {
     Cgroup,
     /// Process group, subreaper and the `/proc` walk only.
     ProcessWalk,
+}
+
+/// What to do when none of the agent's output is recognised as the provider's stream.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OnUnrecognized {
+    /// Stop the tree (slug `unrecognized_stream`, exit 2): an agent stepguard cannot count is an
+    /// agent it cannot bound.
+    #[default]
+    Stop,
+    /// Warn (through `tracing`) and let the run go on uncounted.
+    Warn,
+}
+
+/// How much output a run may produce, none of it recognised as the provider's stream, before
+/// it is judged unrecognised: whichever limit comes first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecognitionWindow {
+    /// Lines of output.
+    pub lines: u64,
+    /// Time since the first line of output.
+    pub after: Duration,
+}
+
+impl Default for RecognitionWindow {
+    /// 50 lines or 30 s. The real CLIs' first event comes with their first line, or after a
+    /// few lines of warnings when stderr is merged (2 in the recorded streams, one per broken
+    /// skill for Codex); 50 leaves room for dozens. A CLI in text mode prints several lines per
+    /// tool call, so 50 lines or 30 s bounds what it does unseen to a few steps.
+    fn default() -> Self {
+        RecognitionWindow {
+            lines: 50,
+            after: Duration::from_secs(30),
+        }
+    }
 }
 
 /// Labels of a run that the engine does not need but every record of it carries.
@@ -86,11 +122,25 @@ pub struct RunSpec {
     pub trampoline: Option<std::path::PathBuf>,
     /// A plugin call that does not return within this is abandoned and the run stopped.
     pub plugin_timeout: Duration,
+    /// What the provider's stream looks like, for the message when none of it is recognised
+    /// (the manifest's `expects`).
+    pub expects: String,
+    /// What to do when the agent's output is not recognised as the provider's stream.
+    pub on_unrecognized: OnUnrecognized,
+    /// How much unrecognised output is tolerated before [`RunSpec::on_unrecognized`] applies.
+    pub recognition: RecognitionWindow,
+    /// How long a policy that asks may take to answer; then the tree is stopped (slug
+    /// `max_steps`). `None`: no limit.
+    pub ask_timeout: Option<Duration>,
+    /// Where the agent's standard error goes: `None` inherits stepguard's; a writer gets it
+    /// through a pipe (e.g. to clear a status line before each write).
+    pub stderr: Option<Box<dyn Write + Send>>,
 }
 
 impl RunSpec {
     /// Creates a spec with the defaults of `stepguard run`: 5 s grace, no timeout, inherited
-    /// stdin, stop at the limit, output to stdout; signals are not forwarded.
+    /// stdin and stderr, stop at the limit (a policy that asks has 5 min), output to stdout,
+    /// an unrecognised stream stops the run; signals are not forwarded.
     pub fn new(command: Vec<String>, counter: Counter, budget: StepLimit) -> Self {
         RunSpec {
             command,
@@ -107,6 +157,11 @@ impl RunSpec {
             containment: Containment::Auto,
             trampoline: None,
             plugin_timeout: Duration::from_secs(10),
+            expects: String::new(),
+            on_unrecognized: OnUnrecognized::Stop,
+            recognition: RecognitionWindow::default(),
+            ask_timeout: Some(Duration::from_secs(300)),
+            stderr: None,
         }
     }
 }
@@ -151,8 +206,44 @@ pub trait LimitPolicy: Send {
         false
     }
 
-    /// Returns the decision for this breach (called on the thread that runs the engine).
-    fn decide(&mut self, breach: &Breach) -> LimitDecision;
+    /// Returns the decision for this breach.
+    ///
+    /// A policy that asks is called on a thread of its own while the engine goes on watching
+    /// signals, the timeout and [`RunSpec::ask_timeout`]; when one of them ends the run,
+    /// [`Question::withdrawn`] turns true and the answer is ignored, so return soon after.
+    fn decide(&mut self, breach: &Breach, question: &Question) -> LimitDecision;
+}
+
+/// The question a policy that asks is answering, which the engine may withdraw.
+#[derive(Clone, Debug)]
+pub struct Question {
+    withdrawn: Arc<AtomicBool>,
+    deadline: Option<Instant>,
+}
+
+impl Question {
+    /// Creates a question that must be answered by `deadline`.
+    pub fn new(deadline: Option<Instant>) -> Self {
+        Question {
+            withdrawn: Arc::new(AtomicBool::new(false)),
+            deadline,
+        }
+    }
+
+    /// Returns true once the answer no longer matters (the run is being stopped).
+    pub fn withdrawn(&self) -> bool {
+        self.withdrawn.load(Ordering::Acquire)
+    }
+
+    /// Withdraws the question.
+    pub fn withdraw(&self) {
+        self.withdrawn.store(true, Ordering::Release);
+    }
+
+    /// When the engine stops waiting for the answer, if it ever does.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.deadline
+    }
 }
 
 /// The default policy: stop at the limit.
@@ -160,7 +251,7 @@ pub trait LimitPolicy: Send {
 pub struct StopAtLimit;
 
 impl LimitPolicy for StopAtLimit {
-    fn decide(&mut self, _breach: &Breach) -> LimitDecision {
+    fn decide(&mut self, _breach: &Breach, _question: &Question) -> LimitDecision {
         LimitDecision::Stop
     }
 }

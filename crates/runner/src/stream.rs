@@ -5,8 +5,8 @@ use std::io::Read;
 
 use stepguard_core::{FailureSlug, Outcome, RunRecord, RunStats, TokenUsage};
 use stepguard_jsonl::{LineSplitter, SplitChunk};
-use stepguard_plugin_api::CounterStats;
 use stepguard_plugin_api::host::{CallError, Counter};
+use stepguard_plugin_api::{ChunkReport, CounterStats, LineReport};
 
 use crate::spec::RunMeta;
 
@@ -36,6 +36,88 @@ pub struct StreamCount {
     pub oversized_lines: u64,
     /// True when the last line had no newline (a cut stream).
     pub truncated_last_line: bool,
+    /// Whether any line was recognised as the provider's stream.
+    pub recognition: Recognition,
+}
+
+/// Whether a stream has shown itself to be the provider's: at least one line was an event the
+/// provider's mapping knows (not noise, not an unknown event type).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Recognition {
+    /// Lines seen so far (oversized ones included).
+    pub lines: u64,
+    /// True once a line was recognised.
+    pub recognised: bool,
+}
+
+impl Recognition {
+    /// Returns true when lines were seen and none of them was recognised.
+    pub fn failed(&self) -> bool {
+        self.lines > 0 && !self.recognised
+    }
+
+    /// Returns true when `report` says its line was one of the provider's events.
+    pub fn recognises(report: &LineReport) -> bool {
+        report.steps_begun > 0
+            || report.steps_completed > 0
+            || report.turns > 0
+            || report.sub_agent_steps > 0
+            || report.has(LineReport::TERMINAL)
+            || !(report.has(LineReport::NOISE) || report.has(LineReport::UNKNOWN_EVENT))
+    }
+
+    /// Feeds a run of whole lines as [`Counter::feed_chunk`] does, stopping after the line whose
+    /// steps exceed `allowance`. Until a line is recognised, lines cross the boundary one at a
+    /// time (a chunk's summed report cannot say which line was which); then the rest of the
+    /// run crosses at once.
+    pub fn feed(
+        &mut self,
+        counter: &mut Counter,
+        bytes: &[u8],
+        allowance: u64,
+    ) -> Result<ChunkReport, CallError> {
+        if self.recognised {
+            let report = counter.feed_chunk(bytes, allowance)?;
+            self.lines += report.lines;
+            return Ok(report);
+        }
+        let mut out = ChunkReport::default();
+        let mut begun: u64 = 0;
+        let mut rest = bytes;
+        while !rest.is_empty() {
+            let (line, taken) = match memchr::memchr(b'\n', rest) {
+                Some(nl) => (&rest[..nl], nl + 1),
+                None => (rest, rest.len()),
+            };
+            rest = &rest[taken..];
+            let line = line.strip_suffix(b"\r").unwrap_or(line);
+            let r = counter.feed(line)?;
+            self.lines += 1;
+            out.consumed += taken as u64;
+            out.lines += 1;
+            out.noise_lines += u64::from(r.has(LineReport::NOISE));
+            stepguard_plugin_api::guest::add_report(&mut out.sum, &r);
+            begun += u64::from(r.steps_begun);
+            if begun > allowance {
+                out.stopped = true;
+                return Ok(out);
+            }
+            if Self::recognises(&r) {
+                self.recognised = true;
+                if !rest.is_empty() {
+                    let more = counter.feed_chunk(rest, allowance - begun)?;
+                    self.lines += more.lines;
+                    out.consumed += more.consumed;
+                    out.lines += more.lines;
+                    out.noise_lines += more.noise_lines;
+                    stepguard_plugin_api::guest::add_report(&mut out.sum, &more.sum);
+                    out.stopped = more.stopped;
+                }
+                return Ok(out);
+            }
+        }
+        Ok(out)
+    }
 }
 
 /// Feeds a whole stream through a counter, a run of whole lines per boundary crossing; `name`
@@ -47,6 +129,7 @@ pub fn count_stream(
 ) -> Result<StreamCount, CountError> {
     let mut lines = LineSplitter::new(reader);
     let mut oversized_lines = 0;
+    let mut recognition = Recognition::default();
     loop {
         let chunk = lines.next_chunk().map_err(|source| CountError::Read {
             name: name.to_owned(),
@@ -55,10 +138,11 @@ pub fn count_stream(
         match chunk {
             None => break,
             Some(SplitChunk::Lines(bytes)) => {
-                counter.feed_chunk(bytes, u64::MAX)?;
+                recognition.feed(counter, bytes, u64::MAX)?;
             }
             Some(SplitChunk::Oversized(len)) => {
                 oversized_lines += 1;
+                recognition.lines += 1;
                 tracing::warn!(
                     bytes = len,
                     "skipped a line longer than the {} MiB cap",
@@ -73,6 +157,7 @@ pub fn count_stream(
         stats,
         oversized_lines,
         truncated_last_line: lines.last_line_unterminated,
+        recognition,
     })
 }
 

@@ -12,8 +12,8 @@ use stepguard_plugin_api::{
     CounterRequest, CounterStats, LineReport, Manifest, ProviderPlugin, StepCounter,
 };
 use stepguard_runner::{
-    Breach, ExitStatus, LimitDecision, LimitPolicy, Progress, RunObserver, RunReport, RunStarted,
-    Runner,
+    Breach, ExitStatus, LimitDecision, LimitPolicy, Progress, Question, RunObserver, RunReport,
+    RunStarted, Runner,
 };
 use support::{Dir, TURN_COMPLETED, alive, codex, counter_of, item, read_pid, spec};
 
@@ -208,7 +208,7 @@ impl LimitPolicy for AllowOnce {
         true
     }
 
-    fn decide(&mut self, breach: &Breach) -> LimitDecision {
+    fn decide(&mut self, breach: &Breach, _question: &Question) -> LimitDecision {
         self.seen.push(*breach);
         if self.seen.len() == 1 {
             LimitDecision::Allow(self.more)

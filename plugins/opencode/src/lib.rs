@@ -19,8 +19,8 @@
 use std::collections::HashSet;
 
 use stepguard_plugin_api::{
-    CounterRequest, CounterStats, LineReport, Manifest, ProviderPlugin, StepCounter, Terminal,
-    Tokens, slug_for_error_text,
+    CounterRequest, CounterStats, LineReport, Manifest, PreflightRule, ProviderPlugin, StepCounter,
+    Terminal, Tokens, slug_for_error_text,
 };
 
 /// The OpenCode provider plugin.
@@ -37,6 +37,20 @@ impl ProviderPlugin for OpenCodePlugin {
             )
             .unit("step", "model steps, begun at step_start", true)
             .unit("tool_use", "tool_use events, deduplicated by callID", false)
+            .expects("JSONL events of `opencode run --format json` (`step_start`, `tool_use`, `step_finish`, …)")
+            .preflight(PreflightRule::new(
+                "opencode",
+                &["run"],
+                "stepguard supervises `opencode run --format json \"PROMPT\"`; the interactive `opencode` prints no event stream",
+            ))
+            .preflight(
+                PreflightRule::new(
+                    "opencode",
+                    &["--format=json"],
+                    "add `--format json` after `opencode run`: stepguard counts its JSONL events",
+                )
+                .when_any(&["run"]),
+            )
     }
 
     fn open_counter(&self, request: &CounterRequest) -> Result<Box<dyn StepCounter>, String> {

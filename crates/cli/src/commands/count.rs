@@ -29,6 +29,24 @@ pub fn run(cli: &Cli, args: &CountArgs) -> anyhow::Result<ExitCode> {
         match count_file(&selection, path) {
             Ok(count) => {
                 let record = record(&selection, path, &count);
+                if count.recognition.failed() {
+                    let manifest = selection.provider.manifest();
+                    let lines = count.recognition.lines;
+                    output::diag(
+                        "warning",
+                        format!(
+                            "{}: none of its {lines} line{} was recognised as a {} stream (expected {}); is `--provider` right?",
+                            path.display(),
+                            if lines == 1 { "" } else { "s" },
+                            manifest.name,
+                            if manifest.expects.is_empty() {
+                                "the plugin's event stream"
+                            } else {
+                                manifest.expects.as_str()
+                            }
+                        ),
+                    );
+                }
                 if args.json {
                     output::json(&record)?;
                 } else {

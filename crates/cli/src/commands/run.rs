@@ -6,10 +6,11 @@ use std::io::{self, IsTerminal as _};
 
 use stepguard_core::{ExitCode, budget};
 use stepguard_runner::{
-    Containment, LimitPolicy, RunMeta, RunObserver, RunSpec, Runner, StopAtLimit,
+    Containment, LimitPolicy, OnUnrecognized, RunMeta, RunObserver, RunSpec, Runner, StopAtLimit,
 };
 
-use crate::args::{Cli, ContainmentArg, OnLimit, RunArgs, StdinMode};
+use crate::args::{Cli, ContainmentArg, OnLimit, RunArgs, StdinMode, Unrecognized};
+use crate::exit::UsageError;
 use crate::recording::{HistoryRecorder, SummaryFile};
 use crate::terminal::{AskOnTerminal, StatusLine};
 use crate::{output, providers, settings};
@@ -35,6 +36,15 @@ pub fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
         Some(&config),
     )?;
     let manifest = selection.provider.manifest();
+    if !args.no_preflight
+        && let Some(rule) = manifest.preflight_failure(&args.command)
+    {
+        return Err(UsageError(format!(
+            "this {} command cannot be counted: {}. (`--no-preflight` runs it anyway; stepguard then stops it if none of its output is recognised)",
+            manifest.name, rule.fix
+        ))
+        .into());
+    }
     let counter = selection.provider.open_counter(&selection.request)?;
 
     let mut command = args.command.clone();
@@ -62,7 +72,13 @@ pub fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
     let ask =
         args.on_limit == OnLimit::Ask && io::stdin().is_terminal() && io::stderr().is_terminal();
     let on_limit: Box<dyn LimitPolicy> = if ask {
-        Box::new(AskOnTerminal::new(&manifest.name, status.clone()))
+        let ceiling = config
+            .model
+            .policy
+            .max_steps_ceiling
+            .as_ref()
+            .map(|c| c.max_steps);
+        Box::new(AskOnTerminal::new(&manifest.name, status.clone(), ceiling))
     } else {
         Box::new(StopAtLimit)
     };
@@ -84,7 +100,14 @@ pub fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
         StdinMode::Null => stepguard_runner::StdinMode::Null,
     };
     spec.on_limit = on_limit;
+    spec.ask_timeout = Some(args.ask_timeout);
     spec.output = status.passthrough();
+    spec.stderr = status.agent_stderr();
+    spec.expects = manifest.expects.clone();
+    spec.on_unrecognized = match args.unrecognized {
+        Some(Unrecognized::Warn) => OnUnrecognized::Warn,
+        Some(Unrecognized::Stop) | None => OnUnrecognized::Stop,
+    };
     // SIGINT, SIGTERM and SIGHUP stop the agent's tree (exit 130); stepguard exits right after.
     spec.forward_signals = true;
     spec.containment = match args.containment {
@@ -115,7 +138,8 @@ pub fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
     let report = Runner::new(spec).run(observers);
 
     let failed_itself = report.spawn_error.is_some()
-        || report.terminated_by == Some(stepguard_core::verdict::TerminatedBy::Plugin);
+        || report.terminated_by == Some(stepguard_core::verdict::TerminatedBy::Plugin)
+        || report.stats.slug == Some(stepguard_core::FailureSlug::UnrecognizedStream);
     if failed_itself && let Some(message) = &report.record.message {
         output::diag("error", message);
     }
