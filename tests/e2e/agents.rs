@@ -2,10 +2,12 @@
 //!
 //! The CLIs come from npm, installed by `.ci/install-agent-clis` into `target/agent-clis`
 //! (or wherever `STEPGUARD_AGENT_CLIS` points: a directory holding `claude`, `codex`, `gemini`
-//! and `opencode`). Without them these tests skip with one line, except under `CI=true`, where
-//! their absence fails the test. Every CLI gets a fresh HOME and config pointing at the model
-//! server on 127.0.0.1; proxies and the npm registry point at a closed port on 127.0.0.1, so
-//! a stray outbound request fails instead of leaving the machine.
+//! and `opencode`). Every test that needs them is `#[ignore]`d, so a plain `cargo nextest run`
+//! reports them as skipped; `--run-ignored all` (what README.md's test command and `.ci/run`
+//! use) runs them, and then missing CLIs fail the test with how to install them. Every CLI gets a
+//! fresh HOME and config pointing at the model server on 127.0.0.1; proxies and the npm registry
+//! point at a closed port on 127.0.0.1, so a stray outbound request fails instead of leaving the
+//! machine.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -17,7 +19,7 @@ use stepguard_modelserver::{ModelServer, Script};
 use crate::harness::{Run, STEPGUARD, workspace};
 
 /// How to get the CLIs, said whenever they are missing.
-const INSTALL_HINT: &str = "run `.ci/install-agent-clis` (or set STEPGUARD_AGENT_CLIS to a directory holding claude, codex, gemini and opencode)";
+const INSTALL_HINT: &str = "run `.ci/install-agent-clis` (or set STEPGUARD_AGENT_CLIS to a directory holding claude, codex, gemini and opencode); without `--run-ignored` these tests are skipped";
 
 /// An agent CLI under test.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,9 +42,9 @@ impl Cli {
     }
 }
 
-/// The directory holding the CLIs, or why they cannot be used. Under `CI=true` their absence
-/// fails the test.
-fn find_clis() -> Result<PathBuf, String> {
+/// The directory holding the CLIs. The tests calling this are `#[ignore]`d, so they run only when
+/// asked for (`--run-ignored all`); then missing CLIs fail the test, saying how to install them.
+pub fn cli_dir() -> PathBuf {
     let dir = std::env::var_os("STEPGUARD_AGENT_CLIS")
         .map(PathBuf::from)
         .unwrap_or_else(|| workspace().join("target/agent-clis/node_modules/.bin"));
@@ -50,37 +52,18 @@ fn find_clis() -> Result<PathBuf, String> {
         .into_iter()
         .filter(|c| !dir.join(c).exists())
         .collect();
-    if missing.is_empty() {
-        return Ok(dir);
-    }
-    let msg = format!(
+    assert!(
+        missing.is_empty(),
         "agent CLIs {missing:?} not found in {}; {INSTALL_HINT}",
         dir.display()
     );
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!("{msg}");
-    }
-    Err(msg)
-}
-
-/// The directory holding the CLIs, or `None` when they are absent and this is not CI (the one
-/// skip line is printed by [`installed_clis_are_the_pinned_versions`]).
-pub fn cli_dir() -> Option<PathBuf> {
-    find_clis().ok()
+    dir
 }
 
 #[test]
+#[ignore = "runs the real agent CLIs: .ci/install-agent-clis, then --run-ignored all"]
 fn installed_clis_are_the_pinned_versions() {
-    let dir = match find_clis() {
-        Ok(dir) => dir,
-        Err(msg) => {
-            #[allow(clippy::print_stderr)] // the one line printed when the real-CLI tests skip
-            {
-                eprintln!("skipping the real agent CLI tests: {msg}");
-            }
-            return;
-        }
-    };
+    let dir = cli_dir();
     for (cli, package) in [
         ("claude", "@anthropic-ai/claude-code"),
         ("codex", "@openai/codex"),
@@ -168,9 +151,9 @@ fn tail(s: &str) -> &str {
 }
 
 impl Agent {
-    /// Sets `cli` up against a new model server following `script`; `None` when skipping.
-    pub fn start(cli: Cli, script: Script) -> Option<Agent> {
-        let bin = cli_dir()?.join(cli.name());
+    /// Sets `cli` up against a new model server following `script`.
+    pub fn start(cli: Cli, script: Script) -> Agent {
+        let bin = cli_dir().join(cli.name());
         let server = ModelServer::start(script).expect("start the model server");
         let dir = tempfile::Builder::new()
             .prefix(&format!("sg-{}-", cli.name()))
@@ -184,7 +167,7 @@ impl Agent {
         };
         std::fs::create_dir_all(agent.work()).unwrap();
         agent.write_config();
-        Some(agent)
+        agent
     }
 
     /// The agent's working directory.
@@ -537,9 +520,7 @@ pub mod scenarios {
 
     /// 3 tool rounds under `--max-steps 10`: exit 0 and `steps` steps, as the server served.
     pub fn under_budget(cli: Cli, steps: u64) {
-        let Some(agent) = Agent::start(cli, Script::tool_rounds(3)) else {
-            return;
-        };
+        let agent = Agent::start(cli, Script::tool_rounds(3));
         let run = agent.run(&["--max-steps", "10"]);
         run.assert_exit(0);
         assert_eq!(agent.server.last_round_served(), 3);
@@ -560,9 +541,7 @@ pub mod scenarios {
         let script = Script::tool_rounds(2)
             .parallel_calls(2)
             .text_beside("Running two commands.");
-        let Some(agent) = Agent::start(cli, script) else {
-            return;
-        };
+        let agent = Agent::start(cli, script);
         let args: Vec<&str> = ["--max-steps", "10"]
             .into_iter()
             .chain(args.iter().copied())
@@ -586,7 +565,7 @@ pub mod scenarios {
         breaching: &str,
         extra: &[&str],
         setup: impl FnOnce(&Agent),
-    ) -> Option<(Agent, AgentRun)> {
+    ) -> (Agent, AgentRun) {
         over_budget_with(
             cli,
             Script::tool_rounds(12).command_at(6, breaching),
@@ -601,8 +580,8 @@ pub mod scenarios {
         script: Script,
         extra: &[&str],
         setup: impl FnOnce(&Agent),
-    ) -> Option<(Agent, AgentRun)> {
-        let agent = Agent::start(cli, script)?;
+    ) -> (Agent, AgentRun) {
+        let agent = Agent::start(cli, script);
         setup(&agent);
         let args: Vec<&str> = ["--max-steps", "5"]
             .into_iter()
@@ -626,7 +605,7 @@ pub mod scenarios {
             left.is_empty(),
             "processes of the run survived the stop: {left:?}"
         );
-        Some((agent, run))
+        (agent, run)
     }
 
     /// `kind` on every request from round 2 on: exit 1 with `slug`, and a step count in `steps`
@@ -634,9 +613,7 @@ pub mod scenarios {
     /// fails, which for a broken stream depends on timing): however often the CLI retries.
     fn fails_from_round_2(cli: Cli, kind: FaultKind, slug: &str, steps: RangeInclusive<u64>) {
         let fault = Fault::persistent(2, kind);
-        let Some(agent) = Agent::start(cli, Script::tool_rounds(3).fault(fault)) else {
-            return;
-        };
+        let agent = Agent::start(cli, Script::tool_rounds(3).fault(fault));
         let run = agent.run(&["--max-steps", "10"]);
         run.assert_exit(1);
         assert_eq!(agent.server.last_round_served(), 1);
@@ -678,9 +655,7 @@ pub mod scenarios {
             },
             1,
         );
-        let Some(agent) = Agent::start(cli, Script::tool_rounds(3).fault(fault)) else {
-            return;
-        };
+        let agent = Agent::start(cli, Script::tool_rounds(3).fault(fault));
         let run = agent.run(&["--max-steps", "10"]);
         run.assert_exit(0);
         assert_eq!(

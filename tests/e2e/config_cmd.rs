@@ -87,6 +87,7 @@ fn config_precedence_flag_env_file_default() {
                 "files": [], "max_steps_ceiling": null, "units": {},
                 "allow_plugin_override": {"value": false, "source_file": null, "key": null}
             },
+            "errors": [],
             "warnings": []
         })
     );
@@ -98,9 +99,18 @@ fn config_legacy_max_turns_warns_once_naming_the_file() {
     let v = sb
         .run(&["config", "--json", "--task-type", "legacy"])
         .json();
-    // task_types.legacy.max_turns (7) is below global max_steps (40) in precedence.
+    // task_types.legacy.max_turns (7) is below global max_steps (40) in precedence: it is
+    // ignored, and stepguard says so instead of calling it deprecated.
     assert_eq!(v["max_steps"], 40);
-    assert_eq!(v["warnings"], json!([]));
+    let project = sb.project().join("stepguard.toml").display().to_string();
+    assert_eq!(
+        v["warnings"],
+        json!([format!(
+            "`task_types.legacy.max_turns = 7` in {project} is ignored: `max_steps = 40` in \
+             {project} (global) takes precedence; rename it to `task_types.legacy.max_steps` to \
+             apply it"
+        )])
+    );
     let only_turns = Sandbox::new();
     only_turns.write(
         "project/stepguard.toml",
@@ -335,8 +345,8 @@ fn validate_asks_plugins_about_provider_options_and_units() {
     assert_eq!(
         run.stdout,
         format!(
-            "error: {file}: claude.colour: invalid options: unknown option `colour` for provider `claude`; it accepts none\n\
-             error: {file}: codex.max_steps_unit: unknown unit \"tools\" for provider `codex`; valid units: item, actionable, tool, message\n\
+            "error: {file}: claude.colour: unknown option `colour` for provider `claude`; accepted keys: max_steps_unit\n\
+             error: {file}: codex.max_steps_unit: unknown unit `tools` for provider `codex`; did you mean `tool`? valid units: item, actionable, tool, message\n\
              warning: {file}: opencod.x: options for a provider that is not available: unknown provider `opencod`; available providers: claude, codex, gemini\n\
              1 file checked: 2 errors, 1 warning\n"
         )
@@ -661,7 +671,7 @@ fn invalid_policy_values_are_errors_naming_file_and_key() {
     );
     assert!(
         run.stdout.contains(&format!(
-            "error: {user}: policy.codex.max_steps_unit: unknown unit `tools` for provider `codex`; valid units: item, actionable, tool, message"
+            "error: {user}: policy.codex.max_steps_unit: unknown unit `tools` for provider `codex`; did you mean `tool`? valid units: item, actionable, tool, message"
         )),
         "{}",
         run.stdout

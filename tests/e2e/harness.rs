@@ -105,6 +105,87 @@ impl Sandbox {
     }
 }
 
+/// A pseudo-terminal: stepguard's stdin and stderr on its slave side, the test on the master.
+pub struct Pty {
+    master: std::fs::File,
+    slave: std::fs::File,
+    /// Everything read from the terminal so far.
+    pub seen: String,
+    from: usize,
+}
+
+impl Pty {
+    /// Opens a new pseudo-terminal.
+    pub fn open() -> Self {
+        use rustix::pty::{OpenptFlags, grantpt, openpt, ptsname, unlockpt};
+        let master = openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY).expect("openpt");
+        grantpt(&master).expect("grantpt");
+        unlockpt(&master).expect("unlockpt");
+        let slave_path = ptsname(&master, Vec::new()).expect("ptsname");
+        let slave = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(slave_path.to_str().expect("utf-8 pts path"))
+            .expect("open the pty's slave");
+        Pty {
+            master: std::fs::File::from(master),
+            slave,
+            seen: String::new(),
+            from: 0,
+        }
+    }
+
+    /// Starts `cmd` with its stdin and stderr on the terminal, stdout piped.
+    pub fn spawn(&self, cmd: &mut Command) -> std::process::Child {
+        use std::process::Stdio;
+        cmd.stdin(Stdio::from(self.slave.try_clone().expect("dup")))
+            .stderr(Stdio::from(self.slave.try_clone().expect("dup")))
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn stepguard")
+    }
+
+    /// Reads the terminal until `needle` appears after the previous match (10 s at most).
+    pub fn wait_for(&mut self, needle: &str) {
+        use std::io::Read as _;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let mut buf = [0u8; 4096];
+        loop {
+            if let Some(at) = self.seen[self.from..].find(needle) {
+                self.from += at + needle.len();
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no `{needle}` in: {}",
+                self.seen
+            );
+            // Never block past the deadline: wait for output at most 100 ms at a time.
+            let mut fds = [rustix::event::PollFd::new(
+                &self.master,
+                rustix::event::PollFlags::IN,
+            )];
+            let tick = rustix::event::Timespec {
+                tv_sec: 0,
+                tv_nsec: 100_000_000,
+            };
+            if rustix::event::poll(&mut fds, Some(&tick)).unwrap_or(0) == 0 {
+                continue;
+            }
+            let n = self.master.read(&mut buf).expect("read the pty");
+            self.seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    }
+
+    /// Types `text` on the terminal.
+    pub fn type_text(&mut self, text: &str) {
+        use std::io::Write as _;
+        self.master
+            .write_all(text.as_bytes())
+            .expect("write the pty");
+    }
+}
+
 /// The path of a file under `tests/fixtures`, as an argument.
 pub fn fixture(rel: &str) -> String {
     workspace()

@@ -266,11 +266,19 @@ fn no_record_db_flag_and_env() {
     );
     assert!(!sb.project().join(".stepguard").exists());
     let history = sb.run(&["history"]);
-    assert_eq!(history.code, Some(2));
+    assert_eq!(history.code, Some(0), "{}", history.stderr);
     assert!(
-        history.stderr.contains("no history database at "),
+        history.stderr.contains("no runs recorded yet"),
         "{}",
         history.stderr
+    );
+    let missing = sb.root().join("dbs/missing.db").display().to_string();
+    let named = sb.run(&["history", "--db", &missing]);
+    assert_eq!(named.code, Some(2), "{}", named.stderr);
+    assert!(
+        named.stderr.contains("no history database at "),
+        "{}",
+        named.stderr
     );
     let custom = sb.root().join("dbs/custom.db").display().to_string();
     sb.run(&["run", "--db", &custom, "-p", "codex", "--", &ok]);

@@ -159,7 +159,7 @@ fn files_that_do_not_load_are_skipped_with_one_warning_each() {
             "fixture_abi2",
             "built for plugin ABI 2, this stepguard speaks 1; rebuild against stepguard-plugin-api 1.x",
         ),
-        ("fixture_new", "protocol 2.0 required, this host speaks 1.1"),
+        ("fixture_new", "protocol 2.0 required, this host speaks 1.2"),
     ] {
         let path = dirs.bad.join(format!("lib{file}.{ext}"));
         let line = format!(
@@ -194,7 +194,7 @@ fn a_command_needing_a_provider_that_failed_to_load_exits_4_with_the_same_messag
     let sb = Sandbox::new();
     let file = stream(&sb);
     for (provider, reason) in [
-        ("fixture-new", "protocol 2.0 required, this host speaks 1.1"),
+        ("fixture-new", "protocol 2.0 required, this host speaks 1.2"),
         (
             "fixture-abi2",
             "built for plugin ABI 2, this stepguard speaks 1",
@@ -299,7 +299,7 @@ fn bad_provider_options_are_rejected_with_the_plugins_message() {
         ),
         (Some("word"), Some(1))
     );
-    // Built-ins accept no options: a stray key is named.
+    // Built-ins accept only the host's `max_steps_unit`: a stray key is named, with the match.
     sb.write(
         "project/stepguard.toml",
         "[codex]\nmax_step_unit = \"tool\"\n",
@@ -308,7 +308,7 @@ fn bad_provider_options_are_rejected_with_the_plugins_message() {
     assert_eq!(run.code, Some(2));
     assert!(
         run.stderr
-            .contains("unknown option `max_step_unit` for provider `codex`; it accepts none"),
+            .contains("codex.max_step_unit: unknown option `max_step_unit` for provider `codex`; did you mean `max_steps_unit`? accepted keys: max_steps_unit"),
         "{}",
         run.stderr
     );

@@ -1,20 +1,20 @@
 //! `stepguard run` end to end, with scripted child processes standing in for agent CLIs.
 
-use std::io::{Read as _, Write as _};
+use std::io::Read as _;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::harness::{Run, Sandbox, plugin_dirs, workspace};
+use crate::harness::{Pty, Run, Sandbox, plugin_dirs, workspace};
 
-fn fixture(rel: &str) -> PathBuf {
+pub(crate) fn fixture(rel: &str) -> PathBuf {
     workspace().join("tests/fixtures").join(rel)
 }
 
 /// Writes an executable script into the sandbox.
-fn script(sb: &Sandbox, name: &str, body: &str) -> String {
+pub(crate) fn script(sb: &Sandbox, name: &str, body: &str) -> String {
     let path = sb.write(name, format!("#!/usr/bin/env bash\nset -u\n{body}\n"));
     let mut perms = std::fs::metadata(&path).unwrap().permissions();
     std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
@@ -22,19 +22,19 @@ fn script(sb: &Sandbox, name: &str, body: &str) -> String {
     path.display().to_string()
 }
 
-fn summary(sb: &Sandbox) -> Value {
+pub(crate) fn summary(sb: &Sandbox) -> Value {
     serde_json::from_slice(&std::fs::read(sb.root().join("summary.json")).expect("summary file"))
         .unwrap()
 }
 
-fn run_with_summary(sb: &Sandbox, args: &[&str]) -> Run {
+pub(crate) fn run_with_summary(sb: &Sandbox, args: &[&str]) -> Run {
     let file = sb.root().join("summary.json").display().to_string();
     let mut full = vec!["run", "--summary-file", &file];
     full.extend_from_slice(args);
     sb.run(&full)
 }
 
-fn alive(pid: i32) -> bool {
+pub(crate) fn alive(pid: i32) -> bool {
     // A zombie is dead for our purposes; /proc/PID/stat says Z.
     std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
         let state = s
@@ -45,7 +45,7 @@ fn alive(pid: i32) -> bool {
     })
 }
 
-fn read_pid(path: &Path) -> i32 {
+pub(crate) fn read_pid(path: &Path) -> i32 {
     for _ in 0..100 {
         if let Ok(s) = std::fs::read_to_string(path)
             && let Ok(p) = s.trim().parse()
@@ -58,7 +58,7 @@ fn read_pid(path: &Path) -> i32 {
 }
 
 /// An agent that replays a stream, with a grandchild (`sleep 300`) whose pid it records.
-fn replaying_agent(sb: &Sandbox, stream: &Path) -> String {
+pub(crate) fn replaying_agent(sb: &Sandbox, stream: &Path) -> String {
     let pid_file = sb.root().join("grandchild.pid");
     script(
         sb,
@@ -363,6 +363,7 @@ fn native_limit_is_added_unless_present_or_opted_out() {
         "run",
         "-p",
         "claude",
+        "--no-preflight",
         "--max-steps",
         "7",
         "--",
@@ -376,6 +377,7 @@ fn native_limit_is_added_unless_present_or_opted_out() {
         "run",
         "-p",
         "claude",
+        "--no-preflight",
         "--max-steps",
         "7",
         "--no-native-limit",
@@ -389,6 +391,7 @@ fn native_limit_is_added_unless_present_or_opted_out() {
         "run",
         "-p",
         "claude",
+        "--no-preflight",
         "--max-steps",
         "7",
         "--",
@@ -400,6 +403,7 @@ fn native_limit_is_added_unless_present_or_opted_out() {
         "run",
         "-p",
         "claude",
+        "--no-preflight",
         "--max-steps",
         "unlimited",
         "--",
@@ -453,84 +457,32 @@ fn usage_and_config_errors_are_exit_2_before_anything_runs() {
 
 #[test]
 fn on_limit_ask_through_a_pseudo_terminal() {
-    use rustix::pty::{OpenptFlags, grantpt, openpt, ptsname, unlockpt};
     let sb = Sandbox::new();
     let stream = fixture("real/codex/tools12.jsonl");
     let agent = replaying_agent(&sb, &stream);
-    let master = openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY).unwrap();
-    grantpt(&master).unwrap();
-    unlockpt(&master).unwrap();
-    let slave_path = ptsname(&master, Vec::new()).unwrap();
-    let slave = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(slave_path.to_str().unwrap())
-        .unwrap();
+    let mut pty = Pty::open();
     let file = sb.root().join("summary.json").display().to_string();
-    let child = sb
-        .cmd(&[
-            "run",
-            "--summary-file",
-            &file,
-            "-p",
-            "codex",
-            "--unit",
-            "tool",
-            "--max-steps",
-            "2",
-            "--on-limit",
-            "ask",
-            "--",
-            &agent,
-        ])
-        .stdin(Stdio::from(slave.try_clone().unwrap()))
-        .stderr(Stdio::from(slave))
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut master = std::fs::File::from(master);
-    let mut seen = String::new();
-    /// Reads the terminal until `needle` appears after the previous match.
-    fn wait_for(master: &mut std::fs::File, needle: &str, seen: &mut String, from: &mut usize) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let mut buf = [0u8; 4096];
-        loop {
-            if let Some(at) = seen[*from..].find(needle) {
-                *from += at + needle.len();
-                return;
-            }
-            assert!(Instant::now() < deadline, "no `{needle}` in: {seen}");
-            let n = master.read(&mut buf).unwrap();
-            seen.push_str(&String::from_utf8_lossy(&buf[..n]));
-        }
-    }
-    let mut from = 0;
-    wait_for(
-        &mut master,
-        "step 3 began, the budget is 2",
-        &mut seen,
-        &mut from,
-    );
-    wait_for(
-        &mut master,
-        "[c]ontinue without a limit? ",
-        &mut seen,
-        &mut from,
-    );
-    master.write_all(b"a 2\n").unwrap();
-    wait_for(
-        &mut master,
-        "step 5 began, the budget is 4",
-        &mut seen,
-        &mut from,
-    );
-    wait_for(
-        &mut master,
-        "[c]ontinue without a limit? ",
-        &mut seen,
-        &mut from,
-    );
-    master.write_all(b"s\n").unwrap();
+    let child = pty.spawn(&mut sb.cmd(&[
+        "run",
+        "--summary-file",
+        &file,
+        "-p",
+        "codex",
+        "--unit",
+        "tool",
+        "--max-steps",
+        "2",
+        "--on-limit",
+        "ask",
+        "--",
+        &agent,
+    ]));
+    pty.wait_for("step 3 began, the budget is 2");
+    pty.wait_for("[c]ontinue without a limit? ");
+    pty.type_text("a 2\n");
+    pty.wait_for("step 5 began, the budget is 4");
+    pty.wait_for("[c]ontinue without a limit? ");
+    pty.type_text("s\n");
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(3));
     let s = summary(&sb);

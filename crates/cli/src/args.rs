@@ -32,6 +32,10 @@ pub struct Cli {
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
 
+    /// When to colour stderr: auto (a terminal, and NO_COLOR unset), always, never.
+    #[arg(long, global = true, value_enum, value_name = "WHEN", default_value_t = clap::ColorChoice::Auto)]
+    pub color: clap::ColorChoice,
+
     /// The command to run.
     #[command(subcommand)]
     pub command: Command,
@@ -60,6 +64,10 @@ pub enum Command {
     /// Run the agent-loop governor against a scripted scenario and print the JSON transcript
     /// (exit 0 when its expectations are met, 1 when not).
     Simulate(SimulateArgs),
+    /// Print a shell completion script on stdout (bash, zsh, fish, elvish, powershell).
+    Completions(CompletionsArgs),
+    /// Print the man page (roff) on stdout, or write one page per command into a directory.
+    Man(ManArgs),
 }
 
 impl Command {
@@ -72,7 +80,9 @@ impl Command {
             Command::Show(a) => a.json,
             Command::Stats(a) => a.json,
             Command::Plugins(a) => a.json,
-            Command::Validate(_) | Command::Run(_) | Command::Simulate(_) => false,
+            Command::Completions(_) | Command::Man(_) => false,
+            Command::Validate(a) => a.json,
+            Command::Run(_) | Command::Simulate(_) => false,
         }
     }
 }
@@ -266,10 +276,11 @@ pub enum PluginsAction {
 #[derive(Debug, Clone, Default, Args)]
 pub struct BudgetArgs {
     /// Step budget for this run: a whole number, or `unlimited` (beats env and config).
-    #[arg(long, value_name = "N")]
+    // Negative numbers reach the budget parser, which says why they are refused.
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub max_steps: Option<String>,
     /// Deprecated spelling of --max-steps.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub max_turns: Option<String>,
     /// Task type whose `[task_types.T]` budget applies.
     #[arg(long, value_name = "T", env = "STEPGUARD_TASK_TYPE")]
@@ -299,6 +310,27 @@ pub struct ValidateArgs {
     /// Treat every warning as an error.
     #[arg(long)]
     pub strict: bool,
+    /// Print one JSON object on stdout: `valid`, `files`, `errors` and `warnings` (each problem
+    /// with `file`, `key`, `message`).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Arguments of `stepguard completions`.
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell to complete for.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
+}
+
+/// Arguments of `stepguard man`.
+#[derive(Debug, Args)]
+pub struct ManArgs {
+    /// Write stepguard.1 and one page per subcommand (stepguard-run.1, …) into this directory
+    /// instead of printing stepguard.1 on stdout.
+    #[arg(long, value_name = "DIR")]
+    pub out_dir: Option<PathBuf>,
 }
 
 /// The longest `--timeout`: a month is beyond any agent run, and far from overflowing a clock.
@@ -308,8 +340,20 @@ const MAX_GRACE: Duration = Duration::from_secs(3600);
 
 /// Parses a humane duration no longer than `max`; `zero_ok` says whether 0 is meaningful.
 fn parse_duration(text: &str, max: Duration, zero_ok: bool) -> Result<Duration, String> {
-    let d: Duration = humantime::parse_duration(text.trim())
-        .map_err(|e| format!("`{text}` is not a duration ({e}); write e.g. 90s, 30m or 1h30m"))?;
+    let d: Duration = humantime::parse_duration(text.trim()).map_err(|e| {
+        // humantime's own words ("expected number at 0") mean little to someone typing a flag.
+        let why = match e {
+            humantime::DurationError::UnknownUnit { unit, .. } if unit.is_empty() => {
+                " (it has no unit)".to_owned()
+            }
+            humantime::DurationError::UnknownUnit { unit, .. } => {
+                format!(" (unknown unit `{unit}`)")
+            }
+            humantime::DurationError::NumberOverflow => " (the number is too large)".to_owned(),
+            _ => String::new(),
+        };
+        format!("`{text}` is not a duration{why}; write e.g. 90s, 30m or 1h30m")
+    })?;
     if d.is_zero() && !zero_ok {
         return Err(format!(
             "`{text}` is zero; give a positive duration such as 30m"

@@ -56,12 +56,76 @@ pub fn error_object(err: &anyhow::Error) -> serde_json::Value {
     serde_json::json!({
         "error": {
             "kind": classify(err).1,
-            "message": format!("{err:#}"),
+            "message": render(err),
         }
     })
+}
+
+/// Returns an error's message with its causes, each said once: `failed to …: because …`.
+///
+/// Library errors follow the `thiserror` habit of both printing their source in their own message
+/// and returning it from `source()`, so walking the chain (as `{err:#}` does) says things twice.
+/// A cause is left out when the message so far already says it, or when it only restates the
+/// cause before it with a prefix (SQLite's `Error code 26: file is not a database` under
+/// `file is not a database`).
+pub fn render(err: &anyhow::Error) -> String {
+    let mut message = String::new();
+    let mut previous = String::new();
+    for cause in err.chain() {
+        let text = cause.to_string();
+        let repeats = text.is_empty()
+            || message.contains(&text)
+            || (!previous.is_empty() && text.ends_with(&previous));
+        if !repeats {
+            if !message.is_empty() {
+                message.push_str(": ");
+            }
+            message.push_str(&text);
+        }
+        previous = text;
+    }
+    message
 }
 
 /// Converts our exit code into the process's.
 pub fn to_process(code: ExitCode) -> std::process::ExitCode {
     std::process::ExitCode::from(code.code())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("outer: {source}")]
+    struct Outer {
+        #[source]
+        source: Inner,
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("inner")]
+    struct Inner {
+        #[source]
+        source: Detail,
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("code 26: inner")]
+    struct Detail;
+
+    #[test]
+    fn each_cause_is_said_once() {
+        let err = anyhow::Error::new(Outer {
+            source: Inner { source: Detail },
+        })
+        .context("file.toml");
+        assert_eq!(render(&err), "file.toml: outer: inner");
+    }
+
+    #[test]
+    fn causes_not_in_the_message_are_kept() {
+        let err = anyhow::Error::new(std::io::Error::other("disk full")).context("cannot write x");
+        assert_eq!(render(&err), "cannot write x: disk full");
+    }
 }

@@ -18,7 +18,9 @@ pub mod recording;
 pub mod settings;
 pub mod terminal;
 
-use clap::Parser as _;
+use std::ffi::OsString;
+
+use clap::{ColorChoice, CommandFactory as _, FromArgMatches as _};
 use stepguard_core::ExitCode;
 use stepguard_supervisor::guard;
 
@@ -35,7 +37,7 @@ where
     I: IntoIterator<Item = T>,
     T: Into<std::ffi::OsString> + Clone,
 {
-    let argv: Vec<std::ffi::OsString> = argv.into_iter().map(Into::into).collect();
+    let argv: Vec<OsString> = argv.into_iter().map(Into::into).collect();
     // The two helper roles `stepguard run` gives its own binary (see stepguard_supervisor::guard).
     match argv.get(1).and_then(|a| a.to_str()) {
         Some(guard::EXEC_ARG) => {
@@ -53,7 +55,7 @@ where
         }
         _ => {}
     }
-    let cli = match Cli::try_parse_from(argv) {
+    let cli = match parse(argv) {
         Ok(cli) => cli,
         Err(e) => {
             let _ = e.print();
@@ -64,10 +66,11 @@ where
             };
         }
     };
+    output::set_color(cli.color);
     init_logging(cli.verbose);
     let config = cli.config.as_deref();
     let result = match &cli.command {
-        Command::Config(a) => commands::config::run(config, a),
+        Command::Config(a) => commands::config::run(&cli, a),
         Command::Validate(a) => commands::validate::run(&cli, config, a),
         Command::Run(a) => commands::run::run(&cli, a),
         Command::Count(a) => commands::count::run(&cli, a),
@@ -76,6 +79,8 @@ where
         Command::Stats(a) => commands::history::stats(&cli, a),
         Command::Plugins(a) => commands::plugins::run(&cli, a),
         Command::Simulate(a) => commands::simulate::run(a),
+        Command::Completions(a) => commands::completions::completions(a),
+        Command::Man(a) => commands::completions::man(a),
     };
     match result {
         Ok(code) => code,
@@ -85,11 +90,40 @@ where
                 // Scripts that asked for JSON get JSON, on stdout, with the same exit code.
                 let _ = output::json(&exit::error_object(&e));
             } else {
-                output::diag("error", format!("{e:#}"));
+                output::diag("error", exit::render(&e));
             }
             exit::exit_code_for(&e)
         }
     }
+}
+
+/// Parses the arguments, with clap's own messages (usage errors, help) coloured as `--color` says.
+fn parse(argv: Vec<OsString>) -> Result<Cli, clap::Error> {
+    let mut command = Cli::command().color(color_arg(&argv));
+    let mut matches = command.try_get_matches_from_mut(argv)?;
+    Cli::from_arg_matches_mut(&mut matches).map_err(|e| e.format(&mut command))
+}
+
+/// Returns the `--color` given on the command line, read ahead of clap so that clap's own
+/// messages follow it too; anything clap would refuse counts as `auto` here.
+fn color_arg(argv: &[OsString]) -> ColorChoice {
+    let mut choice = ColorChoice::Auto;
+    let mut args = argv.iter().skip(1).map(|a| a.to_str().unwrap_or_default());
+    while let Some(arg) = args.next() {
+        let value = match arg {
+            // The agent's own arguments follow `--`.
+            "--" => break,
+            "--color" => args.next(),
+            _ => arg.strip_prefix("--color="),
+        };
+        choice = match value {
+            Some("always") => ColorChoice::Always,
+            Some("never") => ColorChoice::Never,
+            Some("auto") => ColorChoice::Auto,
+            _ => continue,
+        };
+    }
+    choice
 }
 
 fn init_logging(verbose: u8) {
@@ -103,7 +137,7 @@ fn init_logging(verbose: u8) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_ansi(output::stderr_color())
         .with_writer(std::io::stderr)
         .with_target(false)
         .without_time()

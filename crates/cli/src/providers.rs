@@ -1,10 +1,12 @@
 //! The provider registry of this process, and how a command picks a provider, unit and options.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use stepguard_config::LoadedConfig;
+use stepguard_config::{Diagnostic, LoadedConfig, Severity, did_you_mean};
+use stepguard_core::{ConfigModel, Origin};
 use stepguard_plugin_api::host::Provider;
-use stepguard_plugin_api::{CounterRequest, ProviderBox};
+use stepguard_plugin_api::{CounterRequest, Manifest, ProviderBox};
 use stepguard_plugin_host::{LoadPolicy, PLUGIN_PATH_ENV, Registry};
 
 use crate::exit::UsageError;
@@ -22,11 +24,18 @@ pub fn builtins() -> Vec<ProviderBox> {
     ]
 }
 
+/// A provider's table from the config files in effect (`[codex]`): each key with its value and
+/// where it was set.
+pub type ProviderTable = BTreeMap<String, (serde_json::Value, Origin)>;
+
 /// Builds the registry: built-ins, then every trusted plugin file in the search path; a plugin
 /// replaces a built-in of the same name only with `allow_override` (`--allow-override`). Each
-/// ignored relative `STEPGUARD_PLUGIN_PATH` entry and each file that is refused or fails to load
-/// is reported once on stderr.
+/// `--plugin-dir` that is not a directory, each ignored relative `STEPGUARD_PLUGIN_PATH` entry
+/// and each file that is refused or fails to load is reported once on stderr.
 pub fn load_registry(plugin_dirs: &[PathBuf], allow_override: bool) -> Registry {
+    for unusable in unusable_plugin_dirs(plugin_dirs) {
+        output::diag("warning", unusable);
+    }
     let mut registry = Registry::new(builtins());
     let env = std::env::var_os(PLUGIN_PATH_ENV);
     let exe = std::env::current_exe().ok();
@@ -41,6 +50,190 @@ pub fn load_registry(plugin_dirs: &[PathBuf], allow_override: bool) -> Registry 
     registry
 }
 
+/// Returns a warning for each `--plugin-dir` that does not exist or is not a directory (a typo
+/// there would otherwise silently load nothing), once per directory.
+fn unusable_plugin_dirs(dirs: &[PathBuf]) -> Vec<String> {
+    let mut seen: Vec<PathBuf> = Vec::new();
+    let mut out = Vec::new();
+    for dir in dirs {
+        let absolute = std::path::absolute(dir).unwrap_or_else(|_| dir.clone());
+        if seen.contains(&absolute) {
+            continue;
+        }
+        seen.push(absolute);
+        let problem = match std::fs::metadata(dir) {
+            Ok(meta) if meta.is_dir() => continue,
+            Ok(_) => "is not a directory".to_owned(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => "does not exist".to_owned(),
+            Err(e) => format!("cannot be read ({e})"),
+        };
+        out.push(format!(
+            "plugin directory {} (--plugin-dir) {problem}; no plugins are loaded from it",
+            dir.display()
+        ));
+    }
+    out
+}
+
+/// Checks a provider's table against its plugin, the one check `config`, `validate`, `run` and
+/// `count` share: `max_steps_unit` (handled here, never passed to plugins) must name one of the
+/// provider's units, and the other options go to the plugin's `validate_options`. When the
+/// plugin refuses them, each key its manifest does not declare is reported at that key with the
+/// accepted keys and the close match; the plugin's own message is reported for the rest.
+///
+/// Returns one error diagnostic per problem; none for an empty table.
+pub fn check_options(name: &str, provider: &Provider, table: &ProviderTable) -> Vec<Diagnostic> {
+    let Some((_, (_, first))) = table.iter().next() else {
+        return Vec::new();
+    };
+    let manifest = provider.manifest();
+    let mut out = Vec::new();
+    let mut options = serde_json::Map::new();
+    for (key, (value, origin)) in table {
+        if key == UNIT_OPTION {
+            if let Err(message) = check_unit(name, manifest, value) {
+                out.push(error_at(origin, message));
+            }
+        } else {
+            options.insert(key.clone(), value.clone());
+        }
+    }
+    // Problems that belong to the table as a whole are reported at `[name]` in its file.
+    let table_origin = Origin::File {
+        path: first.file().unwrap_or_default().to_owned(),
+        key: name.to_owned(),
+    };
+    let invalid = |message: String| {
+        error_at(
+            &table_origin,
+            format!("invalid options for provider `{name}`: {message}"),
+        )
+    };
+    let Err(refused) = provider.validate_options(&options) else {
+        return out;
+    };
+    let declared = |key: &str| manifest.options.iter().any(|o| o.name == key);
+    let (known, unknown): (serde_json::Map<_, _>, serde_json::Map<_, _>) =
+        options.into_iter().partition(|(k, _)| declared(k));
+    if unknown.is_empty() {
+        out.push(invalid(refused.message));
+        return out;
+    }
+    let mut accepted = vec![UNIT_OPTION];
+    accepted.extend(manifest.options.iter().map(|o| o.name.as_str()));
+    for key in unknown.keys() {
+        let origin = &table[key].1;
+        out.push(error_at(
+            origin,
+            format!(
+                "unknown option `{key}` for provider `{name}`; {}accepted keys: {}",
+                suggestion(key, &accepted),
+                accepted.join(", ")
+            ),
+        ));
+    }
+    // The declared ones may be wrong too; the plugin judges them on their own.
+    if let Err(refused) = provider.validate_options(&known) {
+        out.push(invalid(refused.message));
+    }
+    out
+}
+
+/// Checks a unit name from a config file against the provider's units.
+fn check_unit(name: &str, manifest: &Manifest, value: &serde_json::Value) -> Result<(), String> {
+    let units: Vec<&str> = manifest.units.iter().map(|u| u.name.as_str()).collect();
+    match value.as_str() {
+        Some(unit) if units.contains(&unit) => Ok(()),
+        Some(unit) => Err(unknown_unit(name, unit, &units)),
+        None => Err(format!(
+            "expected a unit name (a string) for provider `{name}`, found {value}; valid units: {}",
+            units.join(", ")
+        )),
+    }
+}
+
+fn unknown_unit(name: &str, unit: &str, units: &[&str]) -> String {
+    format!(
+        "unknown unit `{unit}` for provider `{name}`; {}valid units: {}",
+        suggestion(unit, units),
+        units.join(", ")
+    )
+}
+
+/// Returns `did you mean `x`? ` when a known name is close to `name`, else nothing.
+fn suggestion(name: &str, known: &[&str]) -> String {
+    did_you_mean(name, known)
+        .map(|s| format!("did you mean `{s}`? "))
+        .unwrap_or_default()
+}
+
+/// Checks every provider table of the config in effect (only `only`'s when given) and every unit
+/// the policy fixes against the providers' plugins: what `config` and `validate` report, with
+/// the same messages `run` and `count` fail with. A table or policy for a provider that is not
+/// available is a warning (it may be a plugin installed elsewhere).
+pub fn check_config(
+    registry: &Registry,
+    config: &ConfigModel,
+    only: Option<&str>,
+) -> Vec<Diagnostic> {
+    let wanted = |name: &str| only.is_none_or(|p| p == name);
+    let mut out = Vec::new();
+    for (name, (unit, origin)) in config.policy.units.iter().filter(|(n, _)| wanted(n)) {
+        match registry.get(name) {
+            Ok(entry) => {
+                let value = serde_json::Value::String(unit.clone());
+                if let Err(message) = check_unit(name, entry.provider.manifest(), &value) {
+                    out.push(error_at(origin, message));
+                }
+            }
+            Err(e) => out.push(diagnostic(
+                Severity::Warning,
+                origin,
+                format!("policy for a provider that is not available: {e}"),
+            )),
+        }
+    }
+    for (name, table) in config.providers.iter().filter(|(n, _)| wanted(n)) {
+        let Some((_, (_, first))) = table.iter().next() else {
+            continue;
+        };
+        match registry.get(name) {
+            Ok(entry) => out.extend(check_options(name, &entry.provider, table)),
+            Err(e) => out.push(diagnostic(
+                Severity::Warning,
+                first,
+                format!("options for a provider that is not available: {e}"),
+            )),
+        }
+    }
+    out
+}
+
+fn error_at(origin: &Origin, message: String) -> Diagnostic {
+    diagnostic(Severity::Error, origin, message)
+}
+
+fn diagnostic(severity: Severity, origin: &Origin, message: String) -> Diagnostic {
+    let (file, key) = match origin {
+        Origin::File { path, key } => (path.clone(), Some(key.clone())),
+        other => (other.to_string(), None),
+    };
+    Diagnostic {
+        severity,
+        file,
+        key,
+        message,
+    }
+}
+
+/// Returns a diagnostic as an error message: `FILE: KEY: message`, without its level.
+pub fn located(d: &Diagnostic) -> String {
+    match &d.key {
+        Some(key) => format!("{}: {key}: {}", d.file, d.message),
+        None => format!("{}: {}", d.file, d.message),
+    }
+}
+
 /// A provider chosen for one command, with the counter request to open.
 pub struct Selection<'r> {
     /// The provider.
@@ -52,7 +245,8 @@ pub struct Selection<'r> {
 }
 
 /// Picks the provider, the unit (`--unit`, else `[P] max_steps_unit`, else the default) and the
-/// provider options (`[P]` table), validating the unit and asking the plugin to check options.
+/// provider options (`[P]` table), after [`check_options`] accepted the table: a command fails
+/// on exactly what `config` and `validate` report as errors for this provider.
 pub fn select<'r>(
     registry: &'r Registry,
     name: &str,
@@ -62,20 +256,23 @@ pub fn select<'r>(
     let entry = registry.get(name)?;
     let provider = &entry.provider;
     let manifest = provider.manifest();
-    let mut options = serde_json::Map::new();
-    let mut unit_from_config = None;
-    if let Some(table) = config.and_then(|c| c.model.providers.get(name)) {
-        for (key, (value, origin)) in table {
-            if key == UNIT_OPTION {
-                let unit = value.as_str().ok_or_else(|| {
-                    UsageError(format!("{origin}: expected a unit name (a string)"))
-                })?;
-                unit_from_config = Some((unit.to_owned(), origin.to_string()));
-            } else {
-                options.insert(key.clone(), value.clone());
-            }
-        }
+    let empty = ProviderTable::new();
+    let table = config
+        .and_then(|c| c.model.providers.get(name))
+        .unwrap_or(&empty);
+    let problems = check_options(name, provider, table);
+    if !problems.is_empty() {
+        let messages: Vec<String> = problems.iter().map(located).collect();
+        return Err(UsageError(messages.join("\n")).into());
     }
+    let unit_from_config = table
+        .get(UNIT_OPTION)
+        .and_then(|(value, origin)| value.as_str().map(|u| (u.to_owned(), origin.to_string())));
+    let options: serde_json::Map<String, serde_json::Value> = table
+        .iter()
+        .filter(|(key, _)| *key != UNIT_OPTION)
+        .map(|(key, (value, _))| (key.clone(), value.clone()))
+        .collect();
     let fixed = config.and_then(|c| crate::settings::policy_unit(c, name));
     if let Some((fixed, policy)) = &fixed {
         let asked = unit_flag
@@ -98,21 +295,153 @@ pub fn select<'r>(
         ),
     };
     if !manifest.units.iter().any(|u| u.name == unit) {
+        let units: Vec<&str> = manifest.units.iter().map(|u| u.name.as_str()).collect();
         return Err(UsageError(format!(
-            "unknown unit `{unit}` for provider `{name}` (from {from}); valid units: {}",
-            manifest.unit_names()
+            "unknown unit `{unit}` for provider `{name}` (from {from}); {}valid units: {}",
+            suggestion(&unit, &units),
+            units.join(", ")
         ))
         .into());
     }
-    provider.validate_options(&options).map_err(|e| {
-        UsageError(format!(
-            "invalid options for provider `{name}`: {}",
-            e.message
-        ))
-    })?;
     Ok(Selection {
         provider,
         source: entry.source.to_string(),
         request: CounterRequest { unit, options },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(entries: &[(&str, serde_json::Value)]) -> ProviderTable {
+        entries
+            .iter()
+            .map(|(key, value)| {
+                let origin = Origin::File {
+                    path: "/p/stepguard.toml".into(),
+                    key: format!("codex.{key}"),
+                };
+                ((*key).to_owned(), (value.clone(), origin))
+            })
+            .collect()
+    }
+
+    fn codex_problems(entries: &[(&str, serde_json::Value)]) -> Vec<String> {
+        let registry = Registry::new(builtins());
+        let codex = &registry.get("codex").unwrap().provider;
+        check_options("codex", codex, &table(entries))
+            .iter()
+            .map(located)
+            .collect()
+    }
+
+    #[test]
+    fn a_typo_of_the_unit_key_is_named_with_the_accepted_keys_and_the_close_match() {
+        assert_eq!(
+            codex_problems(&[("max_step_unit", serde_json::json!("item"))]),
+            [
+                "/p/stepguard.toml: codex.max_step_unit: unknown option `max_step_unit` for \
+                 provider `codex`; did you mean `max_steps_unit`? accepted keys: max_steps_unit"
+            ]
+        );
+        assert_eq!(
+            codex_problems(&[("colour", serde_json::json!("red"))]),
+            [
+                "/p/stepguard.toml: codex.colour: unknown option `colour` for provider `codex`; \
+                 accepted keys: max_steps_unit"
+            ]
+        );
+    }
+
+    #[test]
+    fn unit_values_are_checked_against_the_providers_units() {
+        assert!(codex_problems(&[("max_steps_unit", serde_json::json!("tool"))]).is_empty());
+        assert_eq!(
+            codex_problems(&[("max_steps_unit", serde_json::json!("bogus"))]),
+            [
+                "/p/stepguard.toml: codex.max_steps_unit: unknown unit `bogus` for provider \
+                 `codex`; valid units: item, actionable, tool, message"
+            ]
+        );
+        assert_eq!(
+            codex_problems(&[("max_steps_unit", serde_json::json!(["item"]))]),
+            [
+                "/p/stepguard.toml: codex.max_steps_unit: expected a unit name (a string) for \
+                 provider `codex`, found [\"item\"]; valid units: item, actionable, tool, message"
+            ]
+        );
+    }
+
+    #[test]
+    fn select_fails_with_the_same_message_as_the_check() {
+        let registry = Registry::new(builtins());
+        let mut config = LoadedConfig::default();
+        config.model.providers.insert(
+            "codex".into(),
+            table(&[("max_step_unit", serde_json::json!("item"))]),
+        );
+        let err = select(&registry, "codex", None, Some(&config))
+            .err()
+            .map(|e| e.to_string());
+        assert_eq!(
+            err.as_deref(),
+            codex_problems(&[("max_step_unit", serde_json::json!("item"))])
+                .first()
+                .map(String::as_str)
+        );
+    }
+
+    #[test]
+    fn check_config_covers_every_table_or_only_the_one_asked_for() {
+        let registry = Registry::new(builtins());
+        let mut config = ConfigModel::default();
+        config.providers.insert(
+            "codex".into(),
+            table(&[("max_steps_unit", serde_json::json!("bogus"))]),
+        );
+        config
+            .providers
+            .insert("opencod".into(), table(&[("x", serde_json::json!(1))]));
+        let all = check_config(&registry, &config, None);
+        let severities: Vec<Severity> = all.iter().map(|d| d.severity).collect();
+        assert_eq!(severities, [Severity::Error, Severity::Warning]);
+        assert!(
+            all[1].message.starts_with(
+                "options for a provider that is not available: unknown provider `opencod`"
+            ),
+            "{all:?}"
+        );
+        assert_eq!(check_config(&registry, &config, Some("opencod")).len(), 1);
+        assert!(check_config(&registry, &config, Some("claude")).is_empty());
+    }
+
+    #[test]
+    fn plugin_dirs_that_are_not_directories_are_named_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("plugins.txt");
+        std::fs::write(&file, "").unwrap();
+        let missing = dir.path().join("missing");
+        let warnings = unusable_plugin_dirs(&[
+            dir.path().to_path_buf(),
+            missing.clone(),
+            missing.clone(),
+            file.clone(),
+        ]);
+        assert_eq!(
+            warnings,
+            [
+                format!(
+                    "plugin directory {} (--plugin-dir) does not exist; no plugins are loaded \
+                     from it",
+                    missing.display()
+                ),
+                format!(
+                    "plugin directory {} (--plugin-dir) is not a directory; no plugins are \
+                     loaded from it",
+                    file.display()
+                ),
+            ]
+        );
+    }
 }

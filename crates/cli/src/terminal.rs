@@ -25,6 +25,8 @@ struct LineState {
     drawn: bool,
     /// True while the agent's stderr has written part of a line: drawing would overwrite it.
     agent_mid_line: bool,
+    /// True while the prompt at the limit is up: it owns the terminal.
+    asking: bool,
 }
 
 impl StatusLine {
@@ -77,7 +79,7 @@ impl RunObserver for StatusLine {
             return;
         }
         let mut state = self.state();
-        if state.agent_mid_line {
+        if state.agent_mid_line || state.asking {
             return;
         }
         let _ = write!(
@@ -160,7 +162,21 @@ impl LimitPolicy for AskOnTerminal {
     }
 
     fn decide(&mut self, breach: &Breach, question: &Question) -> LimitDecision {
-        self.status.clear();
+        {
+            let mut state = self.status.state();
+            erase(&mut state);
+            state.asking = true;
+        }
+        let decision = self.ask(breach, question);
+        self.status.state().asking = false;
+        decision
+    }
+}
+
+impl AskOnTerminal {
+    /// Asks until an answer is valid (three tries), the question is withdrawn or stdin ends.
+    /// stderr is never held locked across the wait: the engine's thread writes to it too.
+    fn ask(&self, breach: &Breach, question: &Question) -> LimitDecision {
         let Breach { step, limit } = *breach;
         let room = Room {
             more: self
@@ -172,14 +188,16 @@ impl LimitPolicy for AskOnTerminal {
         let within = question
             .deadline()
             .map(|d| {
-                let secs = d.saturating_duration_since(Instant::now()).as_secs();
+                // Rounded up: a 5m limit reads "5m", not "4m 59s".
+                let left = d.saturating_duration_since(Instant::now());
+                let secs = left.as_secs() + u64::from(left.subsec_nanos() > 0);
                 format!(
                     " Answer within {}.",
                     humantime::format_duration(Duration::from_secs(secs.max(1)))
                 )
             })
             .unwrap_or_default();
-        let mut err = io::stderr().lock();
+        let mut err = io::stderr();
         let _ = writeln!(
             err,
             "stepguard: step budget reached: step {step} began, the budget is {limit} ({}). The agent is paused.{within}",
@@ -289,7 +307,8 @@ fn parse_answer(answer: &str, room: &Room) -> Result<LimitDecision, String> {
             "the policy's ceiling of {} steps forbids going on without a limit",
             room.ceiling
         )),
-        ["a" | "allow", n] | [n] => allow(n),
+        ["a" | "allow", n] => allow(n),
+        [n] if n.parse::<i64>().is_ok() => allow(n),
         _ => Err(format!("answer {}", room.choices())),
     }
 }

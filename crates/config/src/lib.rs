@@ -31,10 +31,10 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use stepguard_core::budget::ProfileSettings;
+use stepguard_core::budget::{self, ProfileSettings};
 use stepguard_core::{
-    BudgetError, Ceiling, ConfigModel, LevelSettings, Origin, PolicySettings, RawValue, Setting,
-    StepLimit,
+    BudgetError, BudgetRequest, Ceiling, ConfigModel, LevelSettings, Origin, PolicySettings,
+    RawValue, Setting, StepLimit,
 };
 
 /// The file name looked for in the working directory and its parents.
@@ -839,6 +839,18 @@ pub const UNIT_KEY: &str = "max_steps_unit";
 /// settings, provider units that contradict the policy, and unknown profiles. With `strict`, every warning is reported as an error.
 pub fn validate(loaded: &LoadedConfig, strict: bool) -> Vec<Diagnostic> {
     let mut out = Vec::new();
+    // The legacy settings a `max_steps` of higher precedence makes dead, for runs without a task
+    // type and for each task type.
+    let config = &loaded.model;
+    let shadowed: Vec<budget::ShadowedLegacy> = std::iter::once(None)
+        .chain(config.task_types.keys().map(|t| Some(t.as_str())))
+        .flat_map(|task_type| {
+            budget::shadowed_legacy(&BudgetRequest {
+                task_type,
+                ..BudgetRequest::new(config)
+            })
+        })
+        .collect();
     for file in &loaded.files {
         out.extend(file.diagnostics.iter().cloned());
         let m = &file.model;
@@ -868,11 +880,13 @@ pub fn validate(loaded: &LoadedConfig, strict: bool) -> Vec<Diagnostic> {
                         out.push(at(Severity::Warning, &t.origin, message));
                     }
                 }
-                (None, Some(t)) => out.push(at(
-                    Severity::Warning,
-                    &t.origin,
-                    stepguard_core::budget::MAX_TURNS_DEPRECATION,
-                )),
+                (None, Some(t)) => {
+                    let message = match shadowed.iter().find(|s| s.legacy.origin == t.origin) {
+                        Some(s) => s.reason(),
+                        None => budget::MAX_TURNS_DEPRECATION.to_owned(),
+                    };
+                    out.push(at(Severity::Warning, &t.origin, message));
+                }
                 _ => {}
             }
         }
@@ -896,7 +910,7 @@ pub fn validate(loaded: &LoadedConfig, strict: bool) -> Vec<Diagnostic> {
             }
         }
         if let Some((name, origin)) = &m.profile {
-            let known = stepguard_core::budget::builtin_profile(name).is_some()
+            let known = budget::builtin_profile(name).is_some()
                 || loaded
                     .model
                     .profiles

@@ -319,6 +319,22 @@ fn validate_warns_about_deprecated_max_turns_and_unknown_profiles() {
 }
 
 #[test]
+fn validate_says_why_a_task_types_max_turns_under_the_global_max_steps_is_unused() {
+    let loaded = merge(vec![
+        parse("[task_types.migrate]\nmax_turns = 60\n"),
+        parse_str("/u/stepguard.toml", "max_steps = 40\n").unwrap(),
+    ]);
+    assert_eq!(
+        messages(&validate(&loaded, false)),
+        [
+            "warning: /p/stepguard.toml: task_types.migrate.max_turns: ignored: `max_steps = 40` \
+             in /u/stepguard.toml (global) takes precedence; rename it to \
+             `task_types.migrate.max_steps` to apply it"
+        ]
+    );
+}
+
+#[test]
 fn validate_checks_values_shadowed_by_the_top_level() {
     let loaded = merge(vec![parse("max_steps = 10\n[defaults]\nmax_steps = 0\n")]);
     let msgs = messages(&validate(&loaded, false));

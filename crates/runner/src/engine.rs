@@ -408,7 +408,7 @@ impl Runner {
                             "no answer at the limit within {}; stopped",
                             humantime::format_duration(waited)
                         ));
-                        tracing::warn!(
+                        tracing::info!(
                             "no answer at the limit within {}; stopping the agent",
                             humantime::format_duration(waited)
                         );
@@ -458,6 +458,17 @@ impl Runner {
         }
         if run.stop.is_some() {
             drain_until.get_or_insert(Instant::now());
+        }
+        // A withdrawn question: give the prompt a moment to leave the terminal tidy.
+        if asks && on_limit.is_none() {
+            let until = Instant::now() + Duration::from_millis(500);
+            while let Ok(event) =
+                events.recv_timeout(until.saturating_duration_since(Instant::now()))
+            {
+                if matches!(event, Event::Decided(..)) {
+                    break;
+                }
+            }
         }
         drop(reaper);
         if let Some(g) = guardian {

@@ -1,14 +1,13 @@
 //! `stepguard config`: the effective budget, its source, the policy, provider options and warnings.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
 use serde::Serialize;
-use stepguard_config::LoadedConfig;
+use stepguard_config::{LoadedConfig, Severity};
 use stepguard_core::{ExitCode, Origin, StepLimit, budget};
 
-use crate::args::ConfigArgs;
-use crate::{output, settings};
+use crate::args::{Cli, ConfigArgs};
+use crate::{output, providers, settings};
 
 #[derive(Serialize)]
 struct ConfigReport<'a> {
@@ -21,6 +20,9 @@ struct ConfigReport<'a> {
     config_files: Vec<&'a str>,
     provider_options: BTreeMap<&'a str, BTreeMap<&'a str, &'a serde_json::Value>>,
     policy: PolicyReport<'a>,
+    /// Problems that make `validate` fail and `run`/`count` refuse to start (exit 2), as
+    /// `FILE: KEY: message`.
+    errors: Vec<String>,
     warnings: Vec<String>,
 }
 
@@ -89,12 +91,25 @@ fn policy_report<'a>(loaded: &'a LoadedConfig, provider: Option<&str>) -> Policy
     }
 }
 
-/// Runs `stepguard config`.
-pub fn run(config_path: Option<&Path>, args: &ConfigArgs) -> anyhow::Result<ExitCode> {
-    let loaded = settings::load_config(config_path)?;
+/// Runs `stepguard config`: exit 0, or 2 when the provider options (or a policy's unit) are
+/// wrong, after the report.
+pub fn run(cli: &Cli, args: &ConfigArgs) -> anyhow::Result<ExitCode> {
+    let loaded = settings::load_config(cli.config.as_deref())?;
     let resolved = budget::resolve(&settings::budget_request(&args.budget, &loaded.model))?;
+    let registry = providers::load_registry(
+        &cli.plugin_dir,
+        settings::allow_override(&loaded, cli.allow_override),
+    );
+    if let Some(name) = &args.provider {
+        registry.get(name)?;
+    }
+    let (errors, option_warnings): (Vec<_>, Vec<_>) =
+        providers::check_config(&registry, &loaded.model, args.provider.as_deref())
+            .into_iter()
+            .partition(|d| d.severity == Severity::Error);
     let mut warnings: Vec<String> = loaded.diagnostics().map(|d| d.to_string()).collect();
     warnings.extend(resolved.warnings.iter().cloned());
+    warnings.extend(option_warnings.iter().map(ToString::to_string));
     let provider_options = loaded
         .model
         .providers
@@ -117,11 +132,17 @@ pub fn run(config_path: Option<&Path>, args: &ConfigArgs) -> anyhow::Result<Exit
         config_files: loaded.settings_files().map(|f| f.path.as_str()).collect(),
         provider_options,
         policy: policy_report(&loaded, args.provider.as_deref()),
+        errors: errors.iter().map(providers::located).collect(),
         warnings,
+    };
+    let code = if report.errors.is_empty() {
+        ExitCode::Success
+    } else {
+        ExitCode::Usage
     };
     if args.json {
         output::json(&report)?;
-        return Ok(ExitCode::Success);
+        return Ok(code);
     }
     let from = match report.source_file {
         // The policy's label already names its file.
@@ -129,9 +150,11 @@ pub fn run(config_path: Option<&Path>, args: &ConfigArgs) -> anyhow::Result<Exit
         _ => report.source.to_owned(),
     };
     output::line(format!("max_steps: {} (from {from})", report.max_steps))?;
-    if let Some(explicit) = resolved.explicit_max_steps {
+    // Only when the profile lowered an explicit budget; under the profile's it needs no note.
+    if let (Some(explicit), Some(profile)) = (resolved.explicit_max_steps, &resolved.profile) {
+        let bounded = resolved.uncapped_max_steps.unwrap_or(resolved.max_steps);
         output::line(format!(
-            "  explicit budget {explicit}, bounded by the profile"
+            "  explicit budget {explicit} lowered to {bounded} by profile {profile}"
         ))?;
     }
     if let Some(uncapped) = resolved.uncapped_max_steps {
@@ -159,7 +182,10 @@ pub fn run(config_path: Option<&Path>, args: &ConfigArgs) -> anyhow::Result<Exit
     for w in &report.warnings {
         output::diag("warning", w.strip_prefix("warning: ").unwrap_or(w));
     }
-    Ok(ExitCode::Success)
+    for e in &report.errors {
+        output::diag("error", e);
+    }
+    Ok(code)
 }
 
 fn print_policy(policy: &PolicyReport<'_>) -> std::io::Result<()> {

@@ -72,7 +72,7 @@ pub fn run(cli: &Cli, args: &CountArgs) -> anyhow::Result<ExitCode> {
                 if args.json {
                     output::json(&crate::exit::error_object(&e))?;
                 } else {
-                    output::diag("error", format!("{e:#}"));
+                    output::diag("error", crate::exit::render(&e));
                 }
                 failed = true;
             }

@@ -1,6 +1,6 @@
 //! `stepguard history`, `show` and `stats`: reading the run history.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use stepguard_core::ExitCode;
 use stepguard_store::{Filter, RunRecord, Store, compute_stats};
@@ -26,16 +26,54 @@ pub fn db_path(cli: &Cli) -> anyhow::Result<PathBuf> {
     ))
 }
 
-fn open(cli: &Cli) -> anyhow::Result<Store> {
+/// The history database of this invocation, if anything was recorded yet.
+enum History {
+    /// The database exists.
+    Found(Store),
+    /// Nothing was recorded yet: the default location has no database.
+    Empty(PathBuf),
+}
+
+/// Opens the history database without creating it. A missing database at the default location is
+/// a first run; one named with `--db` or `STEPGUARD_DB` must exist, since a mistyped path is not.
+fn open(cli: &Cli) -> anyhow::Result<History> {
     let path = db_path(cli)?;
-    if !path.exists() {
+    if path.exists() {
+        return Ok(History::Found(Store::open(&path)?));
+    }
+    if cli.db.is_some() {
         return Err(UsageError(format!(
-            "no history database at {} (nothing recorded yet; see --db)",
+            "no history database at {} (named by --db or STEPGUARD_DB)",
             path.display()
         ))
         .into());
     }
-    Ok(Store::open(&path)?)
+    Ok(History::Empty(path))
+}
+
+fn nothing_recorded(path: &Path) -> String {
+    format!(
+        "no runs recorded yet (no history database at {}; `stepguard run` creates it)",
+        path.display()
+    )
+}
+
+/// Returns the filters of `history` as given on the command line, e.g. `--provider codex --failed`.
+fn filters(args: &HistoryArgs) -> Vec<String> {
+    let mut given = Vec::new();
+    if let Some(n) = args.last {
+        given.push(format!("--last {n}"));
+    }
+    if let Some(p) = &args.provider {
+        given.push(format!("--provider {p}"));
+    }
+    if let Some(t) = &args.task_type {
+        given.push(format!("--task-type {t}"));
+    }
+    if args.failed {
+        given.push("--failed".to_owned());
+    }
+    given
 }
 
 fn headline(r: &RunRecord) -> String {
@@ -52,16 +90,35 @@ fn headline(r: &RunRecord) -> String {
 }
 
 /// Runs `stepguard history`.
+///
+/// No runs (none yet, or none matching the filters) is an answer, not an error: `[]` under
+/// `--json`, else a note on stderr; exit 0 either way.
 pub fn history(cli: &Cli, args: &HistoryArgs) -> anyhow::Result<ExitCode> {
-    let store = open(cli)?;
-    let records = store.list(&Filter {
-        provider: args.provider.clone(),
-        task_type: args.task_type.clone(),
-        failed: args.failed,
-        last: args.last,
-    })?;
+    let records = match open(cli)? {
+        History::Found(store) => store.list(&Filter {
+            provider: args.provider.clone(),
+            task_type: args.task_type.clone(),
+            failed: args.failed,
+            last: args.last,
+        })?,
+        History::Empty(path) => {
+            if args.json {
+                output::json(&Vec::<RunRecord>::new())?;
+            } else {
+                output::note(nothing_recorded(&path));
+            }
+            return Ok(ExitCode::Success);
+        }
+    };
     if args.json {
         output::json(&records)?;
+    } else if records.is_empty() {
+        let given = filters(args);
+        if given.is_empty() {
+            output::note("no runs recorded yet");
+        } else {
+            output::note(format!("no recorded run matches {}", given.join(" ")));
+        }
     } else {
         for r in &records {
             output::line(headline(r))?;
@@ -72,9 +129,24 @@ pub fn history(cli: &Cli, args: &HistoryArgs) -> anyhow::Result<ExitCode> {
 
 /// Runs `stepguard show`.
 pub fn show(cli: &Cli, args: &ShowArgs) -> anyhow::Result<ExitCode> {
-    let store = open(cli)?;
+    let store = match open(cli)? {
+        History::Found(store) => store,
+        History::Empty(path) => {
+            return Err(UsageError(format!(
+                "no run with id {}: nothing recorded yet (no history database at {})",
+                args.id,
+                path.display()
+            ))
+            .into());
+        }
+    };
     let Some(r) = store.get(args.id)? else {
-        return Err(UsageError(format!("no run #{} in {}", args.id, store.path())).into());
+        return Err(UsageError(format!(
+            "no run with id {} in {} (see `stepguard history`)",
+            args.id,
+            store.path()
+        ))
+        .into());
     };
     if args.json {
         output::json(&r)?;
@@ -162,19 +234,31 @@ pub fn show(cli: &Cli, args: &ShowArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// Runs `stepguard stats`.
+///
+/// No runs is an answer, not an error: the report with no groups under `--json`, else a note on
+/// stderr; exit 0 either way.
 pub fn stats(cli: &Cli, args: &StatsArgs) -> anyhow::Result<ExitCode> {
-    let store = open(cli)?;
-    let records = store.list(&Filter {
-        provider: args.provider.clone(),
-        ..Filter::default()
-    })?;
+    let (records, empty_db) = match open(cli)? {
+        History::Found(store) => {
+            let records = store.list(&Filter {
+                provider: args.provider.clone(),
+                ..Filter::default()
+            })?;
+            (records, None)
+        }
+        History::Empty(path) => (Vec::new(), Some(path)),
+    };
     let report = compute_stats(&records);
     if args.json {
         output::json(&report)?;
         return Ok(ExitCode::Success);
     }
     if report.groups.is_empty() {
-        output::line("no finished runs recorded")?;
+        output::note(match (&empty_db, &args.provider) {
+            (Some(path), _) => nothing_recorded(path),
+            (None, Some(p)) => format!("no finished run recorded for provider {p}"),
+            (None, None) => "no finished runs recorded yet".to_owned(),
+        });
     }
     for g in &report.groups {
         output::line(format!(

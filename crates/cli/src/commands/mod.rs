@@ -1,5 +1,6 @@
 //! One module per subcommand; each exposes `run(…) -> anyhow::Result<ExitCode>`.
 
+pub mod completions;
 pub mod config;
 pub mod count;
 pub mod history;

@@ -142,6 +142,11 @@ pub fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
         || report.stats.slug == Some(stepguard_core::FailureSlug::UnrecognizedStream);
     if failed_itself && let Some(message) = &report.record.message {
         output::diag("error", message);
+    } else if !report.decisions.is_empty()
+        && let Some(message) = &report.record.message
+    {
+        // E.g. no answer at the prompt in time.
+        output::note(message);
     }
     output::note(report.summary_line());
     Ok(report.exit_code)

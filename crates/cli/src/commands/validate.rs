@@ -2,32 +2,92 @@
 
 use std::path::Path;
 
+use serde::Serialize;
 use stepguard_config::{Diagnostic, Severity};
 use stepguard_core::ExitCode;
 
 use crate::args::{Cli, ValidateArgs};
 use crate::{output, providers, settings};
 
+/// What `validate --json` prints: one object.
+#[derive(Serialize)]
+struct ValidateReport<'a> {
+    /// True when there is no error (exit 0).
+    valid: bool,
+    /// The config files checked, highest precedence first.
+    files: Vec<String>,
+    errors: Vec<Problem<'a>>,
+    warnings: Vec<Problem<'a>>,
+}
+
+/// One problem: the file, the dotted key (null when the problem is the whole file) and what is
+/// wrong.
+#[derive(Serialize)]
+struct Problem<'a> {
+    file: &'a str,
+    key: Option<&'a str>,
+    message: &'a str,
+}
+
+impl<'a> From<&'a Diagnostic> for Problem<'a> {
+    fn from(d: &'a Diagnostic) -> Self {
+        Problem {
+            file: &d.file,
+            key: d.key.as_deref(),
+            message: &d.message,
+        }
+    }
+}
+
 /// Runs `stepguard validate`.
 pub fn run(cli: &Cli, config_path: Option<&Path>, args: &ValidateArgs) -> anyhow::Result<ExitCode> {
     let sources = settings::config_sources(config_path)?;
+    let files: Vec<String> = sources
+        .iter()
+        .map(|s| s.path.display().to_string())
+        .collect();
+    let mut diags = Vec::new();
+    if !sources.is_empty() {
+        let (loaded, failures) = stepguard_config::load_all(&sources);
+        diags.extend(failures);
+        diags.extend(stepguard_config::validate(&loaded, args.strict));
+        let registry = providers::load_registry(
+            &cli.plugin_dir,
+            settings::allow_override(&loaded, cli.allow_override),
+        );
+        diags.extend(providers::check_config(&registry, &loaded.model, None));
+    }
+    if args.strict {
+        for d in &mut diags {
+            d.severity = Severity::Error;
+        }
+    }
+    let (errors, warnings): (Vec<&Diagnostic>, Vec<&Diagnostic>) =
+        diags.iter().partition(|d| d.severity == Severity::Error);
+    let code = if errors.is_empty() {
+        ExitCode::Success
+    } else {
+        ExitCode::Usage
+    };
+    if args.json {
+        output::json(&ValidateReport {
+            valid: errors.is_empty(),
+            files,
+            errors: errors.into_iter().map(Problem::from).collect(),
+            warnings: warnings.into_iter().map(Problem::from).collect(),
+        })?;
+        return Ok(code);
+    }
     if sources.is_empty() {
         output::line(
             "no config file in effect (looked for stepguard.toml here and in parent directories, and the user config file)",
         )?;
-        return Ok(ExitCode::Success);
+        return Ok(code);
     }
-    let (loaded, mut diags) = stepguard_config::load_all(&sources);
-    diags.extend(stepguard_config::validate(&loaded, args.strict));
-    diags.extend(provider_options(cli, &loaded, args.strict));
     for d in &diags {
         output::line(d.to_string())?;
     }
-    let errors = diags
-        .iter()
-        .filter(|d| d.severity == Severity::Error)
-        .count();
-    let warnings = diags.len() - errors;
+    let (errors, warnings) = (errors.len(), warnings.len());
     output::line(format!(
         "{} file{} checked: {errors} error{}, {warnings} warning{}",
         sources.len(),
@@ -35,118 +95,9 @@ pub fn run(cli: &Cli, config_path: Option<&Path>, args: &ValidateArgs) -> anyhow
         plural(errors),
         plural(warnings)
     ))?;
-    Ok(if errors == 0 {
-        ExitCode::Success
-    } else {
-        ExitCode::Usage
-    })
+    Ok(code)
 }
 
 fn plural(n: usize) -> &'static str {
     if n == 1 { "" } else { "s" }
-}
-
-/// Asks each provider's plugin to check the options of its table, and checks the units of the
-/// tables and of the policy.
-fn provider_options(
-    cli: &Cli,
-    loaded: &stepguard_config::LoadedConfig,
-    strict: bool,
-) -> Vec<Diagnostic> {
-    if loaded.model.providers.is_empty() && loaded.model.policy.units.is_empty() {
-        return Vec::new();
-    }
-    let registry = providers::load_registry(&cli.plugin_dir, cli.allow_override);
-    let mut out = Vec::new();
-    let at = |severity, origin: &stepguard_core::Origin, message: String| match origin {
-        stepguard_core::Origin::File { path, key } => Diagnostic {
-            severity,
-            file: path.clone(),
-            key: Some(key.clone()),
-            message,
-        },
-        other => Diagnostic {
-            severity,
-            file: other.to_string(),
-            key: None,
-            message,
-        },
-    };
-    for (name, (unit, origin)) in &loaded.model.policy.units {
-        let severity = if strict {
-            Severity::Error
-        } else {
-            Severity::Warning
-        };
-        match registry.get(name) {
-            Ok(entry) => {
-                let manifest = entry.provider.manifest();
-                if !manifest.units.iter().any(|u| u.name == *unit) {
-                    out.push(at(
-                        Severity::Error,
-                        origin,
-                        format!(
-                            "unknown unit `{unit}` for provider `{name}`; valid units: {}",
-                            manifest.unit_names()
-                        ),
-                    ));
-                }
-            }
-            Err(e) => out.push(at(
-                severity,
-                origin,
-                format!("policy for a provider that is not available: {e}"),
-            )),
-        }
-    }
-    for (name, table) in &loaded.model.providers {
-        let Some((_, first_origin)) = table.values().next() else {
-            continue;
-        };
-        let provider = match registry.get(name) {
-            Ok(entry) => &entry.provider,
-            Err(e) => {
-                let severity = if strict {
-                    Severity::Error
-                } else {
-                    Severity::Warning
-                };
-                out.push(at(
-                    severity,
-                    first_origin,
-                    format!("options for a provider that is not available: {e}"),
-                ));
-                continue;
-            }
-        };
-        let manifest = provider.manifest();
-        let mut options = serde_json::Map::new();
-        for (key, (value, origin)) in table {
-            if key == providers::UNIT_OPTION {
-                if !value
-                    .as_str()
-                    .is_some_and(|u| manifest.units.iter().any(|x| x.name == u))
-                {
-                    out.push(at(
-                        Severity::Error,
-                        origin,
-                        format!(
-                            "unknown unit {value} for provider `{name}`; valid units: {}",
-                            manifest.unit_names()
-                        ),
-                    ));
-                }
-            } else {
-                options.insert(key.clone(), value.clone());
-            }
-        }
-        if let Err(e) = provider.validate_options(&options) {
-            out.push(at(
-                Severity::Error,
-                first_origin,
-                format!("invalid options: {}", e.message),
-            ));
-        }
-    }
-    out
 }
