@@ -117,6 +117,40 @@ fn unrecognized_warn_lets_the_run_go_on_with_a_warning() {
 }
 
 #[test]
+fn the_config_can_downgrade_an_unrecognised_stream_to_a_warning_and_the_flag_beats_it() {
+    let sb = Sandbox::new();
+    sb.write(
+        "project/stepguard.toml",
+        "[run]\nunrecognized_stream = \"warn\"\n",
+    );
+    let run = sb.run(&["run", "-p", "codex", "--", "echo", "plain text"]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert!(run.stderr.contains("was recognised"), "{}", run.stderr);
+    let run = sb.run(&[
+        "run",
+        "-p",
+        "codex",
+        "--unrecognized",
+        "stop",
+        "--",
+        "echo",
+        "plain text",
+    ]);
+    assert_eq!(run.code, Some(2), "{}", run.stderr);
+    sb.write(
+        "project/stepguard.toml",
+        "[run]\nunrecognized_stream = \"ignore\"\n",
+    );
+    let run = sb.run(&["validate"]);
+    assert_eq!(run.code, Some(2), "{}", run.stderr);
+    assert!(
+        run.stdout.contains("run.unrecognized_stream: expected \"stop\" or \"warn\""),
+        "{}",
+        run.stdout
+    );
+}
+
+#[test]
 fn a_recognised_stream_after_a_few_lines_of_noise_is_counted() {
     // Warnings merged from stderr before the first event are normal.
     let sb = Sandbox::new();

@@ -65,11 +65,13 @@ const TOP_LEVEL_KEYS: &[&str] = &[
     "task_types",
     "profiles",
     "policy",
+    "run",
 ];
 const LEVEL_KEYS: &[&str] = &["max_steps", "max_turns"];
 const PROFILE_KEYS: &[&str] = &["max_steps"];
 const POLICY_KEYS: &[&str] = &["max_steps_ceiling", "allow_plugin_override"];
 const POLICY_PROVIDER_KEYS: &[&str] = &["max_steps_unit"];
+const RUN_KEYS: &[&str] = &["unrecognized_stream"];
 
 /// A failure to read or parse a config file.
 #[derive(Debug, thiserror::Error)]
@@ -422,6 +424,9 @@ pub fn merge(mut files: Vec<ParsedFile>) -> LoadedConfig {
         if m.profile.is_some() {
             model.profile.clone_from(&m.profile);
         }
+        if m.unrecognized_stream.is_some() {
+            model.unrecognized_stream.clone_from(&m.unrecognized_stream);
+        }
         for (provider, options) in &m.providers {
             let entry = model.providers.entry(provider.clone()).or_default();
             for (k, v) in options {
@@ -599,6 +604,7 @@ impl Parser<'_> {
                         ),
                     ),
                 },
+                "run" => self.run_table(value),
                 // Handled after the loop, once the top-level keys of the same level are known.
                 "defaults" => {}
                 // Handled before the loop, by role.
@@ -630,6 +636,35 @@ impl Parser<'_> {
         }
         if let Some(value) = table.get("defaults") {
             self.defaults(value);
+        }
+    }
+
+    fn run_table(&mut self, value: &toml::Value) {
+        let Some(table) = self.expect_table("run", value) else {
+            return;
+        };
+        for (key, v) in table {
+            let path = format!("run.{key}");
+            match key.as_str() {
+                "unrecognized_stream" => match v.as_str() {
+                    Some(what @ ("stop" | "warn")) => {
+                        let origin = self.origin(&path);
+                        self.out.model.unrecognized_stream = Some((what.to_owned(), origin));
+                    }
+                    _ => self.diag(
+                        Severity::Error,
+                        &path,
+                        format!(
+                            "expected \"stop\" or \"warn\", found {}",
+                            match v.as_str() {
+                                Some(s) => format!("\"{s}\""),
+                                None => type_name(v).to_owned(),
+                            }
+                        ),
+                    ),
+                },
+                other => self.unknown_key(&path, other, RUN_KEYS),
+            }
         }
     }
 

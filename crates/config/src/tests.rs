@@ -575,3 +575,27 @@ fn validate_refuses_provider_units_that_contradict_the_policy() {
         ]
     );
 }
+
+#[test]
+fn run_table_sets_what_an_unrecognised_stream_does() {
+    let f = parse("[run]\nunrecognized_stream = \"warn\"\n");
+    assert!(f.diagnostics.is_empty(), "{:?}", f.diagnostics);
+    let (what, origin) = f.model.unrecognized_stream.as_ref().unwrap();
+    assert_eq!(what, "warn");
+    assert_eq!(
+        origin.to_string(),
+        "/p/stepguard.toml: run.unrecognized_stream"
+    );
+    let bad = parse("[run]\nunrecognized_stream = \"ignore\"\nunrecognised_stream = 1\n");
+    let msgs = messages(&bad.diagnostics);
+    assert!(
+        msgs.iter().any(|m| m.contains("run.unrecognized_stream")
+            && m.contains("\"stop\" or \"warn\", found \"ignore\"")),
+        "{msgs:?}"
+    );
+    assert!(
+        msgs.iter().any(|m| m.contains("unrecognised_stream")),
+        "{msgs:?}"
+    );
+    assert!(bad.model.unrecognized_stream.is_none());
+}

@@ -368,6 +368,9 @@ pub struct ConfigModel {
     pub providers: BTreeMap<String, BTreeMap<String, (serde_json::Value, Origin)>>,
     /// `[policy]` from the policy-bearing files.
     pub policy: PolicySettings,
+    /// `[run] unrecognized_stream`: `"stop"` (the default) or `"warn"`, for a stream none of
+    /// which is recognised as the provider's.
+    pub unrecognized_stream: Option<(String, Origin)>,
 }
 
 /// The inputs of one budget resolution: flags, env and the merged config, plus the run's scope.

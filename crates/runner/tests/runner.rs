@@ -368,3 +368,102 @@ fn the_cgroup_or_the_walk_is_named_in_the_record() {
     let report = Runner::new(spec).run(&mut []);
     assert_eq!(report.record.containment.as_deref(), Some("process-walk"));
 }
+
+/// Never answers until the question is withdrawn; says what it saw.
+struct NeverAnswers(std::sync::mpsc::Sender<&'static str>);
+
+impl LimitPolicy for NeverAnswers {
+    fn asks(&self) -> bool {
+        true
+    }
+
+    fn decide(&mut self, _breach: &Breach, question: &Question) -> LimitDecision {
+        while !question.withdrawn() {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.0.send("withdrawn");
+        // An answer after the withdrawal is ignored.
+        LimitDecision::Unlimited
+    }
+}
+
+#[test]
+fn an_unanswered_question_gives_way_to_an_interrupt_and_is_withdrawn() {
+    let dir = Dir::new();
+    let (mut spec, _out) = spec(dir.items(10, "0.02"), codex(), 2);
+    let (tx, rx) = std::sync::mpsc::channel();
+    spec.on_limit = Box::new(NeverAnswers(tx));
+    let runner = Runner::new(spec);
+    let interrupter = runner.interrupter();
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(600));
+        interrupter.interrupt(15);
+    });
+    let started = Instant::now();
+    let report = runner.run(&mut []);
+    assert_eq!(report.exit_code, ExitCode::Interrupted);
+    assert_eq!(report.stats.slug, Some(FailureSlug::Interrupted));
+    assert!(report.decisions.is_empty(), "{:?}", report.decisions);
+    assert_eq!(rx.recv_timeout(Duration::from_secs(5)), Ok("withdrawn"));
+    assert!(!alive(report.pid.unwrap()));
+    assert!(started.elapsed() < Duration::from_secs(10));
+}
+
+#[test]
+fn an_unanswered_question_ends_at_the_ask_timeout_as_a_stop() {
+    let dir = Dir::new();
+    let (mut spec, _out) = spec(dir.items(10, "0.02"), codex(), 2);
+    let (tx, rx) = std::sync::mpsc::channel();
+    spec.on_limit = Box::new(NeverAnswers(tx));
+    spec.ask_timeout = Some(Duration::from_millis(300));
+    let report = Runner::new(spec).run(&mut []);
+    assert_eq!(report.exit_code, ExitCode::BudgetExceeded);
+    assert_eq!(report.decisions, [LimitDecision::Stop]);
+    assert_eq!(
+        report.record.message.as_deref(),
+        Some("no answer at the limit within 300ms; stopped")
+    );
+    assert_eq!(rx.recv_timeout(Duration::from_secs(5)), Ok("withdrawn"));
+}
+
+#[test]
+fn output_that_stays_unrecognised_is_stopped_after_the_time_window() {
+    // One line of text, then silence: the line rule never fires, the time rule does.
+    let dir = Dir::new();
+    let pidfile = dir.file("tool.pid");
+    let body = format!(
+        "sleep 300 & echo $! > {}\necho 'Reading prompt from stdin...'\nsleep 300",
+        pidfile.display()
+    );
+    let (mut spec, out) = spec(dir.script("text.sh", &body), codex(), 5);
+    spec.expects = "Codex JSONL".to_owned();
+    spec.recognition.after = Duration::from_millis(400);
+    let started = Instant::now();
+    let report = Runner::new(spec).run(&mut []);
+    assert_eq!(report.exit_code, ExitCode::Usage);
+    assert_eq!(report.stats.slug, Some(FailureSlug::UnrecognizedStream));
+    assert_eq!(report.record.terminated_by.as_deref(), Some("unrecognized"));
+    let message = report.record.message.unwrap();
+    assert!(
+        message.contains("in the 400ms since its first line"),
+        "{message}"
+    );
+    assert!(message.contains("expected Codex JSONL"), "{message}");
+    assert_eq!(out.text(), "Reading prompt from stdin...\n");
+    assert!(!alive(read_pid(&pidfile)));
+    assert!(started.elapsed() < Duration::from_secs(10));
+}
+
+#[test]
+fn an_unrecognised_stream_can_be_let_through_with_a_warning() {
+    let dir = Dir::new();
+    let (mut warned, _out) = spec(dir.script("text.sh", "echo hello"), codex(), 5);
+    warned.on_unrecognized = stepguard_runner::OnUnrecognized::Warn;
+    let report = Runner::new(warned).run(&mut []);
+    assert_eq!(report.exit_code, ExitCode::Success);
+    let (stopped, _out) = spec(dir.script("text2.sh", "echo hello"), codex(), 5);
+    let report = Runner::new(stopped).run(&mut []);
+    assert_eq!(report.stats.slug, Some(FailureSlug::UnrecognizedStream));
+    // The agent ended by itself: judged, not stopped.
+    assert_eq!(report.terminated_by, None);
+}

@@ -104,9 +104,19 @@ pub fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
     spec.output = status.passthrough();
     spec.stderr = status.agent_stderr();
     spec.expects = manifest.expects.clone();
-    spec.on_unrecognized = match args.unrecognized {
-        Some(Unrecognized::Warn) => OnUnrecognized::Warn,
-        Some(Unrecognized::Stop) | None => OnUnrecognized::Stop,
+    // The flag beats `[run] unrecognized_stream`; stopping is the default (fail closed).
+    let warn = match args.unrecognized {
+        Some(what) => what == Unrecognized::Warn,
+        None => config
+            .model
+            .unrecognized_stream
+            .as_ref()
+            .is_some_and(|(what, _)| what == "warn"),
+    };
+    spec.on_unrecognized = if warn {
+        OnUnrecognized::Warn
+    } else {
+        OnUnrecognized::Stop
     };
     // SIGINT, SIGTERM and SIGHUP stop the agent's tree (exit 130); stepguard exits right after.
     spec.forward_signals = true;
