@@ -144,7 +144,8 @@ fn the_config_can_downgrade_an_unrecognised_stream_to_a_warning_and_the_flag_bea
     let run = sb.run(&["validate"]);
     assert_eq!(run.code, Some(2), "{}", run.stderr);
     assert!(
-        run.stdout.contains("run.unrecognized_stream: expected \"stop\" or \"warn\""),
+        run.stdout
+            .contains("run.unrecognized_stream: expected \"stop\" or \"warn\""),
         "{}",
         run.stdout
     );
