@@ -436,6 +436,22 @@ fn plugin_error_mid_run_stops_the_agent_with_exit_4() {
     );
     assert!(!alive(read_pid(&sb.root().join("grandchild.pid"))));
     assert!(run.stdout.is_empty(), "nothing uncounted is passed through");
+    // The plugin's own words are kept with the run, and `show` says them.
+    assert!(
+        s["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("plugin panicked: fixture panics on purpose")),
+        "{s}"
+    );
+    let id = s["id"].as_i64().expect("recorded").to_string();
+    let show = sb.run(&["show", &id]);
+    assert!(
+        show.stdout.contains("plugin panicked: fixture panics on purpose"),
+        "{}",
+        show.stdout
+    );
+    let json = sb.run(&["show", &id, "--json"]).json();
+    assert_eq!(json["message"], s["message"]);
 }
 
 #[test]

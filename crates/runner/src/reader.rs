@@ -8,11 +8,11 @@ use std::sync::mpsc::{Receiver, Sender};
 
 use stepguard_core::{StepLedger, StepLimit};
 use stepguard_jsonl::{LineSplitter, SplitChunk};
-use stepguard_plugin_api::CounterStats;
 use stepguard_plugin_api::host::{CallError, Counter};
+use stepguard_plugin_api::{CounterStats, LineReport};
 
 use crate::engine::Event;
-use crate::stream::Recognition;
+use crate::stream::{Recognition, reconcile};
 
 /// The engine's answer to a breach.
 pub(crate) enum Resume {
@@ -85,6 +85,8 @@ impl StreamReader {
         let mut plugin_error = None;
         let mut recognition = Recognition::default();
         let mut told_unrecognised = false;
+        // The per-line reports, summed: the counts that win over `finish()`'s.
+        let mut totals = LineReport::empty();
         loop {
             let chunk = match lines.next_chunk() {
                 Ok(Some(chunk)) => chunk,
@@ -133,6 +135,7 @@ impl StreamReader {
                     lines: recognition.lines,
                 });
             }
+            stepguard_plugin_api::guest::add_report(&mut totals, &report.sum);
             ledger.begin(u64::from(report.sum.steps_begun));
             ledger.complete(u64::from(report.sum.steps_completed));
             steps.store(ledger.steps(), Ordering::Relaxed);
@@ -167,7 +170,10 @@ impl StreamReader {
                     }
                     Ok(Resume::Stop) | Err(_) => {
                         return ReaderEnd {
-                            stats: counter.finish().ok(),
+                            stats: counter.finish().ok().map(|mut s| {
+                                reconcile(&mut s, &totals);
+                                s
+                            }),
                             ledger,
                             oversized_lines,
                             truncated_last_line: false,
@@ -179,7 +185,10 @@ impl StreamReader {
             }
         }
         let stats = match counter.finish() {
-            Ok(s) => Some(s),
+            Ok(mut s) => {
+                reconcile(&mut s, &totals);
+                Some(s)
+            }
             Err(e) => {
                 plugin_error.get_or_insert(e);
                 None

@@ -130,6 +130,7 @@ pub fn count_stream(
     let mut lines = LineSplitter::new(reader);
     let mut oversized_lines = 0;
     let mut recognition = Recognition::default();
+    let mut totals = LineReport::empty();
     loop {
         let chunk = lines.next_chunk().map_err(|source| CountError::Read {
             name: name.to_owned(),
@@ -138,7 +139,8 @@ pub fn count_stream(
         match chunk {
             None => break,
             Some(SplitChunk::Lines(bytes)) => {
-                recognition.feed(counter, bytes, u64::MAX)?;
+                let report = recognition.feed(counter, bytes, u64::MAX)?;
+                stepguard_plugin_api::guest::add_report(&mut totals, &report.sum);
             }
             Some(SplitChunk::Oversized(len)) => {
                 oversized_lines += 1;
@@ -152,6 +154,7 @@ pub fn count_stream(
         }
     }
     let mut stats = counter.finish()?;
+    reconcile(&mut stats, &totals);
     stats.noise_lines += oversized_lines;
     Ok(StreamCount {
         stats,
@@ -159,6 +162,42 @@ pub fn count_stream(
         truncated_last_line: lines.last_line_unterminated,
         recognition,
     })
+}
+
+/// Makes the per-line reports the one source of truth for counts: `finish()`'s step count, and
+/// its turn and sub-agent counts when it gives them, are checked against the sums of the lines'
+/// reports (what enforcement counted); a disagreement is warned about once and the sums win.
+pub(crate) fn reconcile(stats: &mut CounterStats, totals: &LineReport) {
+    let steps = u64::from(totals.steps_begun);
+    let turns = u64::from(totals.turns);
+    let sub_agents = u64::from(totals.sub_agent_steps);
+    let reported_sub_agents: u64 = stats.sub_agent_steps.values().sum();
+    let mut disagreements = Vec::new();
+    if stats.num_steps_computed != steps {
+        disagreements.push(format!(
+            "steps {} (lines: {steps})",
+            stats.num_steps_computed
+        ));
+        stats.num_steps_computed = steps;
+    }
+    if let Some(t) = stats
+        .num_turns_computed
+        .filter(|t| *t != turns && turns > 0)
+    {
+        disagreements.push(format!("turns {t} (lines: {turns})"));
+        stats.num_turns_computed = Some(turns);
+    }
+    if reported_sub_agents != sub_agents {
+        disagreements.push(format!(
+            "sub-agent steps {reported_sub_agents} (lines: {sub_agents})"
+        ));
+    }
+    if !disagreements.is_empty() {
+        tracing::warn!(
+            "the provider plugin's final counts disagree with its per-line reports: {}; the per-line counts are used",
+            disagreements.join(", ")
+        );
+    }
 }
 
 /// Converts a counter's final numbers into the core's run stats; a stream without a terminal
@@ -216,4 +255,36 @@ pub fn stream_record(meta: &RunMeta, stats: &RunStats, count: &StreamCount) -> R
     record.truncated_last_line = Some(count.truncated_last_line);
     record.sub_agent_steps = Some(counter.sub_agent_steps.clone());
     record
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    // Built the way code outside the API crate must build its non-exhaustive types.
+    #[allow(clippy::field_reassign_with_default)]
+    fn the_per_line_reports_win_over_finish() {
+        // A plugin whose `finish()` says 104 steps after reporting 4 (count said 104, run 4).
+        let mut stats = CounterStats::default();
+        stats.num_steps_computed = 104;
+        stats.num_turns_computed = Some(9);
+        let mut totals = LineReport::empty();
+        totals.steps_begun = 4;
+        totals.turns = 2;
+        reconcile(&mut stats, &totals);
+        assert_eq!(stats.num_steps_computed, 4);
+        assert_eq!(stats.num_turns_computed, Some(2));
+
+        // Agreeing counts are left alone; a plugin that reports no per-line turns keeps its own.
+        let mut stats = CounterStats::default();
+        stats.num_steps_computed = 4;
+        stats.num_turns_computed = Some(3);
+        totals.turns = 0;
+        reconcile(&mut stats, &totals);
+        assert_eq!(
+            (stats.num_steps_computed, stats.num_turns_computed),
+            (4, Some(3))
+        );
+    }
 }
