@@ -176,9 +176,25 @@ impl Runner {
                 StdinMode::Inherit => Stdio::inherit(),
                 StdinMode::Null => Stdio::null(),
             });
+        // The guardian comes first, so that however early stepguard dies, something stops what
+        // the agent started (the trampoline joins the cgroup before the agent runs).
+        let mut guardian = trampoline.as_deref().and_then(|binary| {
+            match Guardian::spawn(binary, cgroup.as_ref().map(RunCgroup::path)) {
+                Ok(g) => Some(g),
+                Err(e) => {
+                    tracing::warn!("no guardian for the run ({e}): if stepguard is killed, processes the agent started may outlive it");
+                    None
+                }
+            }
+        });
         let mut child = match stepguard_supervisor::spawn_in_group(&mut cmd) {
             Ok(child) => child,
-            Err(e) => return finish(spec, Ending::not_started(e, start, started_at), observers),
+            Err(e) => {
+                if let Some(g) = guardian {
+                    g.release();
+                }
+                return finish(spec, Ending::not_started(e, start, started_at), observers);
+            }
         };
         let cgroup = match cgroup {
             Some(cg) if trampoline.is_none() => match cg.add(child.id()) {
@@ -194,17 +210,10 @@ impl Runner {
             other => other,
         };
         let pgid = child.id();
+        if let Some(g) = guardian.as_mut() {
+            g.guard_group(pgid);
+        }
         let mut tree = Tree::new(pgid, cgroup);
-        let guardian = trampoline.as_deref().and_then(|binary| {
-            let cg = tree.cgroup().map(RunCgroup::path);
-            match Guardian::spawn(binary, pgid, cg) {
-                Ok(g) => Some(g),
-                Err(e) => {
-                    tracing::warn!("no guardian for the run ({e}): if stepguard is killed, processes the agent started may outlive it");
-                    None
-                }
-            }
-        });
         if let Some(g) = &guardian {
             tree.spare(g.pid());
         }

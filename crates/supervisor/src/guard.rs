@@ -17,6 +17,8 @@ pub const EXEC_ARG: &str = "__stepguard-exec";
 pub const GUARDIAN_ARG: &str = "__stepguard-guardian";
 /// What the supervisor writes to the guardian when the run ended normally.
 pub(crate) const DONE: u8 = b'd';
+/// What the supervisor writes before the agent's process group id (then `\n`).
+const GROUP: u8 = b'g';
 
 /// The trampoline's arguments, starting with [`EXEC_ARG`]: `PARENT CGROUP|- -- PROGRAM ARGS…`.
 pub fn exec_args(parent: u32, cgroup: Option<&Path>, command: &[String]) -> Vec<OsString> {
@@ -57,32 +59,42 @@ pub fn exec_agent(args: &[OsString]) -> std::io::Error {
     Command::new(program).args(rest).exec()
 }
 
-/// The guardian's arguments, starting with [`GUARDIAN_ARG`]: `PGID CGROUP|-`.
-fn guardian_args(pgid: u32, cgroup: Option<&Path>) -> Vec<OsString> {
+/// The guardian's arguments, starting with [`GUARDIAN_ARG`]: `CGROUP|-`.
+fn guardian_args(cgroup: Option<&Path>) -> Vec<OsString> {
     vec![
         GUARDIAN_ARG.into(),
-        pgid.to_string().into(),
         cgroup.map_or_else(|| "-".into(), |p| p.as_os_str().to_owned()),
     ]
 }
 
 /// Runs the guardian: in a session of its own, it waits on standard input (a pipe only the
-/// supervisor writes to). End of input without the supervisor's "done" means the supervisor is
-/// gone: SIGKILL to the run's cgroup and the agent's process group. Returns true when it had
-/// to stop the run (the caller says so: the supervisor no longer can).
+/// supervisor writes to: the agent's process group once it exists, then "done"). End of input
+/// without "done" means the supervisor is gone: SIGKILL to the run's cgroup and the agent's
+/// process group. Returns true when it had to stop the run (the caller says so: the supervisor
+/// no longer can).
 pub fn guardian_main(args: &[OsString]) -> bool {
-    let [pgid, cgroup] = args else {
+    let [cgroup] = args else {
         return false;
     };
     // Out of the supervisor's session and group: killing those must not take the guardian.
     let _ = rustix::process::setsid();
-    let pgid: Option<u32> = pgid.to_str().and_then(|p| p.parse().ok());
     let cgroup = (cgroup != "-").then(|| PathBuf::from(cgroup));
+    let mut pgid: Option<u32> = None;
+    let mut message = Vec::new();
     let mut byte = [0u8; 1];
     let done = loop {
         match std::io::stdin().read(&mut byte) {
             Ok(0) => break false,
-            Ok(_) => break byte[0] == DONE,
+            Ok(_) if message.is_empty() && byte[0] == DONE => break true,
+            Ok(_) if byte[0] == b'\n' => {
+                if let Some(digits) = message.strip_prefix(&[GROUP]) {
+                    pgid = std::str::from_utf8(digits)
+                        .ok()
+                        .and_then(|d| d.parse().ok());
+                }
+                message.clear();
+            }
+            Ok(_) => message.push(byte[0]),
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(_) => break false,
         }
@@ -123,10 +135,11 @@ pub struct Guardian {
 
 impl Guardian {
     /// Starts `binary` (a program that runs [`guardian_main`] when given [`GUARDIAN_ARG`]) to
-    /// guard the group `pgid` and the cgroup at `cgroup`.
-    pub fn spawn(binary: &Path, pgid: u32, cgroup: Option<&Path>) -> std::io::Result<Guardian> {
+    /// guard the cgroup at `cgroup`, before the agent starts: nothing the agent does can come
+    /// before its guardian. [`Guardian::guard_group`] adds the agent's group once it exists.
+    pub fn spawn(binary: &Path, cgroup: Option<&Path>) -> std::io::Result<Guardian> {
         let mut child = Command::new(binary)
-            .args(guardian_args(pgid, cgroup))
+            .args(guardian_args(cgroup))
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::null())
             .spawn()?;
@@ -137,6 +150,14 @@ impl Guardian {
     /// The guardian's pid (never to be signalled by the run's stop).
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Tells the guardian the agent's process group, to kill as well if this process dies.
+    pub fn guard_group(&mut self, pgid: u32) {
+        if let Some(stdin) = self.stdin.as_mut() {
+            let message = format!("{}{pgid}\n", GROUP as char);
+            let _ = std::io::Write::write_all(stdin, message.as_bytes());
+        }
     }
 
     /// Tells the guardian the run ended normally: it exits without touching anything.
