@@ -446,7 +446,8 @@ fn plugin_error_mid_run_stops_the_agent_with_exit_4() {
     let id = s["id"].as_i64().expect("recorded").to_string();
     let show = sb.run(&["show", &id]);
     assert!(
-        show.stdout.contains("plugin panicked: fixture panics on purpose"),
+        show.stdout
+            .contains("plugin panicked: fixture panics on purpose"),
         "{}",
         show.stdout
     );
