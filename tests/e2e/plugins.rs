@@ -778,3 +778,211 @@ fn a_policy_that_forbids_overrides_beats_the_flag() {
         (Some("builtin"), Some(42))
     );
 }
+
+/// The recorded Codex stream the built-in counts 42 steps in.
+fn codex_stream() -> PathBuf {
+    crate::harness::workspace().join("tests/fixtures/streams/codex/long_run.jsonl")
+}
+
+#[test]
+fn each_refused_file_is_one_line_and_only_plugins_lists_them_all() {
+    let dirs = plugin_dirs();
+    let sb = Sandbox::new();
+    // Three files that do not load (not a plugin, ABI 2, protocol 2.0) and one refused unopened.
+    let bad = install(&sb, "bad", &dylib(&dirs.bad, "not_a_plugin"));
+    let dir = bad.parent().unwrap();
+    for name in ["fixture_abi2", "fixture_new"] {
+        install(&sb, "bad", &dylib(&dirs.bad, name));
+    }
+    let writable = install(&sb, "bad", &dylib(&dirs.good, "fixture"));
+    chmod(&writable, 0o666);
+
+    let list = sb.run(&["plugins", "--json", "--plugin-dir", arg(dir)]);
+    assert_eq!(list.code, Some(0), "{}", list.stderr);
+    let lines: Vec<&str> = list.stderr.lines().collect();
+    assert_eq!(lines.len(), 4, "one line per file:\n{}", list.stderr);
+    assert!(
+        lines.iter().all(|l| l.starts_with("stepguard: warning: ")),
+        "{}",
+        list.stderr
+    );
+
+    // A command that needs none of them says nothing about them.
+    let fixture = codex_stream();
+    for args in [
+        vec![
+            "count",
+            "-p",
+            "codex",
+            "--plugin-dir",
+            arg(dir),
+            arg(&fixture),
+        ],
+        vec!["config", "--provider", "codex", "--plugin-dir", arg(dir)],
+        vec!["validate", "--plugin-dir", arg(dir)],
+    ] {
+        let run = sb.run(&args);
+        assert_eq!(run.code, Some(0), "{args:?}: {}", run.stderr);
+        assert!(
+            !run.stderr.contains("plugin"),
+            "{args:?} warned about an unrelated file:\n{}",
+            run.stderr
+        );
+    }
+
+    // A provider found nowhere names the files whose provider could not be read (not the
+    // protocol-2.0 one: its manifest says it is `fixture-new`).
+    let missing = sb.run(&[
+        "count",
+        "-p",
+        "wanted",
+        "--plugin-dir",
+        arg(dir),
+        arg(&fixture),
+    ]);
+    assert_eq!(missing.code, Some(2), "{}", missing.stderr);
+    let error = missing.stderr.trim();
+    assert_eq!(error.lines().count(), 1, "{error}");
+    assert!(
+        error.starts_with("stepguard: error: unknown provider `wanted`; available providers: "),
+        "{error}"
+    );
+    for (file, reason) in [
+        (
+            &bad,
+            "failed to load: not a stepguard plugin (it has no `stepguard_plugin_abi_generation` symbol)",
+        ),
+        (
+            &writable,
+            "was refused: it is writable by others (mode 0666); chmod go-w it",
+        ),
+    ] {
+        let part = format!(
+            "; plugin {}, whose provider could not be read, {reason}",
+            file.display()
+        );
+        assert!(error.contains(&part), "missing {part}\n{error}");
+    }
+    assert!(!error.contains("libfixture_new"), "{error}");
+}
+
+#[test]
+fn a_refused_file_is_warned_about_by_the_commands_that_need_its_provider() {
+    let dirs = plugin_dirs();
+    let sb = Sandbox::new();
+    let plugin = install(&sb, "plugins", &dylib(&dirs.good, "codex_override"));
+    let dir = plugin.parent().unwrap();
+    let reason =
+        "it would replace the built-in provider `codex`; pass --allow-override to allow it";
+    let claude_stream =
+        crate::harness::workspace().join("tests/fixtures/streams/claude/long_run.jsonl");
+
+    // `count -p claude` does not need it; `count -p codex` does (the built-in counts, with the warning).
+    let other = sb.run(&[
+        "count",
+        "-p",
+        "claude",
+        "--plugin-dir",
+        arg(dir),
+        arg(&claude_stream),
+    ]);
+    assert!(other.stderr.is_empty(), "{}", other.stderr);
+    let needed = sb.run(&[
+        "count",
+        "-p",
+        "codex",
+        "--plugin-dir",
+        arg(dir),
+        arg(&codex_stream()),
+    ]);
+    assert_eq!(needed.code, Some(0), "{}", needed.stderr);
+    assert_eq!(
+        needed.stderr.trim(),
+        format!(
+            "stepguard: warning: plugin {} would replace the built-in provider `codex`; pass --allow-override to allow it",
+            plugin.display()
+        )
+    );
+
+    // `config` and `validate` warn at the file when the provider is one they check.
+    let warning = format!(
+        "{}: plugin for provider `codex` was refused: {reason}",
+        plugin.display()
+    );
+    let config = sb.run(&["config", "--provider", "codex", "--plugin-dir", arg(dir)]);
+    assert_eq!(config.code, Some(0), "{}", config.stderr);
+    assert!(config.stderr.contains(&warning), "{}", config.stderr);
+    let config = sb.run(&["config", "--provider", "claude", "--plugin-dir", arg(dir)]);
+    assert!(!config.stderr.contains("plugin"), "{}", config.stderr);
+    sb.write(
+        "project/stepguard.toml",
+        "[codex]\nmax_steps_unit = \"item\"\n",
+    );
+    let validate = sb.run(&["validate", "--plugin-dir", arg(dir)]);
+    assert_eq!(validate.code, Some(0), "{}", validate.stderr);
+    assert!(
+        validate.stderr.contains(&warning) || validate.stdout.contains(&warning),
+        "{}{}",
+        validate.stdout,
+        validate.stderr
+    );
+}
+
+#[test]
+fn the_host_names_undeclared_option_keys_before_the_plugin_judges_values() {
+    let dirs = plugin_dirs();
+    let sb = Sandbox::new();
+    let file = stream(&sb);
+    sb.write(
+        "project/stepguard.toml",
+        "[fixture]\nstrictnes = \"low\"\nstrictness = \"extreme\"\n",
+    );
+    let run = sb.run(&[
+        "count",
+        "-p",
+        "fixture",
+        "--plugin-dir",
+        arg(&dirs.good),
+        arg(&file),
+    ]);
+    assert_eq!(run.code, Some(2), "{}", run.stderr);
+    assert!(
+        run.stderr.contains(
+            "fixture.strictnes: unknown option `strictnes` for provider `fixture`; did you mean \
+             `strictness`? accepted keys: max_steps_unit, strictness"
+        ),
+        "{}",
+        run.stderr
+    );
+    // The plugin sees only the declared key, so its own unknown-key message never shows.
+    assert!(
+        run.stderr.contains(
+            "invalid options for provider `fixture`: `strictness` must be \"low\" or \"high\", got \"extreme\""
+        ),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        !run.stderr.contains("the fixture accepts"),
+        "{}",
+        run.stderr
+    );
+}
+
+#[test]
+fn count_opencode_without_the_plugin_says_how_to_get_it() {
+    let sb = Sandbox::new();
+    let real = crate::harness::workspace().join("tests/fixtures/real/opencode/tools3.jsonl");
+    let run = sb.run(&["count", "-p", "opencode", arg(&real)]);
+    assert_eq!(run.code, Some(2), "{}", run.stderr);
+    let error = run.stderr.trim();
+    assert_eq!(error.lines().count(), 1, "{error}");
+    for needle in [
+        "stepguard: error: unknown provider `opencode`; available providers: claude, codex, gemini",
+        "`opencode` is an example plugin",
+        "build it with `.ci/dist` (installs lib/stepguard/plugins/libstepguard_plugin_opencode.",
+        "or `cargo build --release -p stepguard-plugin-opencode` and pass `--plugin-dir target/release`",
+    ] {
+        assert!(error.contains(needle), "missing {needle}\n{error}");
+    }
+}

@@ -278,10 +278,7 @@ fn boundary(lines: usize, plugin: Option<&Path>) -> anyhow::Result<()> {
         chunks.push(&rest[..end]);
         rest = &rest[end..];
     }
-    let request = CounterRequest {
-        unit: "item".into(),
-        ..Default::default()
-    };
+    let request = CounterRequest::new("item");
     let runs = 9;
     let per_line = |d: Duration| d.as_nanos() as f64 / lines as f64;
 

@@ -7,7 +7,7 @@ use stepguard_config::{Diagnostic, LoadedConfig, Severity, did_you_mean};
 use stepguard_core::{ConfigModel, Origin};
 use stepguard_plugin_api::host::Provider;
 use stepguard_plugin_api::{CounterRequest, Manifest, ProviderBox};
-use stepguard_plugin_host::{LoadPolicy, PLUGIN_PATH_ENV, Registry};
+use stepguard_plugin_host::{LoadFailure, LoadPolicy, PLUGIN_PATH_ENV, Registry};
 
 use crate::exit::UsageError;
 use crate::output;
@@ -30,8 +30,12 @@ pub type ProviderTable = BTreeMap<String, (serde_json::Value, Origin)>;
 
 /// Builds the registry: built-ins, then every trusted plugin file in the search path; a plugin
 /// replaces a built-in of the same name only with `allow_override` (`--allow-override`). Each
-/// `--plugin-dir` that is not a directory, each ignored relative `STEPGUARD_PLUGIN_PATH` entry
-/// and each file that is refused or fails to load is reported once on stderr.
+/// `--plugin-dir` that is not a directory and each ignored relative `STEPGUARD_PLUGIN_PATH` entry
+/// is reported once on stderr.
+///
+/// Files that are refused or fail to load are not reported here: `plugins` lists them all
+/// ([`warn_failure`]), and a command that needs a provider warns about the files meant to be that
+/// provider ([`select`], [`check_config`]). A file no command needs is news only to `plugins`.
 pub fn load_registry(plugin_dirs: &[PathBuf], allow_override: bool) -> Registry {
     for unusable in unusable_plugin_dirs(plugin_dirs) {
         output::diag("warning", unusable);
@@ -44,10 +48,37 @@ pub fn load_registry(plugin_dirs: &[PathBuf], allow_override: bool) -> Registry 
         output::diag("warning", ignored.to_string());
     }
     registry.load_dirs_with(&search.dirs, LoadPolicy { allow_override });
-    for failure in registry.failures() {
-        output::diag("warning", failure.to_string());
-    }
     registry
+}
+
+/// Warns about a plugin file that was refused or did not load, in one line; a long reason's full
+/// text (abi_stable's layout report) goes to the log at info level, shown with `-v`.
+pub fn warn_failure(failure: &LoadFailure) {
+    output::diag("warning", failure.to_string());
+    log_details(failure);
+}
+
+/// Logs the full text behind a shortened reason, at info level (`-v`).
+pub fn log_details(failure: &LoadFailure) {
+    if let Some(details) = failure.error.details() {
+        tracing::info!("plugin {}: {details}", failure.path.display());
+    }
+}
+
+/// Returns a warning for a plugin file meant to be provider `name` that was refused or did not
+/// load, at the file: `config` and `validate` report it with the config's diagnostics.
+fn failure_diagnostic(name: &str, failure: &LoadFailure) -> Diagnostic {
+    log_details(failure);
+    Diagnostic {
+        severity: Severity::Warning,
+        file: failure.path.display().to_string(),
+        key: None,
+        message: format!(
+            "plugin for provider `{name}` {}: {}",
+            failure.verb(),
+            failure.error
+        ),
+    }
 }
 
 /// Returns a warning for each `--plugin-dir` that does not exist or is not a directory (a typo
@@ -77,9 +108,10 @@ fn unusable_plugin_dirs(dirs: &[PathBuf]) -> Vec<String> {
 
 /// Checks a provider's table against its plugin, the one check `config`, `validate`, `run` and
 /// `count` share: `max_steps_unit` (handled here, never passed to plugins) must name one of the
-/// provider's units, and the other options go to the plugin's `validate_options`. When the
-/// plugin refuses them, each key its manifest does not declare is reported at that key with the
-/// accepted keys and the close match; the plugin's own message is reported for the rest.
+/// provider's units; every other key must be an option the provider's manifest declares, which
+/// the host checks itself (naming the key, the accepted keys and the close match) whatever the
+/// plugin's `validate_options` would accept; and the declared options then go to the plugin's
+/// `validate_options` for their values, its message reported at the table.
 ///
 /// Returns one error diagnostic per problem; none for an empty table.
 pub fn check_options(name: &str, provider: &Provider, table: &ProviderTable) -> Vec<Diagnostic> {
@@ -87,6 +119,9 @@ pub fn check_options(name: &str, provider: &Provider, table: &ProviderTable) -> 
         return Vec::new();
     };
     let manifest = provider.manifest();
+    let declared = |key: &str| manifest.options.iter().any(|o| o.name == key);
+    let mut accepted = vec![UNIT_OPTION];
+    accepted.extend(manifest.options.iter().map(|o| o.name.as_str()));
     let mut out = Vec::new();
     let mut options = serde_json::Map::new();
     for (key, (value, origin)) in table {
@@ -94,47 +129,31 @@ pub fn check_options(name: &str, provider: &Provider, table: &ProviderTable) -> 
             if let Err(message) = check_unit(name, manifest, value) {
                 out.push(error_at(origin, message));
             }
-        } else {
+        } else if declared(key) {
             options.insert(key.clone(), value.clone());
+        } else {
+            // Checked here, not left to the plugin: an override of `validate_options` (or a
+            // plugin built before the API checked keys) may accept anything.
+            out.push(error_at(
+                origin,
+                format!(
+                    "unknown option `{key}` for provider `{name}`; {}accepted keys: {}",
+                    suggestion(key, &accepted),
+                    accepted.join(", ")
+                ),
+            ));
         }
     }
-    // Problems that belong to the table as a whole are reported at `[name]` in its file.
-    let table_origin = Origin::File {
-        path: first.file().unwrap_or_default().to_owned(),
-        key: name.to_owned(),
-    };
-    let invalid = |message: String| {
-        error_at(
-            &table_origin,
-            format!("invalid options for provider `{name}`: {message}"),
-        )
-    };
-    let Err(refused) = provider.validate_options(&options) else {
-        return out;
-    };
-    let declared = |key: &str| manifest.options.iter().any(|o| o.name == key);
-    let (known, unknown): (serde_json::Map<_, _>, serde_json::Map<_, _>) =
-        options.into_iter().partition(|(k, _)| declared(k));
-    if unknown.is_empty() {
-        out.push(invalid(refused.message));
-        return out;
-    }
-    let mut accepted = vec![UNIT_OPTION];
-    accepted.extend(manifest.options.iter().map(|o| o.name.as_str()));
-    for key in unknown.keys() {
-        let origin = &table[key].1;
+    if let Err(refused) = provider.validate_options(&options) {
+        // Problems that belong to the table as a whole are reported at `[name]` in its file.
+        let table_origin = Origin::File {
+            path: first.file().unwrap_or_default().to_owned(),
+            key: name.to_owned(),
+        };
         out.push(error_at(
-            origin,
-            format!(
-                "unknown option `{key}` for provider `{name}`; {}accepted keys: {}",
-                suggestion(key, &accepted),
-                accepted.join(", ")
-            ),
+            &table_origin,
+            format!("invalid options for provider `{name}`: {}", refused.message),
         ));
-    }
-    // The declared ones may be wrong too; the plugin judges them on their own.
-    if let Err(refused) = provider.validate_options(&known) {
-        out.push(invalid(refused.message));
     }
     out
 }
@@ -170,7 +189,10 @@ fn suggestion(name: &str, known: &[&str]) -> String {
 /// Checks every provider table of the config in effect (only `only`'s when given) and every unit
 /// the policy fixes against the providers' plugins: what `config` and `validate` report, with
 /// the same messages `run` and `count` fail with. A table or policy for a provider that is not
-/// available is a warning (it may be a plugin installed elsewhere).
+/// available is a warning (it may be a plugin installed elsewhere), which names the plugin file
+/// when one meant to be that provider was refused. A refused file meant to be a provider that is
+/// available (a built-in it would have replaced) and that these checks need (`only`, or one with
+/// a table or a policy unit) is a warning at the file; other refused files are not mentioned.
 pub fn check_config(
     registry: &Registry,
     config: &ConfigModel,
@@ -178,6 +200,32 @@ pub fn check_config(
 ) -> Vec<Diagnostic> {
     let wanted = |name: &str| only.is_none_or(|p| p == name);
     let mut out = Vec::new();
+    let mut needed: std::collections::BTreeSet<&str> = only.into_iter().collect();
+    needed.extend(
+        config
+            .policy
+            .units
+            .keys()
+            .map(String::as_str)
+            .filter(|n| wanted(n)),
+    );
+    needed.extend(
+        config
+            .providers
+            .keys()
+            .map(String::as_str)
+            .filter(|n| wanted(n)),
+    );
+    for name in needed {
+        // An unavailable provider's warning below already names its file.
+        if registry.get(name).is_ok() {
+            out.extend(
+                registry
+                    .failures_for(name)
+                    .map(|f| failure_diagnostic(name, f)),
+            );
+        }
+    }
     for (name, (unit, origin)) in config.policy.units.iter().filter(|(n, _)| wanted(n)) {
         match registry.get(name) {
             Ok(entry) => {
@@ -253,6 +301,11 @@ pub fn select<'r>(
     unit_flag: Option<&str>,
     config: Option<&LoadedConfig>,
 ) -> anyhow::Result<Selection<'r>> {
+    // The files meant to be this provider are the only refused ones this command mentions; when
+    // none loaded, the error that follows repeats the first one's reason (exit 4).
+    for failure in registry.failures_for(name) {
+        warn_failure(failure);
+    }
     let entry = registry.get(name)?;
     let provider = &entry.provider;
     let manifest = provider.manifest();
@@ -306,7 +359,7 @@ pub fn select<'r>(
     Ok(Selection {
         provider,
         source: entry.source.to_string(),
-        request: CounterRequest { unit, options },
+        request: CounterRequest::new(unit).options(options),
     })
 }
 
@@ -352,6 +405,70 @@ mod tests {
                  accepted keys: max_steps_unit"
             ]
         );
+    }
+
+    /// A plugin whose `validate_options` accepts any key and judges only `strictness`'s value,
+    /// as an old plugin or a careless override would.
+    #[derive(Default)]
+    struct Lenient;
+
+    impl stepguard_plugin_api::ProviderPlugin for Lenient {
+        fn manifest(&self) -> Manifest {
+            Manifest::new("lenient", "1.0.0")
+                .unit("line", "every line", true)
+                .option("strictness", "`low` or `high`")
+        }
+
+        fn validate_options(
+            &self,
+            options: &serde_json::Map<String, serde_json::Value>,
+        ) -> Result<(), String> {
+            match options.get("strictness").and_then(|v| v.as_str()) {
+                Some("extreme") => Err("`strictness` must be `low` or `high`".into()),
+                _ => Ok(()),
+            }
+        }
+
+        fn open_counter(
+            &self,
+            _: &CounterRequest,
+        ) -> Result<Box<dyn stepguard_plugin_api::StepCounter>, String> {
+            Err("not used".into())
+        }
+    }
+
+    #[test]
+    fn the_host_refuses_undeclared_keys_even_when_the_plugin_accepts_them() {
+        let registry = Registry::new(vec![stepguard_plugin_api::provider_box(Lenient)]);
+        let lenient = &registry.get("lenient").unwrap().provider;
+        let problems = |entries: &[(&str, serde_json::Value)]| -> Vec<String> {
+            check_options("lenient", lenient, &table(entries))
+                .iter()
+                .map(located)
+                .collect()
+        };
+        assert_eq!(
+            problems(&[
+                ("colour", serde_json::json!("red")),
+                ("strictnes", serde_json::json!("low")),
+            ]),
+            [
+                "/p/stepguard.toml: codex.colour: unknown option `colour` for provider \
+                 `lenient`; accepted keys: max_steps_unit, strictness",
+                "/p/stepguard.toml: codex.strictnes: unknown option `strictnes` for provider \
+                 `lenient`; did you mean `strictness`? accepted keys: max_steps_unit, strictness",
+            ]
+        );
+        // The declared ones still go to the plugin for their values.
+        assert_eq!(
+            problems(&[
+                ("colour", serde_json::json!("red")),
+                ("strictness", serde_json::json!("extreme")),
+            ])[1],
+            "/p/stepguard.toml: lenient: invalid options for provider `lenient`: `strictness` \
+             must be `low` or `high`"
+        );
+        assert!(problems(&[("strictness", serde_json::json!("high"))]).is_empty());
     }
 
     #[test]

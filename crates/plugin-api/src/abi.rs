@@ -5,6 +5,12 @@
 //! [`CounterObj`]. Everything that evolves travels through the `call` methods (a method name and a
 //! JSON payload) and the JSON types in [`crate::model`], versioned by [`crate::PROTOCOL_VERSION`].
 //! A change here is a new [`crate::ABI_GENERATION`].
+//!
+//! Because their layout cannot change within a generation, the structs here are *not*
+//! `#[non_exhaustive]`: a struct literal such as
+//! `LineReport { steps_begun: 1, ..LineReport::empty() }` stays valid for all of 1.x. The
+//! constructors ([`LineReport::step`], [`LineReport::noise`], [`HostCallbacks::new`] …) read
+//! better all the same.
 
 use abi_stable::library::RootModule;
 use abi_stable::sabi_types::VersionStrings;
@@ -40,6 +46,17 @@ pub struct HostCallbacks {
     pub max_level: u8,
 }
 
+impl HostCallbacks {
+    /// Creates the callbacks: `log` receives every event up to `max_level` (1 = error …
+    /// 5 = trace, 0 = nothing).
+    pub const fn new(
+        log: extern "C" fn(level: u8, target: RStr<'_>, message: RStr<'_>),
+        max_level: u8,
+    ) -> Self {
+        HostCallbacks { log, max_level }
+    }
+}
+
 /// What one line of the agent's stdout meant, answered per line without any JSON.
 #[repr(C)]
 #[derive(StableAbi, Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -72,6 +89,30 @@ impl LineReport {
             flags: Self::NOISE,
             ..Self::empty()
         }
+    }
+
+    /// A report for a line on which one step began and completed (an event that is a whole
+    /// step by itself).
+    ///
+    /// ```
+    /// use stepguard_plugin_api::LineReport;
+    ///
+    /// let last = LineReport::step().with_flags(LineReport::TERMINAL);
+    /// assert_eq!((last.steps_begun, last.steps_completed), (1, 1));
+    /// assert!(last.has(LineReport::TERMINAL));
+    /// ```
+    pub const fn step() -> Self {
+        LineReport {
+            steps_begun: 1,
+            steps_completed: 1,
+            ..Self::empty()
+        }
+    }
+
+    /// Returns this report with `flags` set as well (e.g. [`LineReport::TERMINAL`]).
+    pub const fn with_flags(mut self, flags: u32) -> Self {
+        self.flags |= flags;
+        self
     }
 
     /// A report for a line that changed nothing.

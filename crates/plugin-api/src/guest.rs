@@ -11,7 +11,7 @@ use crate::abi::{
     ChunkReport, CounterBox, CounterObj, CounterObj_TO, HostCallbacks, LineReport, PluginMod,
     PluginModRef, ProviderBox, ProviderObj, ProviderObj_TO,
 };
-use crate::model::{CounterRequest, CounterStats, Manifest};
+use crate::model::{CounterRequest, CounterStats, Manifest, RESERVED_OPTIONS};
 
 /// A provider plugin: declares itself and opens step counters. Implement this, then call
 /// [`crate::export_plugin!`].
@@ -19,34 +19,23 @@ pub trait ProviderPlugin: Send + Sync + 'static {
     /// Returns the plugin's manifest (name, version, units, options, native limit).
     fn manifest(&self) -> Manifest;
 
-    /// Validates provider options (from the provider's config table) before any counter opens.
+    /// Checks the values of provider options (from the provider's config table) before any
+    /// counter opens.
     ///
-    /// The default accepts exactly the options the manifest declares; override to check values.
+    /// Keys are checked before this is called, whatever it does: the adapter refuses any key
+    /// the manifest does not declare (naming the accepted ones), and leaves out the keys the
+    /// host handles itself ([`crate::model::RESERVED_OPTIONS`]), so `options` holds only
+    /// declared keys. The default accepts every value; override it to check them.
     fn validate_options(
         &self,
         options: &serde_json::Map<String, serde_json::Value>,
     ) -> Result<(), String> {
-        let manifest = self.manifest();
-        for key in options.keys() {
-            if !manifest.options.iter().any(|o| &o.name == key) {
-                let accepted = if manifest.options.is_empty() {
-                    "it accepts none".to_owned()
-                } else {
-                    let names: Vec<&str> =
-                        manifest.options.iter().map(|o| o.name.as_str()).collect();
-                    format!("accepted: {}", names.join(", "))
-                };
-                return Err(format!(
-                    "unknown option `{key}` for provider `{}`; {accepted}",
-                    manifest.name
-                ));
-            }
-        }
+        let _ = options;
         Ok(())
     }
 
-    /// Opens a counter for one stream. The unit is always one the manifest declares and the
-    /// options have passed [`ProviderPlugin::validate_options`].
+    /// Opens a counter for one stream. The unit is always one the manifest declares, and the
+    /// options are declared ones that have passed [`ProviderPlugin::validate_options`].
     fn open_counter(&self, request: &CounterRequest) -> Result<Box<dyn StepCounter>, String>;
 
     /// Answers a method of the narrow waist that this plugin knows; `None` for unknown methods.
@@ -90,12 +79,39 @@ fn guarded<T>(f: impl FnOnce() -> Result<T, String>) -> RResult<T, RString> {
     }
 }
 
+/// Refuses option keys `manifest` does not declare and drops the ones the host reserves, so
+/// that a plugin's own [`ProviderPlugin::validate_options`] sees only declared keys.
+fn declared_options(
+    manifest: &Manifest,
+    mut options: serde_json::Map<String, serde_json::Value>,
+) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+    options.retain(|key, _| !RESERVED_OPTIONS.contains(&key.as_str()));
+    let declared = |key: &str| manifest.options.iter().any(|o| o.name == key);
+    if let Some(key) = options.keys().find(|k| !declared(k)) {
+        let accepted = if manifest.options.is_empty() {
+            "it accepts none".to_owned()
+        } else {
+            let names: Vec<&str> = manifest.options.iter().map(|o| o.name.as_str()).collect();
+            format!("accepted: {}", names.join(", "))
+        };
+        return Err(format!(
+            "unknown option `{key}` for provider `{}`; {accepted}",
+            manifest.name
+        ));
+    }
+    Ok(options)
+}
+
 struct ProviderAdapter<P: ProviderPlugin>(P);
 
 impl<P: ProviderPlugin> ProviderObj for ProviderAdapter<P> {
     fn manifest_json(&self) -> RResult<RString, RString> {
         guarded(|| {
-            serde_json::to_string(&self.0.manifest())
+            // The protocol sent is the lowest this manifest needs, whichever way it was built,
+            // so that rebuilding against a newer API crate does not lock out older hosts.
+            let mut manifest = self.0.manifest();
+            manifest.protocol = manifest.min_protocol();
+            serde_json::to_string(&manifest)
                 .map(RString::from)
                 .map_err(|e| e.to_string())
         })
@@ -112,6 +128,7 @@ impl<P: ProviderPlugin> ProviderObj for ProviderAdapter<P> {
             let result = match method.as_str() {
                 "validate_options" => {
                     let options = payload.as_object().cloned().unwrap_or_default();
+                    let options = declared_options(&self.0.manifest(), options)?;
                     self.0
                         .validate_options(&options)
                         .map(|()| serde_json::Value::Null)
@@ -129,7 +146,7 @@ impl<P: ProviderPlugin> ProviderObj for ProviderAdapter<P> {
 
     fn open_counter(&self, request_json: RStr<'_>) -> RResult<CounterBox, RString> {
         guarded(|| {
-            let request: CounterRequest = serde_json::from_str(request_json.as_str())
+            let mut request: CounterRequest = serde_json::from_str(request_json.as_str())
                 .map_err(|e| format!("invalid counter request: {e}"))?;
             let manifest = self.0.manifest();
             if !manifest.units.iter().any(|u| u.name == request.unit) {
@@ -140,6 +157,7 @@ impl<P: ProviderPlugin> ProviderObj for ProviderAdapter<P> {
                     manifest.unit_names()
                 ));
             }
+            request.options = declared_options(&manifest, std::mem::take(&mut request.options))?;
             self.0.validate_options(&request.options)?;
             let counter = self.0.open_counter(&request)?;
             Ok(CounterObj_TO::from_value(
@@ -341,11 +359,7 @@ pub mod testing {
         unit: &str,
         stream: &[u8],
     ) -> Result<(LineReport, CounterStats), String> {
-        let request = crate::model::CounterRequest {
-            unit: unit.into(),
-            ..Default::default()
-        };
-        let mut counter = plugin.open_counter(&request)?;
+        let mut counter = plugin.open_counter(&crate::model::CounterRequest::new(unit))?;
         feed_all(counter.as_mut(), stream)
     }
 
@@ -384,5 +398,165 @@ pub mod testing {
             super::add_report(&mut sum, &counter.feed(line)?);
         }
         Ok((sum, counter.finish()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use abi_stable::std_types::{RResult, RStr};
+
+    use super::*;
+
+    /// A plugin that overrides `validate_options` with a value check that accepts any key, and
+    /// records the keys it was shown (shared between clones).
+    #[derive(Clone, Default)]
+    struct Lenient {
+        seen: Arc<Mutex<Vec<Vec<String>>>>,
+    }
+
+    impl Lenient {
+        fn record(&self, options: &serde_json::Map<String, serde_json::Value>) {
+            if let Ok(mut seen) = self.seen.lock() {
+                seen.push(options.keys().cloned().collect());
+            }
+        }
+    }
+
+    impl ProviderPlugin for Lenient {
+        fn manifest(&self) -> Manifest {
+            Manifest::new("lenient", "1")
+                .unit("line", "every line", true)
+                .option("strictness", "`low` or `high`")
+        }
+
+        fn validate_options(
+            &self,
+            options: &serde_json::Map<String, serde_json::Value>,
+        ) -> Result<(), String> {
+            self.record(options);
+            match options.get("strictness").and_then(|v| v.as_str()) {
+                None | Some("low" | "high") => Ok(()),
+                Some(other) => Err(format!("`strictness` must be low or high, got {other}")),
+            }
+        }
+
+        fn open_counter(&self, request: &CounterRequest) -> Result<Box<dyn StepCounter>, String> {
+            self.record(&request.options);
+            Err("no counter in this test".to_owned())
+        }
+    }
+
+    fn validate(provider: &ProviderBox, options: serde_json::Value) -> Result<(), String> {
+        match provider.call(
+            RStr::from("validate_options"),
+            RStr::from(options.to_string().as_str()),
+        ) {
+            RResult::ROk(_) => Ok(()),
+            RResult::RErr(e) => Err(e.into_string()),
+        }
+    }
+
+    fn open(provider: &ProviderBox, options: serde_json::Value) -> Result<(), String> {
+        let request = serde_json::json!({"unit": "line", "options": options}).to_string();
+        match provider.open_counter(RStr::from(request.as_str())) {
+            RResult::ROk(_) => Ok(()),
+            RResult::RErr(e) => Err(e.into_string()),
+        }
+    }
+
+    fn seen(plugin: &Lenient) -> Vec<Vec<String>> {
+        plugin.seen.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    #[test]
+    fn undeclared_keys_are_refused_before_an_overriding_validate_options() {
+        let provider = provider_box(Lenient::default());
+        let refusal = "unknown option `colour` for provider `lenient`; accepted: strictness";
+        let bad = serde_json::json!({"strictness": "high", "colour": "red"});
+        assert_eq!(validate(&provider, bad.clone()), Err(refusal.to_owned()));
+        assert_eq!(open(&provider, bad), Err(refusal.to_owned()));
+        // The override still checks values of declared keys.
+        assert_eq!(
+            validate(&provider, serde_json::json!({"strictness": "extreme"})),
+            Err("`strictness` must be low or high, got extreme".to_owned())
+        );
+        assert_eq!(
+            validate(&provider, serde_json::json!({"strictness": "low"})),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn the_override_never_sees_undeclared_or_reserved_keys() {
+        let plugin = Lenient::default();
+        let provider = provider_box(plugin.clone());
+        let _ = validate(&provider, serde_json::json!({"colour": "red"}));
+        let _ = open(&provider, serde_json::json!({"colour": "red"}));
+        assert!(seen(&plugin).is_empty(), "{:?}", seen(&plugin));
+        // `max_steps_unit` is the host's: accepted, and not passed on.
+        let reserved = serde_json::json!({"max_steps_unit": "line", "strictness": "low"});
+        assert_eq!(validate(&provider, reserved.clone()), Ok(()));
+        assert_eq!(
+            open(&provider, reserved),
+            Err("no counter in this test".to_owned())
+        );
+        let strictness = vec!["strictness".to_owned()];
+        assert_eq!(
+            seen(&plugin),
+            vec![strictness.clone(), strictness.clone(), strictness]
+        );
+    }
+
+    #[test]
+    fn a_plugin_with_no_options_refuses_every_key() {
+        #[derive(Default)]
+        struct Bare;
+        impl ProviderPlugin for Bare {
+            fn manifest(&self) -> Manifest {
+                Manifest::new("bare", "1").unit("line", "", true)
+            }
+            fn open_counter(&self, _: &CounterRequest) -> Result<Box<dyn StepCounter>, String> {
+                Err("unused".to_owned())
+            }
+        }
+        let provider = provider_box(Bare);
+        assert_eq!(
+            validate(&provider, serde_json::json!({"x": 1})),
+            Err("unknown option `x` for provider `bare`; it accepts none".to_owned())
+        );
+        assert_eq!(validate(&provider, serde_json::json!({})), Ok(()));
+    }
+
+    #[test]
+    fn the_manifest_sent_declares_the_lowest_protocol_it_needs() {
+        let provider = provider_box(Lenient::default());
+        let json = match provider.manifest_json() {
+            RResult::ROk(json) => json.into_string(),
+            RResult::RErr(e) => panic!("{e}"),
+        };
+        let manifest: Manifest = serde_json::from_str(&json).unwrap();
+        assert_eq!(manifest.protocol, "1.0.0");
+
+        #[derive(Default)]
+        struct Direct;
+        impl ProviderPlugin for Direct {
+            fn manifest(&self) -> Manifest {
+                let mut m = Manifest::new("direct", "1").unit("line", "", true);
+                // Set without the builder: still counted.
+                m.expects = "JSON lines".to_owned();
+                m
+            }
+            fn open_counter(&self, _: &CounterRequest) -> Result<Box<dyn StepCounter>, String> {
+                Err("unused".to_owned())
+            }
+        }
+        let json = match provider_box(Direct).manifest_json() {
+            RResult::ROk(json) => json.into_string(),
+            RResult::RErr(e) => panic!("{e}"),
+        };
+        let value: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(value["protocol"], "1.2.0");
     }
 }

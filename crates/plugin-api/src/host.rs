@@ -11,7 +11,10 @@ use crate::model::{CounterRequest, CounterStats, Manifest};
 use crate::{ABI_GENERATION, ABI_GENERATION_SYMBOL, PROTOCOL_VERSION};
 
 /// Why a plugin file could not be loaded.
+///
+/// New reasons may be added in a minor release, so matches need a wildcard arm.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum LoadError {
     /// The file is not a loadable dynamic library at all.
     #[error("not a stepguard plugin: not a loadable library ({0})")]
@@ -19,7 +22,8 @@ pub enum LoadError {
     /// A dynamic library without the ABI-generation symbol.
     #[error("not a stepguard plugin (it has no `{ABI_GENERATION_SYMBOL}` symbol)")]
     NotAPlugin,
-    /// Built for another frozen layout.
+    /// Built for another frozen layout. ABI generation `N` is what stepguard-plugin-api `N.x`
+    /// builds, so the message names the major version to rebuild against.
     #[error(
         "built for plugin ABI {found}, this stepguard speaks {ABI_GENERATION}; rebuild against stepguard-plugin-api {ABI_GENERATION}.x"
     )]
@@ -39,7 +43,7 @@ pub enum LoadError {
     /// The plugin needs a protocol this host does not speak.
     #[error("protocol {required} required, this host speaks {host}")]
     Protocol {
-        /// What the plugin was built against (major.minor).
+        /// The oldest protocol the plugin declares it needs (major.minor).
         required: String,
         /// What this host speaks (major.minor).
         host: String,
@@ -61,6 +65,7 @@ impl LoadError {
 /// An error returned by a plugin while counting (including a caught panic).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("plugin `{provider}` failed: {message}")]
+#[non_exhaustive]
 pub struct CallError {
     /// The provider whose plugin failed.
     pub provider: String,
@@ -68,11 +73,24 @@ pub struct CallError {
     pub message: String,
 }
 
+impl CallError {
+    /// Creates the error `provider`'s plugin returned (or its caught panic's message).
+    pub fn new(provider: impl Into<String>, message: impl Into<String>) -> Self {
+        CallError {
+            provider: provider.into(),
+            message: message.into(),
+        }
+    }
+}
+
 fn major_minor(v: &semver::Version) -> String {
     format!("{}.{}", v.major, v.minor)
 }
 
-/// Checks that a plugin built against `plugin_protocol` can be used by this host.
+/// Checks that a plugin needing `plugin_protocol` can be used by this host.
+///
+/// A plugin declares the oldest protocol it needs ([`Manifest::min_protocol`]); the host
+/// refuses it only when that is newer than [`PROTOCOL_VERSION`] (or of another major).
 pub fn check_protocol(plugin_protocol: &str) -> Result<(), LoadError> {
     let host =
         semver::Version::parse(PROTOCOL_VERSION).map_err(|e| LoadError::Manifest(e.to_string()))?;

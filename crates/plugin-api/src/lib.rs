@@ -13,7 +13,9 @@
 //! `tracing` events reach the host's log through a callback.
 //!
 //! ```
-//! use stepguard_plugin_api::{CounterRequest, CounterStats, LineReport, Manifest, ProviderPlugin, StepCounter};
+//! use stepguard_plugin_api::{
+//!     CounterRequest, CounterStats, LineReport, Manifest, ProviderPlugin, StepCounter, Terminal,
+//! };
 //!
 //! #[derive(Default)]
 //! struct Lines;
@@ -23,34 +25,143 @@
 //!         Manifest::new("lines", "0.1.0").unit("line", "every non-empty line is a step", true)
 //!     }
 //!     fn open_counter(&self, _: &CounterRequest) -> Result<Box<dyn StepCounter>, String> {
-//!         Ok(Box::new(LineCounter(0)))
+//!         Ok(Box::new(LineCounter::default()))
 //!     }
 //! }
 //!
-//! struct LineCounter(u64);
+//! #[derive(Default)]
+//! struct LineCounter {
+//!     steps: u64,
+//!     done: bool,
+//! }
 //!
 //! impl StepCounter for LineCounter {
 //!     fn feed(&mut self, line: &[u8]) -> Result<LineReport, String> {
-//!         if line.is_empty() { return Ok(LineReport::noise()); }
-//!         self.0 += 1;
-//!         Ok(LineReport { steps_begun: 1, steps_completed: 1, ..LineReport::empty() })
+//!         if line.is_empty() {
+//!             return Ok(LineReport::noise());
+//!         }
+//!         self.steps += 1;
+//!         if line == b"done" {
+//!             self.done = true;
+//!             return Ok(LineReport::step().with_flags(LineReport::TERMINAL));
+//!         }
+//!         Ok(LineReport::step())
 //!     }
 //!     fn finish(&mut self) -> CounterStats {
-//!         CounterStats { num_steps_computed: self.0, ..CounterStats::default() }
+//!         let mut stats = CounterStats::default();
+//!         stats.num_steps_computed = self.steps;
+//!         stats.terminal = self.done.then(Terminal::success);
+//!         stats
 //!     }
 //! }
 //!
 //! // In a cdylib crate: stepguard_plugin_api::export_plugin!(Lines);
+//!
+//! // Test it without a host:
+//! let (sum, stats) = stepguard_plugin_api::testing::count(&Lines, "line", b"a\n\nb\ndone\n")?;
+//! assert_eq!((sum.steps_begun, stats.num_steps_computed), (3, 3));
+//! assert_eq!(stepguard_plugin_api::testing::outcome(&stats), "success");
+//! # Ok::<(), String>(())
 //! ```
+//!
+//! # Depending on this crate
+//!
+//! The crate is not on a registry; a plugin outside stepguard's repository depends on it by git
+//! tag. Cargo finds the package inside the repository by its name:
+//!
+//! ```toml
+//! [lib]
+//! crate-type = ["cdylib", "rlib"] # rlib only so that unit tests and doctests build
+//!
+//! [dependencies]
+//! stepguard-plugin-api = { git = "https://example.invalid/stepguard", tag = "plugin-api-v1.0.0" }
+//! ```
+//!
+//! To build against a local checkout of stepguard instead (say, to try an unreleased change),
+//! keep that line and patch the source in the plugin's (or its workspace's) `Cargo.toml`:
+//!
+//! ```toml
+//! [patch."https://example.invalid/stepguard"]
+//! stepguard-plugin-api = { path = "../stepguard/crates/plugin-api" }
+//! ```
+//!
+//! The crate carries its own version, edition and dependency versions (no workspace
+//! inheritance), so it builds the same inside and outside the repository. Only the
+//! [`serde_json`] re-exported here appears in its API; your own `serde_json` need not match.
+//!
+//! # Which count wins
+//!
+//! The per-line reports. Each [`LineReport`] the counter returns is what the host enforces the
+//! budget with, as the lines arrive, and what it records: the run's step count is the sum of
+//! `steps_begun`, its computed turns the sum of `turns`, its sub-agent steps the sum of
+//! `sub_agent_steps`. The same numbers in [`CounterStats`] (`num_steps_computed`,
+//! `num_turns_computed`, `sub_agent_steps`) are a cross-check: the host compares them with the
+//! sums (turns only when the lines report any), warns once when they disagree, and keeps the
+//! sums. Return them right (the testing
+//! helpers [`testing::feed_all`] and [`testing::count`] give you both sides to compare); the
+//! rest of [`CounterStats`] (terminal event, tokens, cost, what the provider itself reported)
+//! has no per-line counterpart and is taken as given.
 //!
 //! # Compatibility
 //!
-//! * [`ABI_GENERATION`] names the frozen binary layout ([`abi`]). The host refuses another
-//!   generation before touching anything else, with a message saying what to rebuild against.
-//! * [`PROTOCOL_VERSION`] versions the JSON payloads ([`model`]). A plugin built against protocol
-//!   `X.Y` loads in a host speaking `X.Z` with `Z >= Y`. History: 1.0 manifest, counters, stats;
-//!   1.1 manifest `native_limit`, stats `sub_agent_steps`; 1.2 manifest `expects` and
-//!   `preflight` (checks of the agent's command line).
+//! **Binary.** [`ABI_GENERATION`] names the frozen binary layout ([`abi`]): the root module, the
+//! two trait-object vtables and the `#[repr(C)]` structs [`LineReport`], [`ChunkReport`] and
+//! [`HostCallbacks`]. It is 1 for every 1.x release of this crate. A host refuses a plugin of
+//! another generation before touching anything else, with a message naming the major version
+//! to rebuild against.
+//!
+//! **Protocol.** [`PROTOCOL_VERSION`] versions the JSON payloads ([`model`]): a host speaking
+//! `X.Z` loads a plugin that needs `X.Y` when `Z >= Y`. History: 1.0 manifest, counters, stats;
+//! 1.1 manifest `native_limit`, stats `sub_agent_steps`; 1.2 manifest `expects` and `preflight`
+//! (checks of the agent's command line). New fields get `#[serde(default)]`, nothing uses
+//! `deny_unknown_fields`, and fields are never removed or retyped within a protocol major
+//! version, so an older host reads a newer plugin's payloads and ignores what it does not know.
+//!
+//! **Source.** A plugin that builds against 1.x builds against every later 1.y:
+//!
+//! * Every JSON-model struct ([`Manifest`], [`UnitInfo`], [`OptionInfo`], [`NativeLimit`],
+//!   [`PreflightRule`], [`CounterRequest`], [`Terminal`], [`Tokens`], [`CounterStats`]) is
+//!   `#[non_exhaustive]`: build it with its constructor and builder methods
+//!   ([`Manifest::new`], [`Terminal::success`], [`Terminal::failed`], [`Tokens::new`],
+//!   [`NativeLimit::new`], [`CounterRequest::new`] …) or, for [`CounterStats`], from
+//!   `CounterStats::default()` followed by field assignments. Struct literals of these types do
+//!   not compile outside this crate, so a new field cannot break you. Reading and assigning
+//!   their public fields is fine.
+//! * The frozen `#[repr(C)]` structs stay exhaustive: their layout cannot change within
+//!   generation 1, so a literal such as `LineReport { steps_begun: 1, ..LineReport::empty() }`
+//!   stays valid.
+//! * Error enums of the host side are `#[non_exhaustive]`; match them with a wildcard arm.
+//! * A minor release may add: fields to the JSON-model structs (with a protocol minor bump when
+//!   they cross the boundary), constructors and builder methods, provided trait methods with a
+//!   default body, functions, constants, slugs in [`TERMINAL_SLUGS`], and variants of
+//!   non-exhaustive enums. It never removes or renames any of these, changes a signature,
+//!   adds a required trait method, or touches [`abi`].
+//!
+//! # Supporting older hosts
+//!
+//! The `protocol` a plugin declares is the *lowest* it needs, not the one this crate speaks, so
+//! rebuilding an unchanged plugin against a newer 1.y does not lock out hosts that speak an
+//! older protocol. The adapter works it out when it sends the manifest
+//! ([`Manifest::min_protocol`]): 1.0, raised to 1.1 by a `native_limit`, to 1.2 by `expects` or
+//! `preflight`, whichever way those fields were set. What the manifest cannot show, raise
+//! yourself with [`Manifest::requires_protocol`], e.g. `.requires_protocol("1.1")` for a
+//! counter that fills [`CounterStats::sub_agent_steps`]. A host refuses a plugin only when the
+//! declared protocol is newer than the one it speaks; an older host ignores fields newer than
+//! the declared protocol.
+//!
+//! # Terminal slugs
+//!
+//! A failed [`Terminal`] carries one of [`TERMINAL_SLUGS`]: `max_steps`, `timeout`,
+//! `provider_error`, `rate_limited`, `context_guard` ([`is_terminal_slug`] checks;
+//! [`slug_for_error_text`] picks `rate_limited` or `provider_error` from an error text). The
+//! host records any other slug as `provider_error` and warns about it.
+//!
+//! # Options
+//!
+//! The adapter refuses provider options the manifest does not declare before it calls
+//! [`ProviderPlugin::validate_options`] or [`ProviderPlugin::open_counter`], whether or not the
+//! plugin overrides `validate_options`: an override only checks values. The keys the host
+//! handles itself ([`RESERVED_OPTIONS`]: `max_steps_unit`) never reach the plugin.
 #![deny(missing_docs)]
 // The plugin boundary is the one crate where `unsafe` lives: abi_stable's derives generate it,
 // and the host's loader needs it for dlopen; each hand-written block carries a `// SAFETY:` note.
@@ -67,8 +178,9 @@ pub mod model;
 pub use abi::{ChunkReport, HostCallbacks, LineReport, PluginModRef, ProviderBox};
 pub use guest::{ProviderPlugin, StepCounter, provider_box, testing};
 pub use model::{
-    CounterRequest, CounterStats, Manifest, NativeLimit, OptionInfo, PreflightRule, Terminal,
-    Tokens, UnitInfo, slug_for_error_text,
+    CounterRequest, CounterStats, Manifest, NativeLimit, OptionInfo, PreflightRule,
+    RESERVED_OPTIONS, TERMINAL_SLUGS, Terminal, Tokens, UnitInfo, is_terminal_slug,
+    slug_for_error_text,
 };
 
 /// abi_stable's borrowed string, which appears in [`HostCallbacks`]' signature.
@@ -79,7 +191,8 @@ pub mod abi_stable_rstr {
 /// The generation of the frozen binary layout. Changes only when [`abi`] changes.
 pub const ABI_GENERATION: u32 = 1;
 
-/// The version of the JSON protocol spoken by this API crate.
+/// The newest version of the JSON protocol this API crate speaks: what a host built with it
+/// accepts. A plugin declares the oldest it needs instead ([`Manifest::min_protocol`]).
 pub const PROTOCOL_VERSION: &str = "1.2.0";
 
 /// The name of the plain `extern "C" fn() -> u32` symbol carrying the ABI generation.

@@ -2,19 +2,35 @@
 //!
 //! Rules for evolving them: new fields get `#[serde(default)]`; nothing uses
 //! `deny_unknown_fields`; fields are never removed or retyped within a protocol major version.
+//!
+//! Every struct here is `#[non_exhaustive]`, so that a minor release can add a field without
+//! breaking a plugin's source: build them with their constructors and builder methods
+//! ([`Manifest::new`], [`Terminal::failed`], [`Tokens::new`], [`CounterRequest::new`] …), or
+//! from `Default::default()` and then assign the public fields, as with [`CounterStats`].
 
+use std::cmp::Ordering;
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
 /// What a provider plugin declares about itself.
+///
+/// Built with [`Manifest::new`] and its builder methods. Its `protocol` is the *oldest* protocol
+/// the plugin needs, so that a plugin rebuilt against a newer API crate still loads in older
+/// hosts unless it uses something new: see [`Manifest::min_protocol`].
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Manifest {
     /// Provider name, as given to `--provider` (lowercase, e.g. `codex`).
     pub name: String,
     /// The plugin's own version.
     pub version: String,
-    /// The protocol version the plugin was built against (filled from the API crate).
+    /// The oldest protocol version the plugin needs (`major.minor.0`).
+    ///
+    /// [`Manifest::new`] starts it at `1.0.0` and [`Manifest::requires_protocol`] raises it;
+    /// when the manifest is sent to the host it is raised to what the manifest's own fields
+    /// need ([`Manifest::min_protocol`]). A host refuses a plugin whose protocol it does not
+    /// speak.
     #[serde(default = "default_protocol")]
     pub protocol: String,
     /// One line saying what the plugin counts.
@@ -38,17 +54,29 @@ pub struct Manifest {
     pub preflight: Vec<PreflightRule>,
 }
 
+/// The first protocol version, which every host speaks.
+const FIRST_PROTOCOL: &str = "1.0.0";
+
 fn default_protocol() -> String {
-    "1.0.0".to_owned()
+    FIRST_PROTOCOL.to_owned()
+}
+
+/// Parses a protocol version written `major.minor` or `major.minor.patch`.
+fn parse_protocol(text: &str) -> Option<semver::Version> {
+    let text = text.trim();
+    semver::Version::parse(text)
+        .or_else(|_| semver::Version::parse(&format!("{text}.0")))
+        .ok()
 }
 
 impl Manifest {
-    /// Creates a manifest for the current protocol with no units yet.
+    /// Creates a manifest with no units yet, needing protocol 1.0 until its fields or
+    /// [`Manifest::requires_protocol`] say otherwise.
     pub fn new(name: impl Into<String>, version: impl Into<String>) -> Self {
         Manifest {
             name: name.into(),
             version: version.into(),
-            protocol: crate::PROTOCOL_VERSION.to_owned(),
+            protocol: default_protocol(),
             description: String::new(),
             units: Vec::new(),
             options: Vec::new(),
@@ -58,13 +86,64 @@ impl Manifest {
         }
     }
 
-    /// Says what the counted stream looks like (for messages).
+    /// Declares that the plugin needs at least protocol `version` (`"1.1"` or `"1.1.0"`), for
+    /// what the manifest cannot show, such as a counter that fills
+    /// [`CounterStats::sub_agent_steps`] (protocol 1.1).
+    ///
+    /// It only ever raises the protocol. A version that does not parse is kept as written, so
+    /// that the host refuses the plugin with a clear message instead of guessing.
+    pub fn requires_protocol(mut self, version: &str) -> Self {
+        self.protocol = match (parse_protocol(version), parse_protocol(&self.protocol)) {
+            (Some(asked), Some(current)) => asked.max(current).to_string(),
+            (None, _) => version.to_owned(),
+            (Some(_), None) => self.protocol,
+        };
+        self
+    }
+
+    /// Returns the oldest protocol this manifest needs: the larger of its `protocol` field and
+    /// what its fields need (1.0; `native_limit` 1.1; `expects` or `preflight` 1.2).
+    ///
+    /// This is the `protocol` the plugin sends to the host (the adapter fills it in when it
+    /// serialises the manifest), so setting a field directly cannot understate it.
+    ///
+    /// ```
+    /// use stepguard_plugin_api::{Manifest, NativeLimit};
+    ///
+    /// let plain = Manifest::new("lines", "0.1.0").unit("line", "every line", true);
+    /// assert_eq!(plain.min_protocol(), "1.0.0");
+    /// let sub_agents = plain.clone().requires_protocol("1.1");
+    /// assert_eq!(sub_agents.min_protocol(), "1.1.0");
+    /// let limited = plain.native_limit(NativeLimit::new(&["--max-steps", "{max_steps}"], &[]));
+    /// assert_eq!(limited.clone().min_protocol(), "1.1.0");
+    /// assert_eq!(limited.expects("JSON lines").min_protocol(), "1.2.0");
+    /// ```
+    pub fn min_protocol(&self) -> String {
+        let minor = if !self.expects.is_empty() || !self.preflight.is_empty() {
+            2
+        } else if self.native_limit.is_some() {
+            1
+        } else {
+            0
+        };
+        let needed = semver::Version::new(1, minor, 0);
+        match parse_protocol(&self.protocol) {
+            Some(declared) => match declared.cmp_precedence(&needed) {
+                Ordering::Less => needed.to_string(),
+                _ => declared.to_string(),
+            },
+            // Unparseable: sent as written, and the host refuses it.
+            None => self.protocol.clone(),
+        }
+    }
+
+    /// Says what the counted stream looks like (for messages; protocol 1.2).
     pub fn expects(mut self, text: impl Into<String>) -> Self {
         self.expects = text.into();
         self
     }
 
-    /// Adds a pre-flight check of the agent's command line.
+    /// Adds a pre-flight check of the agent's command line (protocol 1.2).
     pub fn preflight(mut self, rule: PreflightRule) -> Self {
         self.preflight.push(rule);
         self
@@ -83,24 +162,17 @@ impl Manifest {
 
     /// Adds a unit; `default` marks the one used when none is asked for.
     pub fn unit(mut self, name: &str, description: &str, default: bool) -> Self {
-        self.units.push(UnitInfo {
-            name: name.into(),
-            description: description.into(),
-            default,
-        });
+        self.units.push(UnitInfo::new(name, description, default));
         self
     }
 
     /// Declares an accepted provider option.
     pub fn option(mut self, name: &str, description: &str) -> Self {
-        self.options.push(OptionInfo {
-            name: name.into(),
-            description: description.into(),
-        });
+        self.options.push(OptionInfo::new(name, description));
         self
     }
 
-    /// Declares the native budget adapter.
+    /// Declares the native budget adapter (protocol 1.1).
     pub fn native_limit(mut self, limit: NativeLimit) -> Self {
         self.native_limit = Some(limit);
         self
@@ -127,6 +199,7 @@ impl Manifest {
 
 /// One selectable step unit.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct UnitInfo {
     /// Unit name (public interface, e.g. `item`).
     pub name: String,
@@ -138,18 +211,46 @@ pub struct UnitInfo {
     pub default: bool,
 }
 
+impl UnitInfo {
+    /// Creates a unit; `default` marks the one used when none is asked for.
+    pub fn new(name: impl Into<String>, description: impl Into<String>, default: bool) -> Self {
+        UnitInfo {
+            name: name.into(),
+            description: description.into(),
+            default,
+        }
+    }
+}
+
 /// One accepted provider option.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct OptionInfo {
-    /// Option key in the provider's config table.
+    /// Option key in the provider's config table (never one of [`RESERVED_OPTIONS`]).
     pub name: String,
     /// One-line description.
     #[serde(default)]
     pub description: String,
 }
 
-/// The provider CLI's own limit, used as a second line of defence.
+impl OptionInfo {
+    /// Creates an option declaration.
+    pub fn new(name: impl Into<String>, description: impl Into<String>) -> Self {
+        OptionInfo {
+            name: name.into(),
+            description: description.into(),
+        }
+    }
+}
+
+/// Keys of a provider's config table that the host handles itself and never passes to the
+/// plugin: `max_steps_unit` picks the unit. A manifest does not declare them; the adapter
+/// accepts them without asking the plugin and leaves them out of what the plugin sees.
+pub const RESERVED_OPTIONS: &[&str] = &["max_steps_unit"];
+
+/// The provider CLI's own limit, used as a second line of defence (protocol 1.1).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct NativeLimit {
     /// Arguments appended to the agent's command; `{max_steps}` is replaced by the budget.
     pub args: Vec<String>,
@@ -162,8 +263,9 @@ pub struct NativeLimit {
 /// one of `when_any` (or `when_any` is empty), it must have one of `require_any`.
 ///
 /// An argument pattern is `FLAG` (matching `FLAG` or `FLAG=…`) or `FLAG=VALUE` (matching
-/// `FLAG=VALUE` or `FLAG VALUE`).
+/// `FLAG=VALUE` or `FLAG VALUE`). Protocol 1.2.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct PreflightRule {
     /// The program's file name (the command's first word, without its directory).
     pub program: String,
@@ -223,6 +325,23 @@ fn has_arg(args: &[String], pattern: &str) -> bool {
 }
 
 impl NativeLimit {
+    /// Creates a native limit: `args` are appended to the agent's command (`{max_steps}` is
+    /// replaced by the budget) unless it already carries one of `skip_if_present`.
+    ///
+    /// ```
+    /// use stepguard_plugin_api::NativeLimit;
+    ///
+    /// let limit = NativeLimit::new(&["--max-turns", "{max_steps}"], &["--max-turns"]);
+    /// let command = ["claude".to_owned(), "-p".to_owned()];
+    /// assert_eq!(limit.args_for(&command, 7), Some(vec!["--max-turns".to_owned(), "7".to_owned()]));
+    /// ```
+    pub fn new(args: &[&str], skip_if_present: &[&str]) -> Self {
+        NativeLimit {
+            args: args.iter().map(|s| (*s).to_owned()).collect(),
+            skip_if_present: skip_if_present.iter().map(|s| (*s).to_owned()).collect(),
+        }
+    }
+
     /// Returns the arguments to append for `max_steps`, or `None` when the command already
     /// carries the limit.
     pub fn args_for(&self, command: &[String], max_steps: u32) -> Option<Vec<String>> {
@@ -245,20 +364,64 @@ impl NativeLimit {
 
 /// What the host asks for when opening a counter.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct CounterRequest {
     /// The unit to count (always one the manifest declares).
     pub unit: String,
-    /// Provider options from the config, minus the ones the host handles (`max_steps_unit`).
+    /// Provider options from the config, minus the ones the host handles
+    /// ([`RESERVED_OPTIONS`]); only keys the manifest declares reach the plugin.
     #[serde(default)]
     pub options: serde_json::Map<String, serde_json::Value>,
 }
 
+impl CounterRequest {
+    /// Creates a request to count `unit` with no options.
+    ///
+    /// ```
+    /// use stepguard_plugin_api::CounterRequest;
+    ///
+    /// let request = CounterRequest::new("line").option("strictness", "high");
+    /// assert_eq!(request.unit, "line");
+    /// assert_eq!(request.options["strictness"], "high");
+    /// ```
+    pub fn new(unit: impl Into<String>) -> Self {
+        CounterRequest {
+            unit: unit.into(),
+            options: serde_json::Map::new(),
+        }
+    }
+
+    /// Replaces the options.
+    pub fn options(mut self, options: serde_json::Map<String, serde_json::Value>) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// Sets one option.
+    pub fn option(mut self, key: impl Into<String>, value: impl Into<serde_json::Value>) -> Self {
+        self.options.insert(key.into(), value.into());
+        self
+    }
+}
+
 /// How the stream said the run ended, when it said.
+///
+/// ```
+/// use stepguard_plugin_api::Terminal;
+///
+/// let ok = Terminal::success();
+/// let limited = Terminal::failed("rate_limited", "429 Too Many Requests".to_owned());
+/// let no_text = Terminal::failed("max_steps", None);
+/// assert!(ok.success && !limited.success);
+/// assert_eq!(no_text.slug.as_deref(), Some("max_steps"));
+/// ```
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Terminal {
     /// Whether the provider reported success.
     pub success: bool,
-    /// The failure slug (`max_steps`, `rate_limited`, `provider_error` …) when it failed.
+    /// The failure slug when it failed: one of [`TERMINAL_SLUGS`] (`max_steps`, `rate_limited`,
+    /// `provider_error` …). Any other slug is recorded as `provider_error`, with a warning.
     #[serde(default)]
     pub slug: Option<String>,
     /// The provider's own error text, when it gave one.
@@ -266,8 +429,72 @@ pub struct Terminal {
     pub message: Option<String>,
 }
 
+impl Terminal {
+    /// The provider reported success.
+    pub fn success() -> Self {
+        Terminal {
+            success: true,
+            slug: None,
+            message: None,
+        }
+    }
+
+    /// The provider reported a failure: `slug` is one of [`TERMINAL_SLUGS`], `message` the
+    /// provider's own error text (a `String`, `Some(String)` or `None`).
+    pub fn failed(slug: impl Into<String>, message: impl Into<Option<String>>) -> Self {
+        Terminal {
+            success: false,
+            slug: Some(slug.into()),
+            message: message.into(),
+        }
+    }
+}
+
+/// The failure slugs a plugin may put in [`Terminal::slug`]: the reasons a provider's own
+/// stream can give for a failed run.
+///
+/// * `max_steps`: the provider's own turn or step limit ended the run;
+/// * `timeout`: the provider's own time limit ended it;
+/// * `provider_error`: an API error, a failed turn, a crash (the catch-all);
+/// * `rate_limited`: HTTP 429, a rate-limit event or an exhausted quota;
+/// * `context_guard`: the conversation outgrew the model's context window.
+///
+/// stepguard's other failure slugs are not a stream's to give: the host decides `interrupted`,
+/// `killed`, `spawn_failed`, `plugin_error` and `unrecognized_stream` from the process and the
+/// plugin, and the rest (`no_tools`, `tool_limit`, `final_report_missing` …) judge single model
+/// responses inside the governor's loop. Any other slug is recorded as `provider_error`, with a
+/// warning. The list may grow in a minor release; it never shrinks within 1.x.
+pub const TERMINAL_SLUGS: &[&str] = &[
+    "max_steps",
+    "timeout",
+    "provider_error",
+    "rate_limited",
+    "context_guard",
+];
+
+/// Returns true when `slug` is one of [`TERMINAL_SLUGS`].
+///
+/// ```
+/// use stepguard_plugin_api::is_terminal_slug;
+///
+/// assert!(is_terminal_slug("rate_limited"));
+/// assert!(!is_terminal_slug("plugin_error"));
+/// assert!(!is_terminal_slug("Rate_Limited"));
+/// ```
+pub fn is_terminal_slug(slug: &str) -> bool {
+    TERMINAL_SLUGS.contains(&slug)
+}
+
 /// Token counts from the stream (run totals, not per-line sums).
+///
+/// ```
+/// use stepguard_plugin_api::Tokens;
+///
+/// let tokens = Tokens::new(1200, 300).cached_input_tokens(1000).reasoning_output_tokens(None);
+/// assert_eq!((tokens.input_tokens, tokens.cached_input_tokens), (1200, Some(1000)));
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Tokens {
     /// Input tokens, including cached ones.
     pub input_tokens: u64,
@@ -281,17 +508,64 @@ pub struct Tokens {
     pub reasoning_output_tokens: Option<u64>,
 }
 
+impl Tokens {
+    /// Creates token counts; `input_tokens` includes cached ones.
+    pub const fn new(input_tokens: u64, output_tokens: u64) -> Self {
+        Tokens {
+            input_tokens,
+            output_tokens,
+            cached_input_tokens: None,
+            reasoning_output_tokens: None,
+        }
+    }
+
+    /// Sets the cached input tokens (a number, or `None` when unknown).
+    pub fn cached_input_tokens(mut self, tokens: impl Into<Option<u64>>) -> Self {
+        self.cached_input_tokens = tokens.into();
+        self
+    }
+
+    /// Sets the reasoning output tokens (a number, or `None` when unknown).
+    pub fn reasoning_output_tokens(mut self, tokens: impl Into<Option<u64>>) -> Self {
+        self.reasoning_output_tokens = tokens.into();
+        self
+    }
+}
+
 /// A counter's final numbers.
+///
+/// Start from `Default::default()` and assign the fields you know; that keeps compiling when a
+/// minor release adds a field (a struct literal does not, even with `..Default::default()`):
+///
+/// ```
+/// use stepguard_plugin_api::{CounterStats, Terminal};
+///
+/// let mut stats = CounterStats::default();
+/// stats.num_steps_computed = 3;
+/// stats.terminal = Some(Terminal::success());
+/// assert_eq!(stats.noise_lines, 0);
+/// ```
+///
+/// ```compile_fail,E0639
+/// # use stepguard_plugin_api::CounterStats;
+/// // Refused outside this crate: the struct is `#[non_exhaustive]`.
+/// let stats = CounterStats { num_steps_computed: 3, ..CounterStats::default() };
+/// ```
+///
+/// The step, turn and sub-agent counts duplicate the per-line [`crate::LineReport`]s, which
+/// are what the host enforces and records: it checks these fields against the sums of the
+/// lines' reports and warns once when they disagree (see the crate docs).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
+#[non_exhaustive]
 pub struct CounterStats {
-    /// Steps counted by the plugin from the stream.
+    /// Steps counted by the plugin from the stream; checked against the lines' `steps_begun`.
     pub num_steps_computed: u64,
     /// Steps the provider itself reported, if its stream says.
     pub num_steps_reported: Option<u64>,
     /// Legacy turns the provider reported.
     pub num_turns_reported: Option<u64>,
-    /// Legacy turns counted from the stream.
+    /// Legacy turns counted from the stream; checked against the lines' `turns`.
     pub num_turns_computed: Option<u64>,
     /// The terminal event's verdict; `None` when the stream had no terminal event.
     pub terminal: Option<Terminal>,
@@ -303,8 +577,9 @@ pub struct CounterStats {
     pub noise_lines: u64,
     /// JSON lines of unknown event types (ignored).
     pub unknown_events: u64,
-    /// Steps per sub-agent (keyed by the provider's id), never counted against the budget
-    /// (protocol 1.1).
+    /// Steps per sub-agent (keyed by the provider's id), never counted against the budget;
+    /// their sum is checked against the lines' `sub_agent_steps`. Protocol 1.1: a plugin that
+    /// fills it declares [`Manifest::requires_protocol`]`("1.1")`.
     pub sub_agent_steps: BTreeMap<String, u64>,
 }
 
@@ -375,10 +650,7 @@ mod tests {
 
     #[test]
     fn native_limit_is_added_unless_present() {
-        let limit = NativeLimit {
-            args: vec!["--max-turns".into(), "{max_steps}".into()],
-            skip_if_present: vec!["--max-turns".into()],
-        };
+        let limit = NativeLimit::new(&["--max-turns", "{max_steps}"], &["--max-turns"]);
         let cmd = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         assert_eq!(
             limit.args_for(&cmd(&["claude", "-p", "x"]), 7),
@@ -393,5 +665,72 @@ mod tests {
             limit.args_for(&cmd(&["claude", "--max-turnsx"]), 7),
             Some(cmd(&["--max-turns", "7"]))
         );
+    }
+
+    #[test]
+    fn the_declared_protocol_is_the_lowest_the_manifest_needs() {
+        let plain = Manifest::new("p", "1").unit("u", "", true);
+        assert_eq!(plain.protocol, "1.0.0");
+        assert_eq!(plain.min_protocol(), "1.0.0");
+        let limit = NativeLimit::new(&["--max", "{max_steps}"], &[]);
+        assert_eq!(
+            plain.clone().native_limit(limit.clone()).min_protocol(),
+            "1.1.0"
+        );
+        assert_eq!(plain.clone().expects("JSON").min_protocol(), "1.2.0");
+        let rule = PreflightRule::new("p", &["--json"], "add `--json`");
+        assert_eq!(plain.clone().preflight(rule).min_protocol(), "1.2.0");
+        // A field set directly counts too.
+        let mut direct = plain.clone();
+        direct.native_limit = Some(limit);
+        assert_eq!(direct.min_protocol(), "1.1.0");
+        // Raising only ever raises; both spellings work; the higher of floor and fields wins.
+        let raised = plain
+            .clone()
+            .requires_protocol("1.1")
+            .requires_protocol("1.0.0");
+        assert_eq!(raised.protocol, "1.1.0");
+        assert_eq!(raised.clone().expects("JSON").min_protocol(), "1.2.0");
+        assert_eq!(
+            plain.clone().requires_protocol("2.0").min_protocol(),
+            "2.0.0"
+        );
+        // Nonsense is kept as written so that the host refuses it.
+        let bad = plain.requires_protocol("one").requires_protocol("1.1");
+        assert_eq!(bad.min_protocol(), "one");
+    }
+
+    #[test]
+    fn the_current_protocol_covers_every_manifest_feature() {
+        let everything = Manifest::new("p", "1")
+            .native_limit(NativeLimit::new(&[], &[]))
+            .expects("JSON")
+            .preflight(PreflightRule::new("p", &[], "fix"));
+        assert_eq!(everything.min_protocol(), crate::PROTOCOL_VERSION);
+    }
+
+    #[test]
+    fn terminal_slugs_include_what_the_helpers_produce() {
+        for text in ["429", "boom"] {
+            assert!(is_terminal_slug(slug_for_error_text(text)));
+        }
+        assert!(is_terminal_slug("max_steps"));
+        for host_side in [
+            "interrupted",
+            "killed",
+            "plugin_error",
+            "unrecognized_stream",
+        ] {
+            assert!(!is_terminal_slug(host_side), "{host_side}");
+        }
+        assert_eq!(
+            Terminal::failed("timeout", None),
+            Terminal {
+                success: false,
+                slug: Some("timeout".into()),
+                message: None
+            }
+        );
+        assert_eq!(Terminal::success().slug, None);
     }
 }

@@ -3,8 +3,10 @@
 //! Built-in providers and plugin files are reached through the same interface
 //! ([`stepguard_plugin_api::host::Provider`]). Plugin files come only from directories the user
 //! configured, in this order: `--plugin-dir` (repeatable), `STEPGUARD_PLUGIN_PATH` (a
-//! `:`-separated list), the user's data directory (`$XDG_DATA_HOME/stepguard/plugins`), and the
-//! `plugins/` directory beside the executable; never the working directory: relative entries in
+//! `:`-separated list), the user's data directory (`$XDG_DATA_HOME/stepguard/plugins`), the
+//! `plugins/` directory beside the executable, and `../lib/stepguard/plugins` from the
+//! executable's directory (the layout `.ci/dist` installs: `bin/stepguard` plus
+//! `lib/stepguard/plugins/*.so`); never the working directory: relative entries in
 //! `STEPGUARD_PLUGIN_PATH` are ignored ([`SearchPath::ignored`]), while a relative `--plugin-dir`
 //! is explicit and resolved against the working directory. The first file that provides a name
 //! wins.
@@ -18,8 +20,12 @@
 //!   name comes from the plugin's manifest, so such a file has been opened by then: this keeps
 //!   the budget's counter, it does not sandbox code that the current user could already run.
 //!
-//! A file that is refused or fails to load is skipped and remembered: a command that needs the
-//! provider it was meant to be fails with the same message ([`LookupError::FailedToLoad`]).
+//! A file that is refused or fails to load is skipped and remembered ([`Registry::failures`],
+//! [`Registry::failures_for`]): a command that needs the provider it was meant to be fails with
+//! the same message ([`LookupError::FailedToLoad`]), and a provider that is not found at all
+//! names the files whose provider could not be read ([`LookupError::Unknown`]). Each reason is one
+//! line; a long one (abi_stable's layout report runs to well over a thousand lines) is shortened
+//! and the full text kept in [`FailureReason::details`].
 //!
 //! ```
 //! let registry = stepguard_plugin_host::Registry::new(Vec::new());
@@ -33,10 +39,11 @@ use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 
+use stepguard_plugin_api::ABI_GENERATION;
 use stepguard_plugin_api::ProviderBox;
 use stepguard_plugin_api::abi::HostCallbacks;
 use stepguard_plugin_api::abi_stable_rstr::RStr;
-use stepguard_plugin_api::host::{self, LoadError, Provider};
+use stepguard_plugin_api::host::{self, DYLIB_EXTENSION, LoadError, Provider};
 
 /// Environment variable with extra plugin directories, `:`-separated.
 pub const PLUGIN_PATH_ENV: &str = "STEPGUARD_PLUGIN_PATH";
@@ -78,6 +85,10 @@ pub struct LoadPolicy {
 }
 
 /// Why a plugin file is not in the registry.
+///
+/// Its `Display` is one line: a load error whose text is long or spans lines (abi_stable's layout
+/// report) is replaced by a short reason and a hint, and [`FailureReason::details`] keeps the
+/// full text for the verbose log.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FailureReason {
     /// Someone other than root and the current user can change the file or its directory; it
@@ -93,7 +104,7 @@ pub enum FailureReason {
         provider: String,
     },
     /// It did not load.
-    #[error(transparent)]
+    #[error("{}", load_summary(.0))]
     Load(#[from] LoadError),
 }
 
@@ -101,6 +112,47 @@ impl FailureReason {
     /// Returns true when the host refused the file rather than the file failing to load.
     pub fn is_refusal(&self) -> bool {
         !matches!(self, FailureReason::Load(_))
+    }
+
+    /// Returns the full text of a reason whose `Display` was shortened to one line (abi_stable's
+    /// layout report), or `None` when the one line says everything.
+    pub fn details(&self) -> Option<String> {
+        match self {
+            FailureReason::Load(error) => {
+                let full = error.to_string();
+                is_long(&full).then_some(full)
+            }
+            FailureReason::Unsafe(_) | FailureReason::WouldOverride { .. } => None,
+        }
+    }
+}
+
+/// The longest load error shown as it is; longer ones (or any spanning lines) are shortened.
+const MAX_REASON_CHARS: usize = 240;
+
+fn is_long(text: &str) -> bool {
+    text.contains('\n') || text.chars().count() > MAX_REASON_CHARS
+}
+
+/// Returns a load error as one line. A failed layout check gets a fixed reason and what to do:
+/// the report itself (one line per mismatched field, well over a thousand for a plugin built
+/// against another API) is of use only to whoever rebuilds the plugin.
+fn load_summary(error: &LoadError) -> String {
+    let full = error.to_string();
+    if !is_long(&full) {
+        return full;
+    }
+    match error {
+        LoadError::Layout(_) => format!(
+            "its type layout does not match this stepguard's plugin ABI (built against an \
+             incompatible stepguard-plugin-api); rebuild it against stepguard-plugin-api \
+             {ABI_GENERATION}.x; -v shows the layout report"
+        ),
+        _ => {
+            let first = full.lines().next().unwrap_or_default().trim_end();
+            let first: String = first.chars().take(MAX_REASON_CHARS).collect();
+            format!("{first} ...; -v shows the details")
+        }
     }
 }
 
@@ -113,6 +165,20 @@ pub struct LoadFailure {
     pub error: FailureReason,
     /// The provider it was probably meant to be (from its manifest, else its file name).
     pub provider_hint: Option<String>,
+    /// True when `provider_hint` is the name the plugin's manifest declares; false when it is a
+    /// guess from the file name (the file was refused unopened, or failed before its manifest).
+    pub name_declared: bool,
+}
+
+impl LoadFailure {
+    /// Returns `was refused` or `failed to load`.
+    pub fn verb(&self) -> &'static str {
+        if self.error.is_refusal() {
+            "was refused"
+        } else {
+            "failed to load"
+        }
+    }
 }
 
 impl std::fmt::Display for LoadFailure {
@@ -124,21 +190,31 @@ impl std::fmt::Display for LoadFailure {
                 f,
                 "plugin {path} would replace the built-in provider `{provider}`; pass --allow-override to allow it"
             ),
-            FailureReason::Load(error) => write!(f, "skipped plugin {path}: {error}"),
+            FailureReason::Load(_) => write!(f, "skipped plugin {path}: {}", self.error),
         }
     }
 }
+
+/// Example plugins that ship with stepguard's source rather than inside the binary, with the
+/// library file `.ci/dist` installs for each.
+pub const EXAMPLE_PLUGINS: &[(&str, &str)] = &[("opencode", "libstepguard_plugin_opencode")];
 
 /// A provider that cannot be used.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum LookupError {
     /// No provider by that name exists anywhere.
-    #[error("unknown provider `{name}`; available providers: {available}")]
+    #[error(
+        "unknown provider `{name}`; available providers: {available}{}",
+        unknown_suffix(.name, .unread)
+    )]
     Unknown {
         /// The name asked for.
         name: String,
         /// Comma-separated names of the providers that exist.
         available: String,
+        /// Plugin files that were refused or failed before their provider's name could be read:
+        /// any of them may be the one asked for.
+        unread: Vec<LoadFailure>,
     },
     /// The provider's plugin file exists but was refused or failed to load.
     #[error(
@@ -154,6 +230,32 @@ pub enum LookupError {
         /// Why it failed.
         error: FailureReason,
     },
+}
+
+/// The end of the unknown-provider message: the files that might have been the provider, and
+/// how to get an example plugin that is not installed.
+fn unknown_suffix(name: &str, unread: &[LoadFailure]) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    for failure in unread {
+        let _ = write!(
+            out,
+            "; plugin {}, whose provider could not be read, {}: {}",
+            failure.path.display(),
+            failure.verb(),
+            failure.error
+        );
+    }
+    if let Some((example, file)) = EXAMPLE_PLUGINS.iter().find(|(n, _)| *n == name) {
+        let _ = write!(
+            out,
+            "; `{example}` is an example plugin that ships with stepguard's source: build it with \
+             `.ci/dist` (installs lib/stepguard/plugins/{file}.{DYLIB_EXTENSION} beside \
+             bin/stepguard) or `cargo build --release -p stepguard-plugin-{example}` and pass \
+             `--plugin-dir target/release`"
+        );
+    }
+    out
 }
 
 /// All providers available to this process.
@@ -181,10 +283,11 @@ impl Registry {
                     );
                 }
                 // A built-in that does not load is a bug in this build; report it like a plugin.
-                Err(error) => registry.failures.push(LoadFailure {
+                Err(error) => registry.record(LoadFailure {
                     path: PathBuf::from("<builtin>"),
                     error: error.into(),
                     provider_hint: None,
+                    name_declared: false,
                 }),
             }
         }
@@ -213,10 +316,11 @@ impl Registry {
 
     fn load_file(&mut self, path: &Path, policy: LoadPolicy, loaded_names: &mut Vec<String>) {
         if let Err(unsafe_plugin) = trust::check_plugin_file(path) {
-            self.failures.push(LoadFailure {
+            self.record(LoadFailure {
                 path: path.to_path_buf(),
                 error: unsafe_plugin.into(),
                 provider_hint: name_from_file(path),
+                name_declared: false,
             });
             return;
         }
@@ -232,12 +336,13 @@ impl Registry {
                     .get(&name)
                     .is_some_and(|e| e.source == Source::Builtin);
                 if replaces_builtin && !policy.allow_override {
-                    self.failures.push(LoadFailure {
+                    self.record(LoadFailure {
                         path: path.to_path_buf(),
                         error: FailureReason::WouldOverride {
                             provider: name.clone(),
                         },
                         provider_hint: Some(name),
+                        name_declared: true,
                     });
                     return;
                 }
@@ -253,17 +358,23 @@ impl Registry {
                 );
             }
             Err(error) => {
-                let provider_hint = error
-                    .provider()
-                    .map(str::to_owned)
-                    .or_else(|| name_from_file(path));
-                self.failures.push(LoadFailure {
+                let declared = error.provider().map(str::to_owned);
+                let name_declared = declared.is_some();
+                self.record(LoadFailure {
                     path: path.to_path_buf(),
                     error: error.into(),
-                    provider_hint,
+                    provider_hint: declared.or_else(|| name_from_file(path)),
+                    name_declared,
                 });
             }
         }
+    }
+
+    /// Remembers a failure. It is logged here only at debug level, in one line: whether the user
+    /// hears of it depends on the command (the CLI warns about the files a command needs).
+    fn record(&mut self, failure: LoadFailure) {
+        tracing::debug!("{failure}");
+        self.failures.push(failure);
     }
 
     /// Returns a provider by name, or why it cannot be used.
@@ -285,6 +396,12 @@ impl Registry {
         Err(LookupError::Unknown {
             name: name.to_owned(),
             available: self.names().join(", "),
+            unread: self
+                .failures
+                .iter()
+                .filter(|f| !f.name_declared)
+                .cloned()
+                .collect(),
         })
     }
 
@@ -298,9 +415,17 @@ impl Registry {
         self.entries.values()
     }
 
-    /// Returns the plugin files that failed to load.
+    /// Returns the plugin files that were refused or failed to load, in search order.
     pub fn failures(&self) -> &[LoadFailure] {
         &self.failures
+    }
+
+    /// Returns the plugin files meant to be provider `name` (by their manifest, else their file
+    /// name) that were refused or failed to load: what a command that needs `name` warns about.
+    pub fn failures_for<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a LoadFailure> {
+        self.failures
+            .iter()
+            .filter(move |f| f.provider_hint.as_deref() == Some(name))
     }
 }
 
@@ -347,7 +472,9 @@ impl std::fmt::Display for IgnoredEntry {
 
 /// Returns the plugin directories in search order: `cli_dirs` (a relative one resolved against
 /// the working directory: naming it is explicit), the absolute entries of `env_path` (an empty
-/// value counts as unset), the user's data directory, and `plugins/` beside `exe`.
+/// value counts as unset), the user's data directory, `plugins/` beside `exe`, and
+/// `lib/stepguard/plugins` under the parent of `exe`'s directory (`PREFIX/bin/stepguard` finds
+/// `PREFIX/lib/stepguard/plugins`, the layout `.ci/dist` installs).
 pub fn plugin_dirs(
     cli_dirs: &[PathBuf],
     env_path: Option<&OsStr>,
@@ -379,6 +506,11 @@ pub fn plugin_dirs(
     }
     if let Some(dir) = exe.and_then(Path::parent) {
         search.dirs.push(dir.join("plugins"));
+        if let Some(prefix) = dir.parent() {
+            search
+                .dirs
+                .push(prefix.join("lib").join("stepguard").join("plugins"));
+        }
     }
     search
 }
@@ -440,7 +572,7 @@ mod tests {
     }
 
     #[test]
-    fn search_order_is_flags_env_data_dir_exe_dir() {
+    fn search_order_is_flags_env_data_dir_exe_dir_then_prefix_lib() {
         let search = plugin_dirs(
             &[PathBuf::from("/a"), PathBuf::from("/b")],
             Some(std::ffi::OsStr::new("/c:/d")),
@@ -458,7 +590,8 @@ mod tests {
         );
         assert!(dirs[4].ends_with("stepguard/plugins"));
         assert_eq!(dirs[5], PathBuf::from("/opt/sg/bin/plugins"));
-        assert_eq!(dirs.len(), 6);
+        assert_eq!(dirs[6], PathBuf::from("/opt/sg/lib/stepguard/plugins"));
+        assert_eq!(dirs.len(), 7);
         assert!(search.ignored.is_empty());
     }
 
@@ -502,6 +635,7 @@ mod tests {
             }
             .into(),
             provider_hint: Some("foo".into()),
+            name_declared: false,
         };
         assert_eq!(
             refused.to_string(),
@@ -513,6 +647,7 @@ mod tests {
                 provider: "codex".into(),
             },
             provider_hint: Some("codex".into()),
+            name_declared: true,
         };
         assert_eq!(
             override_.to_string(),
@@ -559,6 +694,114 @@ mod tests {
         assert_eq!(
             registry.get("nope").unwrap_err().to_string(),
             "unknown provider `nope`; available providers: "
+        );
+    }
+
+    /// A layout report as abi_stable writes it: many lines, the first one general.
+    fn layout_report() -> String {
+        let mut text = "Compared <this>:\n\tRoot module layout".to_owned();
+        for i in 0..1700 {
+            text.push_str(&format!("\n\tfield_{i}: expected u64, found u32"));
+        }
+        text
+    }
+
+    #[test]
+    fn a_failed_layout_check_is_one_line_and_the_report_is_kept_for_the_log() {
+        let failure = LoadFailure {
+            path: PathBuf::from("/x/libold.so"),
+            error: LoadError::Layout(layout_report()).into(),
+            provider_hint: Some("old".into()),
+            name_declared: false,
+        };
+        assert_eq!(
+            failure.to_string(),
+            format!(
+                "skipped plugin /x/libold.so: its type layout does not match this stepguard's \
+                 plugin ABI (built against an incompatible stepguard-plugin-api); rebuild it \
+                 against stepguard-plugin-api {ABI_GENERATION}.x; -v shows the layout report"
+            )
+        );
+        let details = failure.error.details().expect("details kept");
+        assert!(details.contains("field_1699: expected u64"), "{details}");
+        // The lookup error that a command needing the provider fails with is one line too.
+        let mut registry = Registry::new(Vec::new());
+        registry.failures.push(failure);
+        let message = registry.get("old").unwrap_err().to_string();
+        assert!(!message.contains('\n'), "{message}");
+        assert!(message.ends_with("-v shows the layout report"), "{message}");
+    }
+
+    #[test]
+    fn short_load_errors_are_shown_whole_and_long_ones_cut_to_their_first_line() {
+        let short = FailureReason::from(LoadError::Layout("incompatible abi_stable".into()));
+        assert_eq!(
+            short.to_string(),
+            "plugin layout check failed: incompatible abi_stable"
+        );
+        assert_eq!(short.details(), None);
+        let long = FailureReason::from(LoadError::Init("first line\nsecond line".into()));
+        assert_eq!(
+            long.to_string(),
+            "plugin failed to start: first line ...; -v shows the details"
+        );
+        assert_eq!(
+            long.details().as_deref(),
+            Some("plugin failed to start: first line\nsecond line")
+        );
+    }
+
+    #[test]
+    fn a_missing_provider_names_the_files_whose_provider_is_unknown_but_not_the_others() {
+        let mut registry = Registry::new(Vec::new());
+        registry.failures.push(LoadFailure {
+            path: PathBuf::from("/x/libmystery.so"),
+            error: LoadError::NotAPlugin.into(),
+            provider_hint: Some("mystery".into()),
+            name_declared: false,
+        });
+        registry.failures.push(LoadFailure {
+            path: PathBuf::from("/x/libcodex.so"),
+            error: FailureReason::WouldOverride {
+                provider: "codex".into(),
+            },
+            provider_hint: Some("codex".into()),
+            name_declared: true,
+        });
+        assert_eq!(
+            registry.get("wanted").unwrap_err().to_string(),
+            "unknown provider `wanted`; available providers: ; plugin /x/libmystery.so, whose \
+             provider could not be read, failed to load: not a stepguard plugin (it has no \
+             `stepguard_plugin_abi_generation` symbol)"
+        );
+        let for_codex: Vec<&Path> = registry
+            .failures_for("codex")
+            .map(|f| f.path.as_path())
+            .collect();
+        assert_eq!(for_codex, [Path::new("/x/libcodex.so")]);
+        assert_eq!(registry.failures_for("claude").count(), 0);
+    }
+
+    #[test]
+    fn a_missing_example_plugin_says_how_to_get_it() {
+        let registry = Registry::new(Vec::new());
+        let message = registry.get("opencode").unwrap_err().to_string();
+        assert!(
+            message.starts_with("unknown provider `opencode`; available providers: ; `opencode` is an example plugin"),
+            "{message}"
+        );
+        for needle in [
+            "`.ci/dist` (installs lib/stepguard/plugins/libstepguard_plugin_opencode.",
+            "`cargo build --release -p stepguard-plugin-opencode` and pass `--plugin-dir target/release`",
+        ] {
+            assert!(message.contains(needle), "{needle}: {message}");
+        }
+        assert!(
+            !registry
+                .get("opencod")
+                .unwrap_err()
+                .to_string()
+                .contains("example")
         );
     }
 }

@@ -19,7 +19,7 @@
 //! ```
 //! use stepguard_plugin_api::{CounterRequest, ProviderPlugin};
 //! let plugin = stepguard_provider_claude::ClaudePlugin;
-//! let mut counter = plugin.open_counter(&CounterRequest { unit: "message".into(), ..Default::default() }).unwrap();
+//! let mut counter = plugin.open_counter(&CounterRequest::new("message")).unwrap();
 //! let line = br#"{"type":"assistant","message":{"id":"msg_1","model":"claude","content":[]},"parent_tool_use_id":null}"#;
 //! assert_eq!(counter.feed(line).unwrap().steps_begun, 1);
 //! assert_eq!(counter.feed(line).unwrap().steps_begun, 0); // same message, next content block
@@ -76,10 +76,13 @@ impl ProviderPlugin for ClaudePlugin {
                 )
                 .when_any(&["-p", "--print"]),
             )
-            .native_limit(NativeLimit {
-                args: vec!["--max-turns".into(), "{max_steps}".into()],
-                skip_if_present: vec!["--max-turns".into()],
-            })
+            .native_limit(NativeLimit::new(
+                &["--max-turns", "{max_steps}"],
+                &["--max-turns"],
+            ))
+            // Its counters fill `CounterStats::sub_agent_steps` (protocol 1.1); `expects`
+            // already needs 1.2, so this only says so.
+            .requires_protocol("1.1")
     }
 
     fn open_counter(&self, request: &CounterRequest) -> Result<Box<dyn StepCounter>, String> {
@@ -230,14 +233,12 @@ impl ClaudeCounter {
         self.cost = v["total_cost_usd"].as_f64();
         if let Some(usage) = v.get("usage").filter(|u| u.is_object()) {
             let n = |k: &str| usage[k].as_u64().unwrap_or(0);
-            self.tokens = Some(Tokens {
-                input_tokens: n("input_tokens")
-                    + n("cache_creation_input_tokens")
-                    + n("cache_read_input_tokens"),
-                output_tokens: n("output_tokens"),
-                cached_input_tokens: usage["cache_read_input_tokens"].as_u64(),
-                reasoning_output_tokens: None,
-            });
+            let input =
+                n("input_tokens") + n("cache_creation_input_tokens") + n("cache_read_input_tokens");
+            self.tokens = Some(
+                Tokens::new(input, n("output_tokens"))
+                    .cached_input_tokens(usage["cache_read_input_tokens"].as_u64()),
+            );
         }
         let is_error = v["is_error"].as_bool().unwrap_or(false);
         let subtype = v["subtype"].as_str().unwrap_or_default();
@@ -261,11 +262,12 @@ impl ClaudeCounter {
         } else {
             Some("provider_error")
         };
-        self.terminal = Some(Terminal {
-            success: !is_error,
-            slug: slug.map(str::to_owned),
-            message,
-        });
+        let mut terminal = match slug {
+            None => Terminal::success(),
+            Some(slug) => Terminal::failed(slug, None),
+        };
+        terminal.message = message;
+        self.terminal = Some(terminal);
     }
 }
 
@@ -299,18 +301,17 @@ impl StepCounter for ClaudeCounter {
     }
 
     fn finish(&mut self) -> CounterStats {
-        CounterStats {
-            num_steps_computed: self.steps.len() as u64,
-            num_steps_reported: None,
-            num_turns_reported: self.turns_reported,
-            num_turns_computed: self.saw_events.then_some(1 + self.tool_result_lines),
-            terminal: self.terminal.clone(),
-            tokens: self.tokens,
-            cost_usd: self.cost,
-            noise_lines: self.noise,
-            unknown_events: self.unknown,
-            sub_agent_steps: self.sub_agent_steps.clone(),
-        }
+        let mut stats = CounterStats::default();
+        stats.num_steps_computed = self.steps.len() as u64;
+        stats.num_turns_reported = self.turns_reported;
+        stats.num_turns_computed = self.saw_events.then_some(1 + self.tool_result_lines);
+        stats.terminal = self.terminal.clone();
+        stats.tokens = self.tokens;
+        stats.cost_usd = self.cost;
+        stats.noise_lines = self.noise;
+        stats.unknown_events = self.unknown;
+        stats.sub_agent_steps = self.sub_agent_steps.clone();
+        stats
     }
 }
 

@@ -20,7 +20,7 @@
 //! ```
 //! use stepguard_plugin_api::{CounterRequest, ProviderPlugin};
 //! let plugin = stepguard_provider_codex::CodexPlugin;
-//! let mut counter = plugin.open_counter(&CounterRequest { unit: "tool".into(), ..Default::default() }).unwrap();
+//! let mut counter = plugin.open_counter(&CounterRequest::new("tool")).unwrap();
 //! let r = counter.feed(br#"{"type":"item.started","item":{"id":"item_0","type":"command_execution"}}"#).unwrap();
 //! assert_eq!(r.steps_begun, 1);
 //! ```
@@ -211,11 +211,7 @@ impl CodexCounter {
                 report.turns += 1;
             }
             (None, "task_complete") => {
-                self.terminal = Some(Terminal {
-                    success: true,
-                    slug: None,
-                    message: None,
-                });
+                self.terminal = Some(Terminal::success());
                 report.flags |= LineReport::TERMINAL;
             }
             (None, "token_count") => {
@@ -249,11 +245,7 @@ impl CodexCounter {
                 if let Some(tokens) = usage.and_then(usage_tokens) {
                     self.tokens = Some(tokens);
                 }
-                self.terminal = Some(Terminal {
-                    success: true,
-                    slug: None,
-                    message: None,
-                });
+                self.terminal = Some(Terminal::success());
                 report.flags |= LineReport::TERMINAL;
             }
             b"turn.failed" => {
@@ -264,11 +256,7 @@ impl CodexCounter {
                     .map(|m| m.into_owned())
                     .or_else(|| self.last_error.clone())
                     .unwrap_or_else(|| "turn failed".to_owned());
-                self.terminal = Some(Terminal {
-                    success: false,
-                    slug: Some(slug_for_error_text(&text).to_owned()),
-                    message: Some(text),
-                });
+                self.terminal = Some(Terminal::failed(slug_for_error_text(&text), text));
                 report.flags |= LineReport::TERMINAL;
             }
             _ => {
@@ -289,12 +277,13 @@ fn usage_tokens(usage: RawValue<'_>) -> Option<Tokens> {
         "output_tokens",
         "reasoning_output_tokens",
     ])?;
-    Some(Tokens {
-        input_tokens: input.and_then(|v| v.as_u64())?,
-        output_tokens: output.and_then(|v| v.as_u64()).unwrap_or(0),
-        cached_input_tokens: cached.and_then(|v| v.as_u64()),
-        reasoning_output_tokens: reasoning.and_then(|v| v.as_u64()),
-    })
+    let input = input.and_then(|v| v.as_u64())?;
+    let output = output.and_then(|v| v.as_u64()).unwrap_or(0);
+    Some(
+        Tokens::new(input, output)
+            .cached_input_tokens(cached.and_then(|v| v.as_u64()))
+            .reasoning_output_tokens(reasoning.and_then(|v| v.as_u64())),
+    )
 }
 
 /// Item lines as Codex writes them (serde, fixed field order, no whitespace).
@@ -379,18 +368,14 @@ impl StepCounter for CodexCounter {
     }
 
     fn finish(&mut self) -> CounterStats {
-        CounterStats {
-            num_steps_computed: self.begun.len() as u64,
-            num_steps_reported: None,
-            num_turns_reported: None,
-            num_turns_computed: Some(self.turns),
-            terminal: self.terminal.clone(),
-            tokens: self.tokens,
-            cost_usd: None,
-            noise_lines: self.noise,
-            unknown_events: self.unknown,
-            ..CounterStats::default()
-        }
+        let mut stats = CounterStats::default();
+        stats.num_steps_computed = self.begun.len() as u64;
+        stats.num_turns_computed = Some(self.turns);
+        stats.terminal = self.terminal.clone();
+        stats.tokens = self.tokens;
+        stats.noise_lines = self.noise;
+        stats.unknown_events = self.unknown;
+        stats
     }
 }
 
@@ -576,10 +561,7 @@ mod tests {
 {"type":"item.completed","item":{"id":"item_0","type":"command_execution","aggregated_output":"{\"type\":\"item.completed\",\"item\":{\"id\":\"item_9\",\"type\":\"command_execution\"}}\n"}}
 "#;
         let mut c = CodexPlugin
-            .open_counter(&CounterRequest {
-                unit: "item".into(),
-                ..Default::default()
-            })
+            .open_counter(&CounterRequest::new("item"))
             .unwrap();
         let (_, stats) = feed_all(c.as_mut(), stream).unwrap();
         assert_eq!(stats.num_steps_computed, 1);
@@ -592,10 +574,7 @@ mod tests {
 {"type":"item.completed","item":{"id":"item_3","type":"web_search","id":"ws_1","query":"q"}}
 "#;
         let mut c = CodexPlugin
-            .open_counter(&CounterRequest {
-                unit: "tool".into(),
-                ..Default::default()
-            })
+            .open_counter(&CounterRequest::new("tool"))
             .unwrap();
         let (sum, stats) = feed_all(c.as_mut(), stream).unwrap();
         assert_eq!((stats.num_steps_computed, sum.steps_completed), (1, 1));
@@ -605,10 +584,7 @@ mod tests {
     fn unknown_events_are_ignored_and_noise_is_counted() {
         let stream = b"banner\n{\"type\":\"item.plan.delta\",\"delta\":\"x\"}\n{\"type\":\"turn.started\"}\n{\"type\":\"item.completed\"\n";
         let mut c = CodexPlugin
-            .open_counter(&CounterRequest {
-                unit: "item".into(),
-                ..Default::default()
-            })
+            .open_counter(&CounterRequest::new("item"))
             .unwrap();
         let (sum, stats) = feed_all(c.as_mut(), stream).unwrap();
         assert_eq!(

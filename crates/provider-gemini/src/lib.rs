@@ -15,7 +15,7 @@
 //! ```
 //! use stepguard_plugin_api::{CounterRequest, ProviderPlugin};
 //! let plugin = stepguard_provider_gemini::GeminiPlugin;
-//! let mut counter = plugin.open_counter(&CounterRequest { unit: "turn".into(), ..Default::default() }).unwrap();
+//! let mut counter = plugin.open_counter(&CounterRequest::new("turn")).unwrap();
 //! let tool = br#"{"type":"tool_use","tool_name":"read_file","tool_id":"t1","parameters":{}}"#;
 //! assert_eq!(counter.feed(tool).unwrap().steps_begun, 1);
 //! ```
@@ -127,26 +127,17 @@ impl GeminiCounter {
         let stats = &v["stats"];
         self.reported_tool_calls = stats["tool_calls"].as_u64();
         if let Some(input) = stats["input_tokens"].as_u64() {
-            self.tokens = Some(Tokens {
-                input_tokens: input,
-                output_tokens: stats["output_tokens"].as_u64().unwrap_or(0),
-                cached_input_tokens: stats["cached"].as_u64(),
-                reasoning_output_tokens: None,
-            });
+            let output = stats["output_tokens"].as_u64().unwrap_or(0);
+            self.tokens =
+                Some(Tokens::new(input, output).cached_input_tokens(stats["cached"].as_u64()));
         }
         let error_type = v["error"]["type"].as_str().unwrap_or_default();
         let error_message = v["error"]["message"].as_str().map(str::to_owned);
         self.terminal = Some(match v["status"].as_str() {
-            Some("success") if self.turn_limit_event => Terminal {
-                success: false,
-                slug: Some("max_steps".into()),
-                message: self.last_error_event.clone(),
-            },
-            Some("success") => Terminal {
-                success: true,
-                slug: None,
-                message: None,
-            },
+            Some("success") if self.turn_limit_event => {
+                Terminal::failed("max_steps", self.last_error_event.clone())
+            }
+            Some("success") => Terminal::success(),
             _ => {
                 let slug = if error_type == "FatalTurnLimitedError" {
                     "max_steps"
@@ -156,11 +147,7 @@ impl GeminiCounter {
                         error_message.as_deref().unwrap_or("")
                     ))
                 };
-                Terminal {
-                    success: false,
-                    slug: Some(slug.into()),
-                    message: error_message,
-                }
+                Terminal::failed(slug, error_message)
             }
         });
     }
@@ -232,18 +219,15 @@ impl StepCounter for GeminiCounter {
         } else {
             (self.tool_ids.len() as u64, self.reported_tool_calls)
         };
-        CounterStats {
-            num_steps_computed: computed,
-            num_steps_reported: reported,
-            num_turns_reported: None,
-            num_turns_computed: Some(self.turns),
-            terminal: self.terminal.clone(),
-            tokens: self.tokens,
-            cost_usd: None,
-            noise_lines: self.noise,
-            unknown_events: self.unknown,
-            ..CounterStats::default()
-        }
+        let mut stats = CounterStats::default();
+        stats.num_steps_computed = computed;
+        stats.num_steps_reported = reported;
+        stats.num_turns_computed = Some(self.turns);
+        stats.terminal = self.terminal.clone();
+        stats.tokens = self.tokens;
+        stats.noise_lines = self.noise;
+        stats.unknown_events = self.unknown;
+        stats
     }
 }
 

@@ -236,6 +236,17 @@ pub fn run_stats(stats: &CounterStats) -> RunStats {
     }
 }
 
+/// Returns the failure slug of a failed stream's terminal event when it is not one this
+/// stepguard knows.
+fn unknown_slug(stats: &CounterStats) -> Option<&str> {
+    stats
+        .terminal
+        .as_ref()
+        .filter(|t| !t.success)
+        .and_then(|t| t.slug.as_deref())
+        .filter(|s| s.parse::<FailureSlug>().is_err())
+}
+
 /// Builds the run record of a counted stream: the stats, the stream's own numbers and the
 /// run's labels; process fields stay null.
 pub fn stream_record(meta: &RunMeta, stats: &RunStats, count: &StreamCount) -> RunRecord {
@@ -248,7 +259,19 @@ pub fn stream_record(meta: &RunMeta, stats: &RunStats, count: &StreamCount) -> R
     record.cwd = meta.cwd.clone();
     record.set_stats(stats);
     let counter = &count.stats;
-    record.message = counter.terminal.as_ref().and_then(|t| t.message.clone());
+    let terminal = counter.terminal.as_ref();
+    // A failure slug this stepguard does not know is recorded as `provider_error` (see
+    // `run_stats`); say so once per stream, and keep the plugin's word in the record.
+    let unknown_slug = unknown_slug(counter);
+    if let Some(slug) = unknown_slug {
+        tracing::warn!(
+            "plugin `{}` reported the unknown failure slug `{slug}`; recorded as provider_error",
+            meta.provider
+        );
+    }
+    record.message = terminal
+        .and_then(|t| t.message.clone())
+        .or_else(|| unknown_slug.map(|s| format!("plugin reported unknown slug `{s}`")));
     record.noise_lines = Some(counter.noise_lines);
     record.unknown_events = Some(counter.unknown_events);
     record.oversized_lines = Some(count.oversized_lines);
@@ -285,6 +308,43 @@ mod tests {
         assert_eq!(
             (stats.num_steps_computed, stats.num_turns_computed),
             (4, Some(3))
+        );
+    }
+
+    #[test]
+    #[allow(clippy::field_reassign_with_default)]
+    fn an_unknown_failure_slug_is_provider_error_with_the_slug_kept_in_the_message() {
+        use stepguard_plugin_api::Terminal;
+        let record_of = |terminal: Terminal| {
+            let mut stats = CounterStats::default();
+            stats.terminal = Some(terminal);
+            let count = StreamCount {
+                stats,
+                oversized_lines: 0,
+                truncated_last_line: false,
+                recognition: Recognition::default(),
+            };
+            let meta = RunMeta {
+                provider: "someplugin".into(),
+                ..RunMeta::default()
+            };
+            stream_record(&meta, &run_stats(&count.stats), &count)
+        };
+        let record = record_of(Terminal::failed("xyz", None));
+        assert_eq!(
+            (record.error_type.as_deref(), record.message.as_deref()),
+            (
+                Some("provider_error"),
+                Some("plugin reported unknown slug `xyz`")
+            )
+        );
+        // The provider's own message wins; a known slug is no news.
+        let record = record_of(Terminal::failed("xyz", Some("HTTP 418".to_owned())));
+        assert_eq!(record.message.as_deref(), Some("HTTP 418"));
+        let record = record_of(Terminal::failed("rate_limited", None));
+        assert_eq!(
+            (record.error_type.as_deref(), record.message),
+            (Some("rate_limited"), None)
         );
     }
 }

@@ -165,10 +165,9 @@ impl StepCounter for FailingCounter {
     }
 
     fn finish(&mut self) -> CounterStats {
-        CounterStats {
-            num_steps_computed: self.0,
-            ..CounterStats::default()
-        }
+        let mut stats = CounterStats::default();
+        stats.num_steps_computed = self.0;
+        stats
     }
 }
 

@@ -92,11 +92,7 @@ impl OpenCodeCounter {
             *self.cost.get_or_insert(0.0) += cost;
         }
         if part["reason"] == "stop" {
-            self.terminal = Some(Terminal {
-                success: true,
-                slug: None,
-                message: None,
-            });
+            self.terminal = Some(Terminal::success());
             report.flags |= LineReport::TERMINAL;
         }
     }
@@ -148,11 +144,7 @@ impl StepCounter for OpenCodeCounter {
                 } else {
                     slug_for_error_text(&message)
                 };
-                self.terminal = Some(Terminal {
-                    success: false,
-                    slug: Some(slug.into()),
-                    message: Some(message),
-                });
+                self.terminal = Some(Terminal::failed(slug, message));
                 report.flags |= LineReport::TERMINAL;
             }
             _ => {
@@ -164,20 +156,20 @@ impl StepCounter for OpenCodeCounter {
     }
 
     fn finish(&mut self) -> CounterStats {
-        CounterStats {
-            num_steps_computed: if self.by_step {
-                self.steps.len()
-            } else {
-                self.tools.len()
-            } as u64,
-            num_turns_computed: Some(self.steps.len() as u64),
-            terminal: self.terminal.clone(),
-            tokens: self.tokens,
-            cost_usd: self.cost,
-            noise_lines: self.noise,
-            unknown_events: self.unknown,
-            ..CounterStats::default()
-        }
+        // Start from the default and assign: keeps compiling when a field is added.
+        let mut stats = CounterStats::default();
+        stats.num_steps_computed = if self.by_step {
+            self.steps.len()
+        } else {
+            self.tools.len()
+        } as u64;
+        stats.num_turns_computed = Some(self.steps.len() as u64);
+        stats.terminal = self.terminal.clone();
+        stats.tokens = self.tokens;
+        stats.cost_usd = self.cost;
+        stats.noise_lines = self.noise;
+        stats.unknown_events = self.unknown;
+        stats
     }
 }
 
@@ -193,10 +185,7 @@ mod tests {
             .join(file);
         let bytes = std::fs::read(&path).unwrap();
         let mut c = OpenCodePlugin
-            .open_counter(&CounterRequest {
-                unit: unit.into(),
-                ..Default::default()
-            })
+            .open_counter(&CounterRequest::new(unit))
             .unwrap();
         feed_all(c.as_mut(), &bytes).unwrap().1
     }
@@ -238,10 +227,7 @@ mod tests {
         ]
         .join("\n");
         let mut c = OpenCodePlugin
-            .open_counter(&CounterRequest {
-                unit: "step".into(),
-                ..Default::default()
-            })
+            .open_counter(&CounterRequest::new("step"))
             .unwrap();
         let stats = feed_all(c.as_mut(), stream.as_bytes()).unwrap().1;
         assert_eq!(stats.num_steps_computed, 2);

@@ -26,6 +26,10 @@ pub fn run(cli: &Cli, args: &PluginsArgs) -> anyhow::Result<ExitCode> {
         return check(path);
     }
     let registry = providers::load_registry(&cli.plugin_dir, cli.allow_override);
+    // Listing plugins is the one place every refused file is news: one line each.
+    for failure in registry.failures() {
+        providers::warn_failure(failure);
+    }
     let reports: Vec<PluginReport<'_>> = registry
         .entries()
         .map(|e| {
@@ -85,7 +89,11 @@ fn check(path: &std::path::Path) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::Success)
         }
         Err(e) => {
+            // One line; a long reason's full text (abi_stable's layout report) under `-v`.
             output::line(format!("{}: does not load: {e}", path.display()))?;
+            if let Some(details) = e.details() {
+                tracing::info!("plugin {}: {details}", path.display());
+            }
             Ok(ExitCode::Plugin)
         }
     }

@@ -61,10 +61,7 @@ impl Dir {
 pub fn counter_of(provider: ProviderBox, unit: &str) -> Counter {
     Provider::new(provider)
         .unwrap()
-        .open_counter(&CounterRequest {
-            unit: unit.into(),
-            options: Default::default(),
-        })
+        .open_counter(&CounterRequest::new(unit))
         .unwrap()
 }
 

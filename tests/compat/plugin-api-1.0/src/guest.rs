@@ -1,0 +1,368 @@
+//! The plugin author's side: two safe traits, and the adapters that put them behind the frozen ABI.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use abi_stable::prefix_type::PrefixTypeTrait;
+use abi_stable::sabi_trait::TD_Opaque;
+use abi_stable::std_types::{RBox, RResult, RSlice, RStr, RString};
+
+use crate::abi::{
+    ChunkReport, CounterBox, CounterObj, CounterObj_TO, HostCallbacks, LineReport, PluginMod,
+    PluginModRef, ProviderBox, ProviderObj, ProviderObj_TO,
+};
+use crate::model::{CounterRequest, CounterStats, Manifest};
+
+/// A provider plugin: declares itself and opens step counters. Implement this, then call
+/// [`crate::export_plugin!`].
+pub trait ProviderPlugin: Send + Sync + 'static {
+    /// Returns the plugin's manifest (name, version, units, options, native limit).
+    fn manifest(&self) -> Manifest;
+
+    /// Validates provider options (from the provider's config table) before any counter opens.
+    ///
+    /// The default accepts exactly the options the manifest declares; override to check values.
+    fn validate_options(
+        &self,
+        options: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<(), String> {
+        let manifest = self.manifest();
+        for key in options.keys() {
+            if !manifest.options.iter().any(|o| &o.name == key) {
+                let accepted = if manifest.options.is_empty() {
+                    "it accepts none".to_owned()
+                } else {
+                    let names: Vec<&str> =
+                        manifest.options.iter().map(|o| o.name.as_str()).collect();
+                    format!("accepted: {}", names.join(", "))
+                };
+                return Err(format!(
+                    "unknown option `{key}` for provider `{}`; {accepted}",
+                    manifest.name
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Opens a counter for one stream. The unit is always one the manifest declares and the
+    /// options have passed [`ProviderPlugin::validate_options`].
+    fn open_counter(&self, request: &CounterRequest) -> Result<Box<dyn StepCounter>, String>;
+
+    /// Answers a method of the narrow waist that this plugin knows; `None` for unknown methods.
+    fn call(
+        &self,
+        method: &str,
+        payload: &serde_json::Value,
+    ) -> Option<Result<serde_json::Value, String>> {
+        let _ = (method, payload);
+        None
+    }
+}
+
+/// Counts the steps of one stream, line by line.
+pub trait StepCounter: Send {
+    /// Reads one line of the agent's stdout (without its `\n`, bytes not assumed UTF-8).
+    ///
+    /// Return an error only when counting can no longer be trusted; the host then stops the
+    /// agent (fail closed).
+    fn feed(&mut self, line: &[u8]) -> Result<LineReport, String>;
+
+    /// Returns the final numbers; called once, after the last line.
+    fn finish(&mut self) -> CounterStats;
+}
+
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    let text = payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic payload".to_owned());
+    format!("plugin panicked: {text}")
+}
+
+/// Runs `f`, turning a panic into an error so that no unwind crosses the boundary.
+fn guarded<T>(f: impl FnOnce() -> Result<T, String>) -> RResult<T, RString> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(v)) => RResult::ROk(v),
+        Ok(Err(e)) => RResult::RErr(RString::from(e)),
+        Err(payload) => RResult::RErr(RString::from(panic_message(payload.as_ref()))),
+    }
+}
+
+struct ProviderAdapter<P: ProviderPlugin>(P);
+
+impl<P: ProviderPlugin> ProviderObj for ProviderAdapter<P> {
+    fn manifest_json(&self) -> RResult<RString, RString> {
+        guarded(|| {
+            serde_json::to_string(&self.0.manifest())
+                .map(RString::from)
+                .map_err(|e| e.to_string())
+        })
+    }
+
+    fn call(&self, method: RStr<'_>, payload: RStr<'_>) -> RResult<RString, RString> {
+        guarded(|| {
+            let payload: serde_json::Value = if payload.is_empty() {
+                serde_json::Value::Null
+            } else {
+                serde_json::from_str(payload.as_str())
+                    .map_err(|e| format!("invalid payload: {e}"))?
+            };
+            let result = match method.as_str() {
+                "validate_options" => {
+                    let options = payload.as_object().cloned().unwrap_or_default();
+                    self.0
+                        .validate_options(&options)
+                        .map(|()| serde_json::Value::Null)
+                }
+                other => match self.0.call(other, &payload) {
+                    Some(r) => r,
+                    None => Err(format!("unknown method `{other}`")),
+                },
+            }?;
+            serde_json::to_string(&result)
+                .map(RString::from)
+                .map_err(|e| e.to_string())
+        })
+    }
+
+    fn open_counter(&self, request_json: RStr<'_>) -> RResult<CounterBox, RString> {
+        guarded(|| {
+            let request: CounterRequest = serde_json::from_str(request_json.as_str())
+                .map_err(|e| format!("invalid counter request: {e}"))?;
+            let manifest = self.0.manifest();
+            if !manifest.units.iter().any(|u| u.name == request.unit) {
+                return Err(format!(
+                    "unknown unit `{}` for provider `{}`; valid units: {}",
+                    request.unit,
+                    manifest.name,
+                    manifest.unit_names()
+                ));
+            }
+            self.0.validate_options(&request.options)?;
+            let counter = self.0.open_counter(&request)?;
+            Ok(CounterObj_TO::from_value(
+                CounterAdapter {
+                    inner: counter,
+                    poisoned: false,
+                },
+                TD_Opaque,
+            ))
+        })
+    }
+}
+
+struct CounterAdapter {
+    inner: Box<dyn StepCounter>,
+    poisoned: bool,
+}
+
+impl CounterAdapter {
+    fn run<T>(
+        &mut self,
+        f: impl FnOnce(&mut dyn StepCounter) -> Result<T, String>,
+    ) -> RResult<T, RString> {
+        if self.poisoned {
+            return RResult::RErr(RString::from("counter unusable after an earlier panic"));
+        }
+        let inner = &mut *self.inner;
+        let result = guarded(|| f(inner));
+        if let RResult::RErr(e) = &result {
+            self.poisoned = e.as_str().starts_with("plugin panicked");
+        }
+        result
+    }
+}
+
+impl CounterObj for CounterAdapter {
+    fn feed(&mut self, line: RSlice<'_, u8>) -> RResult<LineReport, RString> {
+        self.run(|c| c.feed(line.as_slice()))
+    }
+
+    fn feed_chunk(
+        &mut self,
+        chunk: RSlice<'_, u8>,
+        step_allowance: u64,
+    ) -> RResult<ChunkReport, RString> {
+        self.run(|c| feed_chunk(c, chunk.as_slice(), step_allowance))
+    }
+
+    fn finish(&mut self) -> RResult<RString, RString> {
+        self.run(|c| {
+            serde_json::to_string(&c.finish())
+                .map(RString::from)
+                .map_err(|e| e.to_string())
+        })
+    }
+
+    fn call(&mut self, method: RStr<'_>, _payload: RStr<'_>) -> RResult<RString, RString> {
+        RResult::RErr(RString::from(format!("unknown counter method `{method}`")))
+    }
+}
+
+/// Feeds the lines of `chunk` to `counter` until the steps begun exceed `step_allowance`.
+pub(crate) fn feed_chunk(
+    counter: &mut dyn StepCounter,
+    chunk: &[u8],
+    step_allowance: u64,
+) -> Result<ChunkReport, String> {
+    let mut out = ChunkReport::default();
+    let mut begun: u64 = 0;
+    let mut rest = chunk;
+    while !rest.is_empty() {
+        let (line, taken) = match memchr::memchr(b'\n', rest) {
+            Some(nl) => (&rest[..nl], nl + 1),
+            None => (rest, rest.len()),
+        };
+        rest = &rest[taken..];
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let r = counter.feed(line)?;
+        out.consumed += taken as u64;
+        out.lines += 1;
+        out.noise_lines += u64::from(r.has(LineReport::NOISE));
+        add_report(&mut out.sum, &r);
+        begun += u64::from(r.steps_begun);
+        if begun > step_allowance {
+            out.stopped = true;
+            break;
+        }
+    }
+    Ok(out)
+}
+
+/// Adds `r` into `sum` (counts saturating, flags OR-ed).
+pub fn add_report(sum: &mut LineReport, r: &LineReport) {
+    sum.steps_begun = sum.steps_begun.saturating_add(r.steps_begun);
+    sum.steps_completed = sum.steps_completed.saturating_add(r.steps_completed);
+    sum.turns = sum.turns.saturating_add(r.turns);
+    sum.sub_agent_steps = sum.sub_agent_steps.saturating_add(r.sub_agent_steps);
+    sum.flags |= r.flags;
+}
+
+/// Puts a plugin behind the boundary's provider interface without a dynamic library; this is how
+/// built-in providers reach the host through the same interface as loaded ones.
+pub fn provider_box<P: ProviderPlugin>(plugin: P) -> ProviderBox {
+    ProviderObj_TO::from_value(ProviderAdapter(plugin), TD_Opaque)
+}
+
+/// Builds the root module of a dynamic plugin library (used by [`crate::export_plugin!`]).
+#[doc(hidden)]
+pub fn root_module<P: ProviderPlugin + Default>() -> PluginModRef {
+    PluginMod {
+        new_provider: new_provider::<P>,
+    }
+    .leak_into_prefix()
+}
+
+extern "C" fn new_provider<P: ProviderPlugin + Default>(
+    host: HostCallbacks,
+) -> RResult<ProviderBox, RString> {
+    guarded(|| {
+        // The plugin has its own copy of `tracing`: route its events to the host's subscriber.
+        let _ = tracing::subscriber::set_global_default(Forwarder {
+            host,
+            next_span: AtomicU64::new(1),
+        });
+        // The plugin's own std prints panics to stderr; route them to the host's log instead
+        // (`guarded` turns each one into an error the host reports).
+        std::panic::set_hook(Box::new(|info| tracing::debug!("plugin panic: {info}")));
+        Ok(provider_box(P::default()))
+    })
+}
+
+/// A minimal `tracing` subscriber that forwards events to the host's log callback.
+struct Forwarder {
+    host: HostCallbacks,
+    next_span: AtomicU64,
+}
+
+fn level_number(level: &tracing::Level) -> u8 {
+    match *level {
+        tracing::Level::ERROR => 1,
+        tracing::Level::WARN => 2,
+        tracing::Level::INFO => 3,
+        tracing::Level::DEBUG => 4,
+        tracing::Level::TRACE => 5,
+    }
+}
+
+struct MessageVisitor(String);
+
+impl tracing::field::Visit for MessageVisitor {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        use std::fmt::Write as _;
+        if field.name() == "message" {
+            let _ = write!(self.0, "{value:?}");
+        } else {
+            let _ = write!(self.0, " {}={value:?}", field.name());
+        }
+    }
+}
+
+impl tracing::Subscriber for Forwarder {
+    fn enabled(&self, metadata: &tracing::Metadata<'_>) -> bool {
+        level_number(metadata.level()) <= self.host.max_level
+    }
+
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(self.next_span.fetch_add(1, Ordering::Relaxed))
+    }
+
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+
+    fn event(&self, event: &tracing::Event<'_>) {
+        let mut visitor = MessageVisitor(String::new());
+        event.record(&mut visitor);
+        let meta = event.metadata();
+        (self.host.log)(
+            level_number(meta.level()),
+            RStr::from(meta.target()),
+            RStr::from(visitor.0.as_str()),
+        );
+    }
+
+    fn enter(&self, _: &tracing::span::Id) {}
+
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+// Keep RBox in scope for the generated trait-object types' documentation links.
+#[allow(dead_code)]
+type _Unused = RBox<()>;
+
+/// Helpers for testing plugins without a host.
+pub mod testing {
+    use super::StepCounter;
+    use crate::abi::LineReport;
+    use crate::model::CounterStats;
+
+    /// Feeds a chunk of lines the way the host does ([`crate::abi::CounterObj::feed_chunk`]).
+    pub fn feed_chunk(
+        counter: &mut dyn StepCounter,
+        chunk: &[u8],
+        step_allowance: u64,
+    ) -> Result<crate::abi::ChunkReport, String> {
+        super::feed_chunk(counter, chunk, step_allowance)
+    }
+
+    /// Feeds every `\n`-separated line of `stream` (a trailing `\r` trimmed) to `counter`, sums
+    /// the per-line reports, and returns them with the final stats.
+    pub fn feed_all(
+        counter: &mut dyn StepCounter,
+        stream: &[u8],
+    ) -> Result<(LineReport, CounterStats), String> {
+        let mut sum = LineReport::empty();
+        let mut lines: Vec<&[u8]> = stream.split(|b| *b == b'\n').collect();
+        if lines.last().is_some_and(|l| l.is_empty()) {
+            lines.pop();
+        }
+        for line in lines {
+            let line = line.strip_suffix(b"\r").unwrap_or(line);
+            super::add_report(&mut sum, &counter.feed(line)?);
+        }
+        Ok((sum, counter.finish()))
+    }
+}
