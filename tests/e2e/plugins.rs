@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use crate::harness::{Sandbox, plugin_dirs};
+use crate::harness::{Sandbox, plugin_dirs, workspace};
 
 fn arg(p: &Path) -> &str {
     p.to_str().unwrap()
@@ -985,4 +985,128 @@ fn count_opencode_without_the_plugin_says_how_to_get_it() {
     ] {
         assert!(error.contains(needle), "missing {needle}\n{error}");
     }
+}
+
+#[test]
+fn plugins_new_writes_a_crate_that_builds_tests_and_counts_outside_the_workspace() {
+    let sb = Sandbox::new();
+    let dir = sb.root().join("stepguard-plugin-myagent");
+    let api = workspace().join("crates/plugin-api");
+    let made = sb.run(&[
+        "plugins",
+        "new",
+        "myagent",
+        "--dir",
+        arg(&dir),
+        "--api-path",
+        arg(&api),
+    ]);
+    assert_eq!(made.code, Some(0), "{}", made.stderr);
+    for file in ["Cargo.toml", "src/lib.rs", "sample.jsonl", "README.md"] {
+        assert!(dir.join(file).is_file(), "{file} missing");
+    }
+    let readme = std::fs::read_to_string(dir.join("README.md")).unwrap();
+    assert!(readme.contains("cargo build --release"), "{readme}");
+    assert!(
+        readme.contains("libstepguard_plugin_myagent.so"),
+        "{readme}"
+    );
+    // Without --api-path the dependency is the release's git tag.
+    let default = sb.run(&[
+        "plugins",
+        "new",
+        "other",
+        "--dir",
+        arg(&sb.root().join("o")),
+    ]);
+    assert_eq!(default.code, Some(0), "{}", default.stderr);
+    let manifest = std::fs::read_to_string(sb.root().join("o/Cargo.toml")).unwrap();
+    assert!(
+        manifest
+            .contains("git = \"https://example.invalid/stepguard\", tag = \"plugin-api-v1.0.0\""),
+        "{manifest}"
+    );
+
+    // Built as a third party would, outside the workspace (its versions pinned like ours).
+    std::fs::copy(workspace().join("Cargo.lock"), dir.join("Cargo.lock")).unwrap();
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let target = workspace().join("target/template");
+    let cargo_in = |args: &[&str]| {
+        let out = std::process::Command::new(&cargo)
+            .current_dir(&dir)
+            .args(args)
+            .arg("--target-dir")
+            .arg(&target)
+            .output()
+            .expect("run cargo");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "cargo {args:?}:\n{text}");
+        text
+    };
+    let tested = cargo_in(&["test", "--quiet"]);
+    assert!(tested.contains("2 passed"), "{tested}");
+    cargo_in(&["build", "--quiet"]);
+    let plugins = sb.root().join("installed");
+    std::fs::create_dir_all(&plugins).unwrap();
+    let ext = std::env::consts::DLL_EXTENSION;
+    std::fs::copy(
+        target.join(format!("debug/libstepguard_plugin_myagent.{ext}")),
+        plugins.join(format!("libstepguard_plugin_myagent.{ext}")),
+    )
+    .unwrap();
+    let sample = dir.join("sample.jsonl");
+    let count = sb.run(&[
+        "count",
+        "--json",
+        "--plugin-dir",
+        arg(&plugins),
+        "-p",
+        "myagent",
+        arg(&sample),
+    ]);
+    assert_eq!(count.code, Some(0), "{}", count.stderr);
+    assert_eq!(count.json()["num_steps_computed"], 3);
+    assert_eq!(count.json()["outcome"], "success");
+    let run = sb.run(&[
+        "run",
+        "--no-record",
+        "--plugin-dir",
+        arg(&plugins),
+        "-p",
+        "myagent",
+        "--max-steps",
+        "2",
+        "--",
+        "cat",
+        arg(&sample),
+    ]);
+    assert_eq!(run.code, Some(3), "{}", run.stderr);
+}
+
+#[test]
+fn plugins_new_refuses_a_bad_name_and_a_directory_in_use() {
+    let sb = Sandbox::new();
+    let bad = sb.run(&["plugins", "new", "My Agent"]);
+    assert_eq!(bad.code, Some(2));
+    assert!(
+        bad.stderr.contains("`My Agent` is not a provider name"),
+        "{}",
+        bad.stderr
+    );
+    sb.write("used/keep.txt", "mine");
+    let used = sb.run(&["plugins", "new", "x", "--dir", arg(&sb.root().join("used"))]);
+    assert_eq!(used.code, Some(2));
+    assert!(
+        used.stderr.contains("already exists and is not empty"),
+        "{}",
+        used.stderr
+    );
+    assert_eq!(
+        std::fs::read_to_string(sb.root().join("used/keep.txt")).unwrap(),
+        "mine"
+    );
 }

@@ -270,6 +270,20 @@ pub enum PluginsAction {
         /// The plugin file.
         path: PathBuf,
     },
+    /// Write a ready-to-build provider plugin crate: Cargo.toml, src/lib.rs with a unit and
+    /// tests, a sample stream and a README with the build and install commands.
+    New {
+        /// The provider's name, as given to `--provider` (lowercase letters, digits, `-`, `_`).
+        name: String,
+        /// Where to create the crate (default: ./stepguard-plugin-NAME); must not exist or be
+        /// empty.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+        /// Depend on a local checkout of stepguard-plugin-api (its directory) instead of the
+        /// release's git tag.
+        #[arg(long, value_name = "PATH")]
+        api_path: Option<PathBuf>,
+    },
 }
 
 /// Flags that decide a run's budget, shared by every command that resolves one.

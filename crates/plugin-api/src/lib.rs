@@ -191,6 +191,12 @@ pub mod abi_stable_rstr {
 /// The generation of the frozen binary layout. Changes only when [`abi`] changes.
 pub const ABI_GENERATION: u32 = 1;
 
+/// This API crate's own version (the git tag of a release is `plugin-api-v` followed by it).
+pub const API_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// Where the API crate's source lives (a plugin's git dependency points here).
+pub const REPOSITORY: &str = env!("CARGO_PKG_REPOSITORY");
+
 /// The newest version of the JSON protocol this API crate speaks: what a host built with it
 /// accepts. A plugin declares the oldest it needs instead ([`Manifest::min_protocol`]).
 pub const PROTOCOL_VERSION: &str = "1.2.0";

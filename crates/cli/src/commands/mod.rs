@@ -4,6 +4,7 @@ pub mod completions;
 pub mod config;
 pub mod count;
 pub mod history;
+pub mod plugin_template;
 pub mod plugins;
 pub mod run;
 pub mod simulate;

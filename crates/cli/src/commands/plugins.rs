@@ -22,8 +22,14 @@ struct PluginReport<'a> {
 
 /// Runs `stepguard plugins`.
 pub fn run(cli: &Cli, args: &PluginsArgs) -> anyhow::Result<ExitCode> {
-    if let Some(PluginsAction::Check { path }) = &args.action {
-        return check(path);
+    match &args.action {
+        Some(PluginsAction::Check { path }) => return check(path),
+        Some(PluginsAction::New {
+            name,
+            dir,
+            api_path,
+        }) => return super::plugin_template::run(name, dir.as_deref(), api_path.as_deref()),
+        None => {}
     }
     let registry = providers::load_registry(&cli.plugin_dir, cli.allow_override);
     // Listing plugins is the one place every refused file is news: one line each.
