@@ -131,3 +131,49 @@ fn a_plugin_built_today_loads_in_a_host_of_the_frozen_api_unless_it_needs_newer(
     assert_eq!(code, Some(4), "{out}");
     assert!(out.contains("protocol 1.2 required"), "{out}");
 }
+
+#[test]
+fn a_plugin_built_against_an_incompatible_api_is_refused_in_one_line() {
+    let sb = Sandbox::new();
+    let dir = sb.root().join("pre-plugins");
+    std::fs::create_dir_all(&dir).unwrap();
+    let ext = std::env::consts::DLL_EXTENSION;
+    let file = dir.join(format!("libpre_plugin.{ext}"));
+    std::fs::copy(compat_build().join(format!("libpre_plugin.{ext}")), &file).unwrap();
+    let file = file.to_str().unwrap();
+    let dir = dir.to_str().unwrap();
+
+    let check = sb.run(&["plugins", "check", file]);
+    assert_eq!(check.code, Some(4), "{}{}", check.stdout, check.stderr);
+    let said = format!("{}{}", check.stdout, check.stderr);
+    assert_eq!(said.lines().count(), 1, "{said}");
+    assert!(said.contains("type layout does not match"), "{said}");
+    assert!(
+        said.contains("rebuild it against stepguard-plugin-api 1.x"),
+        "{said}"
+    );
+    // The layout report itself is there for whoever asks.
+    let verbose = sb.run(&["plugins", "check", "-v", file]);
+    assert!(
+        format!("{}{}", verbose.stdout, verbose.stderr).contains("Error:mismatched package"),
+        "{}",
+        verbose.stderr
+    );
+
+    // Listing plugins warns about it once; a command that needs another provider says nothing.
+    let listed = sb.run(&["plugins", "--plugin-dir", dir]);
+    assert_eq!(
+        listed
+            .stderr
+            .lines()
+            .filter(|l| l.contains("libpre_plugin"))
+            .count(),
+        1,
+        "{}",
+        listed.stderr
+    );
+    let stream = crate::harness::fixture("real/codex/tools3.jsonl");
+    let count = sb.run(&["count", "--plugin-dir", dir, "-p", "codex", &stream]);
+    assert_eq!(count.code, Some(0), "{}", count.stderr);
+    assert!(!count.stderr.contains("libpre_plugin"), "{}", count.stderr);
+}
