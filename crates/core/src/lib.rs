@@ -36,6 +36,7 @@
 pub mod budget;
 pub mod exit;
 pub mod ledger;
+pub mod loops;
 pub mod record;
 pub mod slug;
 pub mod stats;

@@ -68,6 +68,12 @@ failure_slugs! {
     /// None of the agent's output was recognised as the provider's stream, so nothing could be
     /// counted (a missing `--json`, or the wrong provider).
     UnrecognizedStream => "unrecognized_stream", "UNRECOGNIZED_STREAM";
+    /// The agent repeated a tool call (or a short cycle of calls) past the loop limit.
+    LoopDetected => "loop_detected", "LOOP_DETECTED";
+    /// The agent produced no output for the idle timeout.
+    Stalled => "stalled", "STALLED";
+    /// The agent produced no recognised event within the startup timeout.
+    StartupHang => "startup_hang", "STARTUP_HANG";
     /// The conversation outgrew the model's context window.
     ContextGuard => "context_guard", "CONTEXT_GUARD";
     /// The model answered without calling a tool where one was required.
@@ -183,6 +189,9 @@ mod tests {
             "spawn_failed",
             "plugin_error",
             "unrecognized_stream",
+            "loop_detected",
+            "stalled",
+            "startup_hang",
             "context_guard",
             "no_tools",
             "empty_response",

@@ -21,6 +21,12 @@ pub enum TerminatedBy {
     Plugin,
     /// None of the agent's output was recognised as the provider's stream (fail closed).
     Unrecognized,
+    /// The agent repeated a tool call past the loop limit.
+    Loop,
+    /// The agent produced no output for the idle timeout.
+    Idle,
+    /// The agent produced no recognised event within the startup timeout.
+    Startup,
 }
 
 impl TerminatedBy {
@@ -32,6 +38,9 @@ impl TerminatedBy {
             TerminatedBy::Signal => "signal",
             TerminatedBy::Plugin => "plugin",
             TerminatedBy::Unrecognized => "unrecognized",
+            TerminatedBy::Loop => "loop",
+            TerminatedBy::Idle => "idle",
+            TerminatedBy::Startup => "startup",
         }
     }
 }
@@ -98,6 +107,16 @@ pub fn classify(
         }
         Some(TerminatedBy::Unrecognized) => {
             return Verdict::failed(FailureSlug::UnrecognizedStream, ExitCode::Usage);
+        }
+        // A loop is a budget outcome (the agent spent steps going round); stalls are timeouts.
+        Some(TerminatedBy::Loop) => {
+            return Verdict::failed(FailureSlug::LoopDetected, ExitCode::BudgetExceeded);
+        }
+        Some(TerminatedBy::Idle) => {
+            return Verdict::failed(FailureSlug::Stalled, ExitCode::Timeout);
+        }
+        Some(TerminatedBy::Startup) => {
+            return Verdict::failed(FailureSlug::StartupHang, ExitCode::Timeout);
         }
         None => {}
     }
@@ -179,6 +198,9 @@ mod tests {
                 FailureSlug::UnrecognizedStream,
                 2,
             ),
+            (TerminatedBy::Loop, FailureSlug::LoopDetected, 3),
+            (TerminatedBy::Idle, FailureSlug::Stalled, 124),
+            (TerminatedBy::Startup, FailureSlug::StartupHang, 124),
         ] {
             let v = classify(Some(by), ok(), Some(ChildExit::Signal(15)));
             assert_eq!(

@@ -82,6 +82,9 @@ impl LineReport {
     pub const TERMINAL: u32 = 1 << 1;
     /// The line was JSON of an event type the mapping does not know.
     pub const UNKNOWN_EVENT: u32 = 1 << 2;
+    /// The line carried a tool call: the host asks the counter for it
+    /// ([`crate::StepCounter::take_tool_calls`], protocol 1.3) after the chunk, once.
+    pub const TOOL_CALL: u32 = 1 << 3;
 
     /// A report for a noise line.
     pub const fn noise() -> Self {

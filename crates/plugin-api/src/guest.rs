@@ -59,6 +59,13 @@ pub trait StepCounter: Send {
 
     /// Returns the final numbers; called once, after the last line.
     fn finish(&mut self) -> CounterStats;
+
+    /// Returns the tool calls seen since the last call, in stream order, and forgets them
+    /// (protocol 1.3; declare [`Manifest::reports_tool_calls`]). The host asks only after a
+    /// chunk whose lines set [`LineReport::TOOL_CALL`], so mark those lines.
+    fn take_tool_calls(&mut self) -> Vec<crate::model::ToolCall> {
+        Vec::new()
+    }
 }
 
 fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
@@ -215,7 +222,14 @@ impl CounterObj for CounterAdapter {
     }
 
     fn call(&mut self, method: RStr<'_>, _payload: RStr<'_>) -> RResult<RString, RString> {
-        RResult::RErr(RString::from(format!("unknown counter method `{method}`")))
+        match method.as_str() {
+            "tool_calls" => self.run(|c| {
+                serde_json::to_string(&c.take_tool_calls())
+                    .map(RString::from)
+                    .map_err(|e| e.to_string())
+            }),
+            other => RResult::RErr(RString::from(format!("unknown counter method `{other}`"))),
+        }
     }
 }
 

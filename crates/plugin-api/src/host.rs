@@ -229,6 +229,21 @@ impl Counter {
         }
     }
 
+    /// Returns the tool calls the counter saw since the last call (protocol 1.3; ask only
+    /// plugins whose manifest says `tool_calls`, after a chunk that set
+    /// [`crate::LineReport::TOOL_CALL`]).
+    pub fn tool_calls(&mut self) -> Result<Vec<crate::model::ToolCall>, CallError> {
+        let err = |message: String| CallError {
+            provider: self.provider.clone(),
+            message,
+        };
+        match self.object.call("tool_calls".into(), "".into()) {
+            RResult::ROk(json) => serde_json::from_str(json.as_str())
+                .map_err(|e| err(format!("invalid tool calls: {e}"))),
+            RResult::RErr(e) => Err(err(e.into_string())),
+        }
+    }
+
     /// Returns the final numbers.
     pub fn finish(&mut self) -> Result<CounterStats, CallError> {
         let err = |message: String| CallError {
@@ -322,11 +337,11 @@ mod tests {
         assert_eq!(check_protocol(PROTOCOL_VERSION), Ok(()));
         assert_eq!(
             check_protocol("2.0.0").unwrap_err().to_string(),
-            "protocol 2.0 required, this host speaks 1.2"
+            "protocol 2.0 required, this host speaks 1.3"
         );
         assert_eq!(
             check_protocol("1.7.0").unwrap_err().to_string(),
-            "protocol 1.7 required, this host speaks 1.2"
+            "protocol 1.7 required, this host speaks 1.3"
         );
         assert!(matches!(check_protocol("one"), Err(LoadError::Manifest(_))));
     }

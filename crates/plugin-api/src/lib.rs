@@ -113,7 +113,9 @@
 //! **Protocol.** [`PROTOCOL_VERSION`] versions the JSON payloads ([`model`]): a host speaking
 //! `X.Z` loads a plugin that needs `X.Y` when `Z >= Y`. History: 1.0 manifest, counters, stats;
 //! 1.1 manifest `native_limit`, stats `sub_agent_steps`; 1.2 manifest `expects` and `preflight`
-//! (checks of the agent's command line). New fields get `#[serde(default)]`, nothing uses
+//! (checks of the agent's command line); 1.3 manifest `tool_calls`, the line flag
+//! [`LineReport::TOOL_CALL`] and the counter method `tool_calls` ([`ToolCall`], for loop
+//! detection). New fields get `#[serde(default)]`, nothing uses
 //! `deny_unknown_fields`, and fields are never removed or retyped within a protocol major
 //! version, so an older host reads a newer plugin's payloads and ignores what it does not know.
 //!
@@ -179,7 +181,7 @@ pub use abi::{ChunkReport, HostCallbacks, LineReport, PluginModRef, ProviderBox}
 pub use guest::{ProviderPlugin, StepCounter, provider_box, testing};
 pub use model::{
     CounterRequest, CounterStats, Manifest, NativeLimit, OptionInfo, PreflightRule,
-    RESERVED_OPTIONS, TERMINAL_SLUGS, Terminal, Tokens, UnitInfo, is_terminal_slug,
+    RESERVED_OPTIONS, TERMINAL_SLUGS, Terminal, Tokens, ToolCall, UnitInfo, is_terminal_slug,
     slug_for_error_text,
 };
 
@@ -199,7 +201,7 @@ pub const REPOSITORY: &str = env!("CARGO_PKG_REPOSITORY");
 
 /// The newest version of the JSON protocol this API crate speaks: what a host built with it
 /// accepts. A plugin declares the oldest it needs instead ([`Manifest::min_protocol`]).
-pub const PROTOCOL_VERSION: &str = "1.2.0";
+pub const PROTOCOL_VERSION: &str = "1.3.0";
 
 /// The name of the plain `extern "C" fn() -> u32` symbol carrying the ABI generation.
 pub const ABI_GENERATION_SYMBOL: &str = "stepguard_plugin_abi_generation";

@@ -52,6 +52,10 @@ pub struct Manifest {
     /// counted stream is refused with the fix (protocol 1.2).
     #[serde(default)]
     pub preflight: Vec<PreflightRule>,
+    /// Whether the counters report tool calls (name and argument fingerprint) for loop
+    /// detection (protocol 1.3); hosts before 1.3 ignore it.
+    #[serde(default)]
+    pub tool_calls: bool,
 }
 
 /// The first protocol version, which every host speaks.
@@ -83,7 +87,15 @@ impl Manifest {
             native_limit: None,
             expects: String::new(),
             preflight: Vec::new(),
+            tool_calls: false,
         }
+    }
+
+    /// Declares that the plugin's counters report tool calls ([`crate::StepCounter::take_tool_calls`])
+    /// for loop detection (protocol 1.3).
+    pub fn reports_tool_calls(mut self) -> Self {
+        self.tool_calls = true;
+        self
     }
 
     /// Declares that the plugin needs at least protocol `version` (`"1.1"` or `"1.1.0"`), for
@@ -119,7 +131,9 @@ impl Manifest {
     /// assert_eq!(limited.expects("JSON lines").min_protocol(), "1.2.0");
     /// ```
     pub fn min_protocol(&self) -> String {
-        let minor = if !self.expects.is_empty() || !self.preflight.is_empty() {
+        let minor = if self.tool_calls {
+            3
+        } else if !self.expects.is_empty() || !self.preflight.is_empty() {
             2
         } else if self.native_limit.is_some() {
             1
@@ -605,6 +619,92 @@ pub fn slug_for_error_text(text: &str) -> &'static str {
     }
 }
 
+/// One tool call seen in the stream, identified for loop detection (protocol 1.3): the tool's
+/// name and a fingerprint of the name and its arguments, so that the same call with its
+/// arguments written in another key order or spacing is the same call.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct ToolCall {
+    /// The tool's name, as the provider calls it (`shell`, `Bash`, `read_file` …).
+    pub tool: String,
+    /// 16 hex digits: the 64-bit FNV-1a hash of the name and the arguments' canonical JSON.
+    pub fingerprint: String,
+}
+
+impl ToolCall {
+    /// Identifies a call of `tool` with `arguments` (any JSON; a string holding JSON, as some
+    /// providers send arguments, is parsed first so that its formatting does not matter).
+    ///
+    /// ```
+    /// use stepguard_plugin_api::ToolCall;
+    /// use stepguard_plugin_api::serde_json::json;
+    ///
+    /// let a = ToolCall::new("read", &json!({"path": "a.rs", "limit": 10}));
+    /// let b = ToolCall::new("read", &json!("{ \"limit\": 10,\n \"path\": \"a.rs\" }"));
+    /// assert_eq!(a, b);
+    /// assert_ne!(a, ToolCall::new("read", &json!({"path": "b.rs", "limit": 10})));
+    /// assert_ne!(a, ToolCall::new("write", &json!({"path": "a.rs", "limit": 10})));
+    /// ```
+    pub fn new(tool: impl Into<String>, arguments: &serde_json::Value) -> Self {
+        let tool = tool.into();
+        let parsed;
+        let arguments = match arguments
+            .as_str()
+            .map(serde_json::from_str::<serde_json::Value>)
+        {
+            Some(Ok(inner)) => {
+                parsed = inner;
+                &parsed
+            }
+            _ => arguments,
+        };
+        let mut text = String::new();
+        canonical_json(arguments, &mut text);
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for byte in tool.bytes().chain([0]).chain(text.bytes()) {
+            hash ^= u64::from(byte);
+            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        ToolCall {
+            tool,
+            fingerprint: format!("{hash:016x}"),
+        }
+    }
+}
+
+/// Writes `value` as JSON with object keys sorted and no whitespace, whatever order the map
+/// keeps them in.
+fn canonical_json(value: &serde_json::Value, out: &mut String) {
+    use serde_json::Value;
+    match value {
+        Value::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort();
+            out.push('{');
+            for (i, key) in keys.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&Value::String(key.clone()).to_string());
+                out.push(':');
+                canonical_json(&map[key.as_str()], out);
+            }
+            out.push('}');
+        }
+        Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                canonical_json(item, out);
+            }
+            out.push(']');
+        }
+        other => out.push_str(&other.to_string()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -705,7 +805,8 @@ mod tests {
         let everything = Manifest::new("p", "1")
             .native_limit(NativeLimit::new(&[], &[]))
             .expects("JSON")
-            .preflight(PreflightRule::new("p", &[], "fix"));
+            .preflight(PreflightRule::new("p", &[], "fix"))
+            .reports_tool_calls();
         assert_eq!(everything.min_protocol(), crate::PROTOCOL_VERSION);
     }
 
