@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use rustix::process::Signal;
+use stepguard_core::loops::{LoopFound, LoopKind};
 use stepguard_core::verdict::TerminatedBy;
 use stepguard_core::{StepLedger, StepLimit};
 use stepguard_supervisor::guard::{self, Guardian};
@@ -18,7 +19,7 @@ use crate::spec::{
     Breach, Containment, LimitDecision, LimitPolicy, OnUnrecognized, Progress, Question,
     RunObserver, RunSpec, RunStarted, StdinMode,
 };
-use crate::stream::Recognition;
+use crate::stream::{LoopWatch, Recognition};
 
 /// Held for the whole of a run: runs in one process take turns (see the crate docs).
 static ONE_RUN_AT_A_TIME: Mutex<()> = Mutex::new(());
@@ -43,6 +44,8 @@ pub(crate) enum Event {
     Unrecognized { lines: u64 },
     /// The policy that asks has answered (and is handed back for the next breach).
     Decided(LimitDecision, Box<dyn LimitPolicy>),
+    /// The agent's tool calls went round a loop.
+    Loop(LoopFound),
 }
 
 /// Stops a run from another thread as a signal to stepguard would (slug `interrupted`).
@@ -112,6 +115,9 @@ impl Runner {
             recognition,
             ask_timeout,
             stderr,
+            loops,
+            idle_timeout,
+            startup_timeout,
         } = spec;
         let plugin_timeout_ms = u64::try_from(plugin_timeout.as_millis()).unwrap_or(u64::MAX);
         let spec = Labels {
@@ -246,6 +252,7 @@ impl Runner {
             term_on_breach: (!asks).then_some(pgid),
             watch: Arc::clone(&watch),
             recognition_lines: recognition.lines,
+            loops: loops.map(LoopWatch::new),
         };
         let reader = std::thread::Builder::new()
             .name("stepguard-reader".into())
@@ -269,6 +276,7 @@ impl Runner {
                     truncated_last_line: false,
                     plugin_error: None,
                     recognition: Recognition::default(),
+                    loops: None,
                 })));
                 (None, true)
             }
@@ -397,6 +405,14 @@ impl Runner {
                     let first = Signal::from_named_raw(sig).unwrap_or(Signal::TERM);
                     run.stop(TerminatedBy::Signal, first);
                 }
+                Ok(Event::Loop(found)) => {
+                    if run.terminated_by.is_none() {
+                        let why = loop_message(&found);
+                        tracing::info!("{why}");
+                        run.why.get_or_insert(why);
+                        run.stop(TerminatedBy::Loop, Signal::TERM);
+                    }
+                }
                 Ok(Event::Unrecognized { lines }) => {
                     if !unrecognised_told {
                         unrecognised_told = true;
@@ -424,6 +440,37 @@ impl Runner {
                         run.withdraw_question();
                         run.decisions.push(LimitDecision::Stop);
                         run.decide(LimitDecision::Stop, step);
+                    }
+                    // Stalls: nothing at all for the idle timeout; nothing recognised for the
+                    // startup timeout.
+                    let elapsed_ms = start.elapsed().as_millis() as u64;
+                    if let Some(idle) = idle_timeout {
+                        let last = watch.last_output.load(Ordering::Relaxed).saturating_sub(1);
+                        if elapsed_ms.saturating_sub(last) >= idle.as_millis() as u64
+                            && run.terminated_by.is_none()
+                        {
+                            run.why.get_or_insert(format!(
+                                "no output from the agent for {}; stopped",
+                                humantime::format_duration(idle)
+                            ));
+                            run.stop(TerminatedBy::Idle, Signal::TERM);
+                        }
+                    }
+                    if let Some(startup) = startup_timeout
+                        && !watch.recognised.load(Ordering::Relaxed)
+                        && elapsed_ms >= startup.as_millis() as u64
+                        && run.terminated_by.is_none()
+                    {
+                        let what = if spec.meta.provider.is_empty() {
+                            "recognised".to_owned()
+                        } else {
+                            format!("recognised {}", spec.meta.provider)
+                        };
+                        run.why.get_or_insert(format!(
+                            "no {what} event from the agent within {} of the start; stopped",
+                            humantime::format_duration(startup)
+                        ));
+                        run.stop(TerminatedBy::Startup, Signal::TERM);
                     }
                     // Output keeps coming and none of it is the provider's: judged once.
                     let first = watch.first_output.load(Ordering::Relaxed);
@@ -628,6 +675,21 @@ fn finish(spec: Labels, ending: Ending, observers: &mut [&mut dyn RunObserver]) 
         o.finished(&mut report);
     }
     report
+}
+
+/// Says what loop stopped the run, e.g. "the agent called `shell` with the same arguments 3
+/// times (since step 2)".
+fn loop_message(found: &LoopFound) -> String {
+    match found.kind {
+        LoopKind::Repeat => format!(
+            "the agent called `{}` with the same arguments {} times (since step {}); stopped as a loop",
+            found.tool, found.count, found.first_step
+        ),
+        LoopKind::Cycle { .. } => format!(
+            "the agent went round the same calls `{}` {} times (since step {}); stopped as a loop",
+            found.tool, found.count, found.first_step
+        ),
+    }
 }
 
 /// Says that none of the agent's output was recognised, after `lines` lines or `after` of it.

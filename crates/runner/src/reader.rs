@@ -6,13 +6,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
 
+use stepguard_core::loops::LoopFound;
 use stepguard_core::{StepLedger, StepLimit};
 use stepguard_jsonl::{LineSplitter, SplitChunk};
 use stepguard_plugin_api::host::{CallError, Counter};
 use stepguard_plugin_api::{CounterStats, LineReport};
 
 use crate::engine::Event;
-use crate::stream::{Recognition, reconcile};
+use crate::stream::{LoopWatch, Recognition, reconcile};
 
 /// The engine's answer to a breach.
 pub(crate) enum Resume {
@@ -30,6 +31,8 @@ pub(crate) struct ReaderEnd {
     pub truncated_last_line: bool,
     pub plugin_error: Option<CallError>,
     pub recognition: Recognition,
+    /// The loops found, when loops were looked for.
+    pub loops: Option<Vec<LoopFound>>,
 }
 
 /// What the engine sees of the stream while the reader blocks on it.
@@ -39,6 +42,8 @@ pub(crate) struct StreamWatch {
     pub first_output: AtomicU64,
     /// True once a line was recognised as the provider's stream.
     pub recognised: AtomicBool,
+    /// When the latest output arrived (ms since the run's start, plus one), 0 before any.
+    pub last_output: AtomicU64,
 }
 
 /// The reader thread's inputs.
@@ -61,6 +66,8 @@ pub(crate) struct StreamReader {
     pub watch: Arc<StreamWatch>,
     /// After this many lines with none recognised, the engine is told.
     pub recognition_lines: u64,
+    /// Loop detection, when on.
+    pub loops: Option<LoopWatch>,
 }
 
 impl StreamReader {
@@ -78,6 +85,7 @@ impl StreamReader {
             term_on_breach,
             watch,
             recognition_lines,
+            mut loops,
         } = self;
         let mut lines = LineSplitter::new(pipe);
         let mut passthrough = true;
@@ -96,10 +104,11 @@ impl StreamReader {
                     break;
                 }
             };
+            let now = started.elapsed().as_millis() as u64 + 1;
             if watch.first_output.load(Ordering::Relaxed) == 0 {
-                let now = started.elapsed().as_millis() as u64 + 1;
                 watch.first_output.store(now, Ordering::Relaxed);
             }
+            watch.last_output.store(now, Ordering::Relaxed);
             let bytes = match chunk {
                 SplitChunk::Lines(bytes) => bytes,
                 SplitChunk::Oversized(len) => {
@@ -139,6 +148,21 @@ impl StreamReader {
             ledger.begin(u64::from(report.sum.steps_begun));
             ledger.complete(u64::from(report.sum.steps_completed));
             steps.store(ledger.steps(), Ordering::Relaxed);
+            if let Some(watch) = loops.as_mut() {
+                feeding_since.store(started.elapsed().as_millis() as u64 + 1, Ordering::Relaxed);
+                let seen = watch.after_chunk(&mut counter, &report, ledger.steps());
+                feeding_since.store(0, Ordering::Relaxed);
+                match seen {
+                    Ok(Some(found)) => {
+                        let _ = events.send(Event::Loop(found));
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        plugin_error = Some(e);
+                        break;
+                    }
+                }
+            }
             // When nobody will be asked, signal the group at once, before even passing the line
             // through: this is the latency users feel. The engine then stops the rest.
             if report.stopped
@@ -179,6 +203,7 @@ impl StreamReader {
                             truncated_last_line: false,
                             plugin_error,
                             recognition,
+                            loops: loops.map(|w| w.found),
                         };
                     }
                 }
@@ -201,6 +226,7 @@ impl StreamReader {
             truncated_last_line: lines.last_line_unterminated,
             plugin_error,
             recognition,
+            loops: loops.map(|w| w.found),
         }
     }
 }

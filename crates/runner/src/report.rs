@@ -110,6 +110,7 @@ impl RunReport {
             .as_ref()
             .map(|end| end.recognition)
             .unwrap_or_default();
+        let loops = ending.reader.as_ref().and_then(|end| end.loops.clone());
         let (counter_stats, oversized_lines, truncated_last_line, plugin_error, steps) =
             match ending.reader {
                 Some(end) => (
@@ -168,6 +169,7 @@ impl RunReport {
             oversized_lines,
             truncated_last_line,
             recognition,
+            loops,
         };
         let mut record = stream_record(&spec.meta, &stats, &count);
         let counter_stats = count.stats;

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use stepguard_core::StepLimit;
+use stepguard_core::loops::LoopSettings;
 use stepguard_plugin_api::host::Counter;
 
 use crate::report::RunReport;
@@ -135,12 +136,21 @@ pub struct RunSpec {
     /// Where the agent's standard error goes: `None` inherits stepguard's; a writer gets it
     /// through a pipe (e.g. to clear a status line before each write).
     pub stderr: Option<Box<dyn Write + Send>>,
+    /// Loop detection over the tool calls the plugin reports (slug `loop_detected`); `None`:
+    /// off (also the right choice for a plugin that does not report tool calls).
+    pub loops: Option<LoopSettings>,
+    /// Stop the agent when it has written nothing to stdout for this long (slug `stalled`).
+    pub idle_timeout: Option<Duration>,
+    /// Stop the agent when no line was recognised as the provider's within this long of the
+    /// start (slug `startup_hang`).
+    pub startup_timeout: Option<Duration>,
 }
 
 impl RunSpec {
     /// Creates a spec with the defaults of `stepguard run`: 5 s grace, no timeout, inherited
     /// stdin and stderr, stop at the limit (a policy that asks has 5 min), output to stdout,
-    /// an unrecognised stream stops the run; signals are not forwarded.
+    /// an unrecognised stream stops the run; signals are not forwarded, and loop detection and
+    /// the idle and startup timeouts are off.
     pub fn new(command: Vec<String>, counter: Counter, budget: StepLimit) -> Self {
         RunSpec {
             command,
@@ -162,6 +172,9 @@ impl RunSpec {
             recognition: RecognitionWindow::default(),
             ask_timeout: Some(Duration::from_secs(300)),
             stderr: None,
+            loops: None,
+            idle_timeout: None,
+            startup_timeout: None,
         }
     }
 }

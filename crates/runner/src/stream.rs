@@ -3,6 +3,7 @@
 
 use std::io::Read;
 
+use stepguard_core::loops::{LoopDetector, LoopFound, LoopSettings};
 use stepguard_core::{FailureSlug, Outcome, RunRecord, RunStats, TokenUsage};
 use stepguard_jsonl::{LineSplitter, SplitChunk};
 use stepguard_plugin_api::host::{CallError, Counter};
@@ -38,6 +39,48 @@ pub struct StreamCount {
     pub truncated_last_line: bool,
     /// Whether any line was recognised as the provider's stream.
     pub recognition: Recognition,
+    /// The loops found in the tool calls, in order; `None` when loops were not looked for.
+    pub loops: Option<Vec<LoopFound>>,
+}
+
+/// Loop detection over the tool calls a counter reports, chunk by chunk.
+#[derive(Debug)]
+pub(crate) struct LoopWatch {
+    detector: LoopDetector,
+    /// Every loop found so far, in order.
+    pub found: Vec<LoopFound>,
+}
+
+impl LoopWatch {
+    pub fn new(settings: LoopSettings) -> Self {
+        LoopWatch {
+            detector: LoopDetector::new(settings),
+            found: Vec::new(),
+        }
+    }
+
+    /// After a chunk whose lines carried tool calls, asks the counter for them (one call per
+    /// chunk, never per line) and returns the first loop they complete. The detector then
+    /// starts afresh, so a later loop is found on its own.
+    pub fn after_chunk(
+        &mut self,
+        counter: &mut Counter,
+        chunk: &ChunkReport,
+        step: u64,
+    ) -> Result<Option<LoopFound>, CallError> {
+        if !chunk.sum.has(LineReport::TOOL_CALL) {
+            return Ok(None);
+        }
+        let mut first = None;
+        for call in counter.tool_calls()? {
+            if let Some(found) = self.detector.observe(&call.tool, &call.fingerprint, step) {
+                self.detector.reset();
+                self.found.push(found.clone());
+                first.get_or_insert(found);
+            }
+        }
+        Ok(first)
+    }
 }
 
 /// Whether a stream has shown itself to be the provider's: at least one line was an event the
@@ -127,6 +170,18 @@ pub fn count_stream(
     reader: impl Read,
     name: &str,
 ) -> Result<StreamCount, CountError> {
+    count_stream_with_loops(counter, reader, name, None)
+}
+
+/// [`count_stream`], also looking for loops in the tool calls the counter reports (give
+/// `None` for a plugin that does not report them: protocol before 1.3).
+pub fn count_stream_with_loops(
+    counter: &mut Counter,
+    reader: impl Read,
+    name: &str,
+    loops: Option<LoopSettings>,
+) -> Result<StreamCount, CountError> {
+    let mut watch = loops.map(LoopWatch::new);
     let mut lines = LineSplitter::new(reader);
     let mut oversized_lines = 0;
     let mut recognition = Recognition::default();
@@ -141,6 +196,9 @@ pub fn count_stream(
             Some(SplitChunk::Lines(bytes)) => {
                 let report = recognition.feed(counter, bytes, u64::MAX)?;
                 stepguard_plugin_api::guest::add_report(&mut totals, &report.sum);
+                if let Some(watch) = watch.as_mut() {
+                    watch.after_chunk(counter, &report, u64::from(totals.steps_begun))?;
+                }
             }
             Some(SplitChunk::Oversized(len)) => {
                 oversized_lines += 1;
@@ -161,6 +219,7 @@ pub fn count_stream(
         oversized_lines,
         truncated_last_line: lines.last_line_unterminated,
         recognition,
+        loops: watch.map(|w| w.found),
     })
 }
 
@@ -323,6 +382,7 @@ mod tests {
                 oversized_lines: 0,
                 truncated_last_line: false,
                 recognition: Recognition::default(),
+                loops: None,
             };
             let meta = RunMeta {
                 provider: "someplugin".into(),

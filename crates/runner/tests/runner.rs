@@ -466,3 +466,56 @@ fn an_unrecognised_stream_can_be_let_through_with_a_warning() {
     // The agent ended by itself: judged, not stopped.
     assert_eq!(report.terminated_by, None);
 }
+
+#[test]
+fn an_agent_that_goes_quiet_is_stalled() {
+    // One event, then silence while a tool it started sleeps on.
+    let dir = Dir::new();
+    let pidfile = dir.file("tool.pid");
+    let body = format!(
+        "sleep 300 & echo $! > {}\necho '{}'\nsleep 300",
+        pidfile.display(),
+        item(0)
+    );
+    let (mut spec, _out) = spec(dir.script("quiet.sh", &body), codex(), 5);
+    spec.idle_timeout = Some(Duration::from_millis(500));
+    let started = Instant::now();
+    let report = Runner::new(spec).run(&mut []);
+    assert_eq!(report.exit_code, ExitCode::Timeout);
+    assert_eq!(report.stats.slug, Some(FailureSlug::Stalled));
+    assert_eq!(report.record.terminated_by.as_deref(), Some("idle"));
+    assert_eq!(
+        report.record.message.as_deref(),
+        Some("no output from the agent for 500ms; stopped")
+    );
+    assert!(!alive(read_pid(&pidfile)));
+    assert!(started.elapsed() < Duration::from_secs(10));
+}
+
+#[test]
+fn an_agent_that_never_starts_its_stream_is_a_startup_hang() {
+    let dir = Dir::new();
+    let (mut spec, _out) = spec(dir.script("hung.sh", "sleep 300"), codex(), 5);
+    spec.meta.provider = "codex".to_owned();
+    spec.startup_timeout = Some(Duration::from_millis(400));
+    // Idle would also fire later; the startup timeout comes first.
+    spec.idle_timeout = Some(Duration::from_secs(5));
+    let report = Runner::new(spec).run(&mut []);
+    assert_eq!(report.exit_code, ExitCode::Timeout);
+    assert_eq!(report.stats.slug, Some(FailureSlug::StartupHang));
+    assert_eq!(report.record.terminated_by.as_deref(), Some("startup"));
+    assert!(
+        report
+            .record
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains("no recognised codex event from the agent within 400ms")),
+        "{:?}",
+        report.record.message
+    );
+    // A stream that starts in time is not a hang, however long it then takes.
+    let (mut spec, _out) = self::spec(dir.items(3, "0.3"), codex(), 5);
+    spec.startup_timeout = Some(Duration::from_millis(400));
+    let report = Runner::new(spec).run(&mut []);
+    assert_eq!(report.exit_code, ExitCode::Success);
+}
