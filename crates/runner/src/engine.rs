@@ -379,6 +379,9 @@ impl Runner {
                     {
                         run.decisions.push(decision);
                         run.decide(decision, step);
+                        // The pause was ours: the idle clock starts again.
+                        let now = start.elapsed().as_millis() as u64 + 1;
+                        watch.last_output.store(now, Ordering::Relaxed);
                     }
                 }
                 Ok(Event::ChildExited(exit)) => {
@@ -444,7 +447,8 @@ impl Runner {
                     // Stalls: nothing at all for the idle timeout; nothing recognised for the
                     // startup timeout.
                     let elapsed_ms = start.elapsed().as_millis() as u64;
-                    if let Some(idle) = idle_timeout {
+                    // While the agent is paused at the limit, silence is ours, not a stall.
+                    if let Some(idle) = idle_timeout.filter(|_| run.asking.is_none()) {
                         let last = watch.last_output.load(Ordering::Relaxed).saturating_sub(1);
                         if elapsed_ms.saturating_sub(last) >= idle.as_millis() as u64
                             && run.terminated_by.is_none()

@@ -519,3 +519,33 @@ fn an_agent_that_never_starts_its_stream_is_a_startup_hang() {
     let report = Runner::new(spec).run(&mut []);
     assert_eq!(report.exit_code, ExitCode::Success);
 }
+
+/// Takes its time, then allows plenty more steps.
+struct SlowToAllow;
+
+impl LimitPolicy for SlowToAllow {
+    fn asks(&self) -> bool {
+        true
+    }
+
+    fn decide(&mut self, _breach: &Breach, _question: &Question) -> LimitDecision {
+        std::thread::sleep(Duration::from_millis(900));
+        LimitDecision::Allow(100)
+    }
+}
+
+#[test]
+fn a_pause_at_the_limit_is_not_a_stall() {
+    let dir = Dir::new();
+    let (mut spec, _out) = spec(dir.items(4, "0.05"), codex(), 2);
+    spec.on_limit = Box::new(SlowToAllow);
+    spec.idle_timeout = Some(Duration::from_millis(500));
+    let report = Runner::new(spec).run(&mut []);
+    assert_eq!(
+        report.exit_code,
+        ExitCode::Success,
+        "{:?}",
+        report.record.message
+    );
+    assert_eq!(report.decisions, [LimitDecision::Allow(100)]);
+}
