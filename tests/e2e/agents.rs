@@ -608,6 +608,65 @@ pub mod scenarios {
         (agent, run)
     }
 
+    /// The server asks for the same shell call every round (30 offered) under `--loop-limit 3
+    /// --max-steps 30`: stepguard ends the run as a loop long before the budget (exit 3, slug
+    /// `loop_detected`, `terminated_by` `loop`), and the summary file and the history record
+    /// name `tool` (the CLI's name for its shell tool) as repeated 3 times. The third call is
+    /// seen before it runs (after, for OpenCode, which prints calls when they have run), so the
+    /// server served at most 3 + 1 rounds.
+    pub fn repeated_call_is_a_loop(cli: Cli, tool: &str) {
+        let agent = Agent::start(cli, Script::same_call(30, "cat status.txt"));
+        std::fs::write(agent.work().join("status.txt"), "still running\n").unwrap();
+        let summary_file = agent.work().with_file_name("summary.json");
+        let summary_arg = summary_file.display().to_string();
+        let run = agent.run(&[
+            "--max-steps",
+            "30",
+            "--loop-limit",
+            "3",
+            "--summary-file",
+            &summary_arg,
+        ]);
+        run.assert_exit(3);
+        let rounds = agent.server.last_round_served();
+        assert!(
+            (3..=4).contains(&rounds),
+            "the server served {rounds} rounds of the same call"
+        );
+        assert_eq!(agent.server.finals_served(), 0);
+        let (steps, _) = run.steps_and_turns();
+        assert!(
+            steps < 30,
+            "stopped by the loop, not the budget: {steps} steps"
+        );
+        let summary: Value = serde_json::from_slice(
+            &std::fs::read(&summary_file).expect("the summary file was written"),
+        )
+        .unwrap();
+        let rec = assert_recorded(&agent, &run, 3, Some("loop_detected"));
+        for (source, r) in [("summary file", &summary), ("history", &rec)] {
+            assert_eq!(r["error_type"], "loop_detected", "{source}: {r}");
+            assert_eq!(r["terminated_by"], "loop", "{source}: {r}");
+            let loops = r["loops"]
+                .as_array()
+                .unwrap_or_else(|| panic!("{source}: {r}"));
+            let first = &loops[0];
+            assert_eq!(first["tool"], tool, "{source}: {r}");
+            assert_eq!(first["count"], 3, "{source}: {r}");
+            assert_eq!(first["kind"], "repeat", "{source}: {r}");
+            let first_step = first["first_step"].as_u64().unwrap_or(0);
+            assert!(
+                (1..=steps).contains(&first_step),
+                "{source}: first_step {first_step} of {steps} steps"
+            );
+        }
+        let left = agent.live_processes();
+        assert!(
+            left.is_empty(),
+            "processes of the run survived the stop: {left:?}"
+        );
+    }
+
     /// `kind` on every request from round 2 on: exit 1 with `slug`, and a step count in `steps`
     /// (round 1's, plus the failing call's where the CLI may announce a step before the reply
     /// fails, which for a broken stream depends on timing): however often the CLI retries.

@@ -90,3 +90,9 @@ fn parallel_calls_with_text_beside_them() {
     // Message unit: one message per round, however many calls and text blocks it holds.
     scenarios::parallel_calls_with_text(Cli::Claude, &[], 3);
 }
+
+#[test]
+#[ignore = "runs the real agent CLIs: .ci/install-agent-clis, then --run-ignored all"]
+fn a_repeated_tool_call_is_a_loop() {
+    scenarios::repeated_call_is_a_loop(Cli::Claude, "Bash");
+}

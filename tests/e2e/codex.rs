@@ -75,3 +75,9 @@ fn parallel_calls_with_text_beside_them_by_item() {
     // Item unit: per round the agent_message and two commands, then the final message.
     scenarios::parallel_calls_with_text(Cli::Codex, &[], 7);
 }
+
+#[test]
+#[ignore = "runs the real agent CLIs: .ci/install-agent-clis, then --run-ignored all"]
+fn a_repeated_tool_call_is_a_loop() {
+    scenarios::repeated_call_is_a_loop(Cli::Codex, "shell");
+}

@@ -82,6 +82,8 @@ fn config_precedence_flag_env_file_default() {
         v,
         json!({
             "max_steps": 50, "source": "default", "source_file": null, "profile": null,
+            "loop_limit": 5, "loop_limit_source": "default", "loop_limit_source_file": null,
+            "loop_window": 20, "loop_ignore_tools": [],
             "task_type": null, "provider": null, "config_files": [], "provider_options": {},
             "policy": {
                 "files": [], "max_steps_ceiling": null, "units": {},

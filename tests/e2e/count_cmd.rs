@@ -167,7 +167,7 @@ fn empty_file_counts_nothing() {
             "exit_code": null, "child_exit_code": null, "child_signal": null,
             "terminated_by": null, "containment": null, "breached_at_step": null, "on_limit_decisions": [],
             "noise_lines": 0, "unknown_events": 0, "oversized_lines": 0, "truncated_last_line": false,
-            "tokens": null, "cost_usd": null, "sub_agent_steps": {}
+            "tokens": null, "cost_usd": null, "sub_agent_steps": {}, "loops": []
         })
     );
 }

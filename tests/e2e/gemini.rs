@@ -41,3 +41,9 @@ fn parallel_calls_with_text_beside_them() {
     // Tool-use unit: every call is a step.
     scenarios::parallel_calls_with_text(Cli::Gemini, &[], 4);
 }
+
+#[test]
+#[ignore = "runs the real agent CLIs: .ci/install-agent-clis, then --run-ignored all"]
+fn a_repeated_tool_call_is_a_loop() {
+    scenarios::repeated_call_is_a_loop(Cli::Gemini, "run_shell_command");
+}

@@ -17,6 +17,7 @@ mod dist;
 mod fail_closed;
 mod gemini;
 mod history_cmd;
+mod loops;
 mod opencode;
 mod options;
 mod plugins;

@@ -60,3 +60,9 @@ fn parallel_calls_with_text_beside_them() {
     // Step unit: one model step per round, plus the final one.
     scenarios::parallel_calls_with_text(Cli::OpenCode, &[], 3);
 }
+
+#[test]
+#[ignore = "runs the real agent CLIs: .ci/install-agent-clis, then --run-ignored all"]
+fn a_repeated_tool_call_is_a_loop() {
+    scenarios::repeated_call_is_a_loop(Cli::OpenCode, "bash");
+}

@@ -29,12 +29,13 @@ fn the_published_schema_is_generated_from_the_type() {
     );
 }
 
-/// A script agent printing a Codex stream of `items` items then success.
+/// A script agent printing a Codex stream of `items` items (each a different command, so no
+/// loop) then success.
 fn agent(sb: &Sandbox, name: &str, items: usize, tail: &str) -> String {
     let mut body = String::from("#!/bin/sh\n");
     for i in 0..items {
         body.push_str(&format!(
-            "echo '{{\"type\":\"item.started\",\"item\":{{\"id\":\"item_{i}\",\"type\":\"command_execution\"}}}}'\n"
+            "echo '{{\"type\":\"item.started\",\"item\":{{\"id\":\"item_{i}\",\"type\":\"command_execution\",\"command\":\"echo {i}\"}}}}'\n"
         ));
     }
     body.push_str(tail);

@@ -137,9 +137,21 @@ pub struct RunArgs {
     /// Step unit (default: `[P] max_steps_unit` from the config, else the provider's default).
     #[arg(long, value_name = "U")]
     pub unit: Option<String>,
+    /// Loop detection.
+    #[command(flatten)]
+    pub loops: LoopArgs,
     /// Stop the agent after this long (e.g. 90s, 30m, 1h30m; at most 30 days); exit 124.
     #[arg(long, value_name = "DURATION", value_parser = parse_timeout)]
     pub timeout: Option<Duration>,
+    /// Stop the agent when it prints nothing for this long: slug `stalled`, exit 124 (default:
+    /// off, since an agent waiting on a long build or test is silent legitimately).
+    #[arg(long, value_name = "DURATION", value_parser = parse_timeout)]
+    pub idle_timeout: Option<Duration>,
+    /// Stop the agent when none of its output is recognised as the provider's stream this long
+    /// after the start: slug `startup_hang`, exit 124 (a CLI starting MCP servers can take a
+    /// minute before its first event; hung startups last hours).
+    #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = parse_timeout)]
+    pub startup_timeout: Duration,
     /// Time between SIGTERM and SIGKILL when stopping the agent (at most 1h).
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_grace)]
     pub grace: Duration,
@@ -243,6 +255,9 @@ pub struct CountArgs {
     /// Step unit (default: `[P] max_steps_unit` from the config, else the provider's default).
     #[arg(long, value_name = "U")]
     pub unit: Option<String>,
+    /// Loop detection (loops are reported, nothing is stopped).
+    #[command(flatten)]
+    pub loops: LoopArgs,
     /// Print one JSON object per file on stdout.
     #[arg(long)]
     pub json: bool,
@@ -304,12 +319,36 @@ pub struct BudgetArgs {
     pub profile: Option<String>,
 }
 
+/// The loop-limit flag, shared by `run`, `count` and `config`.
+#[derive(Debug, Clone, Default, Args)]
+pub struct LoopArgs {
+    /// The loop limit (see `loop_limit_help`).
+    // Validated with the other sources of the limit, which say where a bad value came from.
+    #[arg(long, value_name = "N|off", allow_negative_numbers = true, help = loop_limit_help())]
+    pub loop_limit: Option<String>,
+}
+
+fn loop_limit_help() -> String {
+    format!(
+        "Loop limit: the same tool call N times within the last `[loops] window` calls (default \
+         {}), or a short cycle of calls repeated N times, is a loop; `run` stops the agent (slug \
+         `loop_detected`, exit 3). A whole number from 2, or `off` (default: \
+         STEPGUARD_LOOP_LIMIT, else the config, else the profile's, else {}; a profile's limit \
+         is also an upper bound)",
+        stepguard_core::loops::LoopSettings::DEFAULT_WINDOW,
+        stepguard_core::loops::DEFAULT_LOOP_LIMIT
+    )
+}
+
 /// Arguments of `stepguard config`.
 #[derive(Debug, Args)]
 pub struct ConfigArgs {
     /// Budget flags, as `run` takes them.
     #[command(flatten)]
     pub budget: BudgetArgs,
+    /// The loop-limit flag, as `run` takes it.
+    #[command(flatten)]
+    pub loops: LoopArgs,
     /// Show only this provider's options.
     #[arg(long, value_name = "P")]
     pub provider: Option<String>,

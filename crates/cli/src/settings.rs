@@ -1,9 +1,11 @@
-//! Turns global flags, the environment and config files into the inputs of budget resolution.
+//! Turns global flags, the environment and config files into the inputs of budget and
+//! loop-settings resolution.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 use stepguard_config::{ConfigError, ConfigSource, LoadedConfig, SearchPaths};
+use stepguard_core::loop_settings::{self, LoopRequest, ResolvedLoops};
 use stepguard_core::{BudgetRequest, ConfigModel, LevelSettings, Origin, Setting};
 
 use crate::args::BudgetArgs;
@@ -14,6 +16,8 @@ pub const ENV_MAX_STEPS: &str = "STEPGUARD_MAX_STEPS";
 pub const ENV_MAX_TURNS: &str = "STEPGUARD_MAX_TURNS";
 /// Environment variable selecting a profile (below `--profile`).
 pub const ENV_PROFILE: &str = "STEPGUARD_PROFILE";
+/// Environment variable holding the loop limit (below `--loop-limit`).
+pub const ENV_LOOP_LIMIT: &str = "STEPGUARD_LOOP_LIMIT";
 
 /// Returns the config files in effect, each with its role: `--config`, else discovery from the
 /// working directory, then the user and system files and the `STEPGUARD_POLICY` file.
@@ -85,14 +89,10 @@ fn env_setting(var: &str) -> Option<Setting> {
         .map(|v| Setting::text(v, Origin::Env(var.to_owned())))
 }
 
-/// Builds the budget request for a run from its flags, the environment and the config.
-pub fn budget_request<'a>(args: &'a BudgetArgs, config: &'a ConfigModel) -> BudgetRequest<'a> {
-    let flag = |v: &Option<String>, name: &str| {
-        v.as_ref()
-            .map(|v| Setting::text(v.clone(), Origin::Flag(name.to_owned())))
-    };
-    let profile = args
-        .profile
+/// Returns the profile asked for: `--profile`, else `STEPGUARD_PROFILE` (the config's `profile`
+/// is below both, in the model).
+fn profile_choice(args: &BudgetArgs) -> Option<(String, Origin)> {
+    args.profile
         .clone()
         .map(|p| (p, Origin::Flag("--profile".to_owned())))
         .or_else(|| {
@@ -100,7 +100,34 @@ pub fn budget_request<'a>(args: &'a BudgetArgs, config: &'a ConfigModel) -> Budg
                 .ok()
                 .filter(|p| !p.trim().is_empty())
                 .map(|p| (p, Origin::Env(ENV_PROFILE.to_owned())))
-        });
+        })
+}
+
+/// Resolves the loop settings of a command: `--loop-limit` (`loop_limit`),
+/// `STEPGUARD_LOOP_LIMIT`, then the config for the task type and profile of `budget` (see
+/// [`stepguard_core::loop_settings`]).
+pub fn resolve_loops(
+    loop_limit: Option<&str>,
+    budget: &BudgetArgs,
+    config: &ConfigModel,
+) -> anyhow::Result<ResolvedLoops> {
+    let request = LoopRequest {
+        flag: loop_limit.map(|v| Setting::text(v, Origin::Flag("--loop-limit".to_owned()))),
+        env: env_setting(ENV_LOOP_LIMIT),
+        profile: profile_choice(budget),
+        task_type: budget.task_type.as_deref(),
+        config,
+    };
+    Ok(loop_settings::resolve(&request)?)
+}
+
+/// Builds the budget request for a run from its flags, the environment and the config.
+pub fn budget_request<'a>(args: &'a BudgetArgs, config: &'a ConfigModel) -> BudgetRequest<'a> {
+    let flag = |v: &Option<String>, name: &str| {
+        v.as_ref()
+            .map(|v| Setting::text(v.clone(), Origin::Flag(name.to_owned())))
+    };
+    let profile = profile_choice(args);
     BudgetRequest {
         flags: LevelSettings {
             max_steps: flag(&args.max_steps, "--max-steps"),

@@ -15,6 +15,10 @@
 //! the lowest `max_steps_ceiling`, `allow_plugin_override = false` over `true`, and a provider's
 //! fixed unit must agree. See [`FileRole`] and [`discover_sources`].
 //!
+//! Loop settings: `[loops]` (`limit`, `window`, `ignore_tools`) and `loop_limit` in
+//! `[task_types.T]` and `[profiles.NAME]` are validated as they are parsed (a bad value is an
+//! error naming its key) and resolved by [`stepguard_core::loop_settings::resolve`].
+//!
 //! Parsing reports problems as [`Diagnostic`]s that name the file and the key (and line and column
 //! for syntax errors). Unknown keys are warnings with a "did you mean" when a known key is close.
 //! Any top-level table that is not a stepguard key holds options of the provider it names, e.g.
@@ -32,6 +36,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use stepguard_core::budget::{self, ProfileSettings};
+use stepguard_core::loop_settings::{self, LoopLimit};
 use stepguard_core::{
     BudgetError, BudgetRequest, Ceiling, ConfigModel, LevelSettings, Origin, PolicySettings,
     RawValue, Setting, StepLimit,
@@ -66,9 +71,12 @@ const TOP_LEVEL_KEYS: &[&str] = &[
     "profiles",
     "policy",
     "run",
+    "loops",
 ];
 const LEVEL_KEYS: &[&str] = &["max_steps", "max_turns"];
-const PROFILE_KEYS: &[&str] = &["max_steps"];
+const TASK_TYPE_KEYS: &[&str] = &["max_steps", "max_turns", "loop_limit"];
+const PROFILE_KEYS: &[&str] = &["max_steps", "loop_limit"];
+const LOOPS_KEYS: &[&str] = &["limit", "window", "ignore_tools"];
 const POLICY_KEYS: &[&str] = &["max_steps_ceiling", "allow_plugin_override"];
 const POLICY_PROVIDER_KEYS: &[&str] = &["max_steps_unit"];
 const RUN_KEYS: &[&str] = &["unrecognized_stream"];
@@ -427,6 +435,7 @@ pub fn merge(mut files: Vec<ParsedFile>) -> LoadedConfig {
         if m.unrecognized_stream.is_some() {
             model.unrecognized_stream.clone_from(&m.unrecognized_stream);
         }
+        overlay_loops(&mut model.loops, &m.loops);
         for (provider, options) in &m.providers {
             let entry = model.providers.entry(provider.clone()).or_default();
             for (k, v) in options {
@@ -485,6 +494,25 @@ fn merge_policy(files: &mut [ParsedFile]) -> PolicySettings {
         files[i].diagnostics.push(diagnostic);
     }
     policy
+}
+
+fn overlay_loops(into: &mut loop_settings::LoopConfig, from: &loop_settings::LoopConfig) {
+    if from.limit.is_some() {
+        into.limit.clone_from(&from.limit);
+    }
+    if from.window.is_some() {
+        into.window.clone_from(&from.window);
+    }
+    // A list replaces the list of a file below it: exemptions are not merged across files.
+    if from.ignore_tools.is_some() {
+        into.ignore_tools.clone_from(&from.ignore_tools);
+    }
+    for (name, limit) in &from.task_types {
+        into.task_types.insert(name.clone(), limit.clone());
+    }
+    for (name, limit) in &from.profiles {
+        into.profiles.insert(name.clone(), limit.clone());
+    }
 }
 
 fn overlay_level(into: &mut LevelSettings, from: &LevelSettings) {
@@ -605,6 +633,7 @@ impl Parser<'_> {
                     ),
                 },
                 "run" => self.run_table(value),
+                "loops" => self.loops_table(value),
                 // Handled after the loop, once the top-level keys of the same level are known.
                 "defaults" => {}
                 // Handled before the loop, by role.
@@ -614,7 +643,7 @@ impl Parser<'_> {
                         for (name, v) in t {
                             let path = format!("task_types.{name}");
                             if let Some(tt) = self.expect_table(&path, v) {
-                                let level = self.level(&path, tt);
+                                let level = self.level(&path, tt, Some(name));
                                 self.out.model.task_types.insert(name.clone(), level);
                             }
                         }
@@ -672,7 +701,7 @@ impl Parser<'_> {
         let Some(t) = self.expect_table("defaults", value) else {
             return;
         };
-        let level = self.level("defaults", t);
+        let level = self.level("defaults", t, None);
         let global = &mut self.out.model.global;
         for (slot, new) in [
             (&mut global.max_steps, level.max_steps),
@@ -794,14 +823,31 @@ impl Parser<'_> {
         t
     }
 
-    fn level(&mut self, prefix: &str, table: &toml::Table) -> LevelSettings {
+    /// Reads a budget level: `[defaults]`, or `[task_types.T]` (`task_type`), which may also set
+    /// `loop_limit`.
+    fn level(
+        &mut self,
+        prefix: &str,
+        table: &toml::Table,
+        task_type: Option<&str>,
+    ) -> LevelSettings {
         let mut level = LevelSettings::default();
         for (key, value) in table {
             let path = format!("{prefix}.{key}");
-            match key.as_str() {
-                "max_steps" => level.max_steps = Some(self.setting(&path, value)),
-                "max_turns" => level.max_turns = Some(self.setting(&path, value)),
-                other => self.unknown_key(&path, other, LEVEL_KEYS),
+            match (key.as_str(), task_type) {
+                ("max_steps", _) => level.max_steps = Some(self.setting(&path, value)),
+                ("max_turns", _) => level.max_turns = Some(self.setting(&path, value)),
+                ("loop_limit", Some(name)) => {
+                    if let Some(limit) = self.loop_limit(&path, value) {
+                        self.out
+                            .model
+                            .loops
+                            .task_types
+                            .insert(name.to_owned(), limit);
+                    }
+                }
+                (other, Some(_)) => self.unknown_key(&path, other, TASK_TYPE_KEYS),
+                (other, None) => self.unknown_key(&path, other, LEVEL_KEYS),
             }
         }
         level
@@ -809,15 +855,92 @@ impl Parser<'_> {
 
     fn profile(&mut self, prefix: &str, table: &toml::Table) -> ProfileSettings {
         let mut profile = ProfileSettings::default();
+        let name = prefix.trim_start_matches("profiles.");
         for (key, value) in table {
             let path = format!("{prefix}.{key}");
             match key.as_str() {
                 "max_steps" => profile.max_steps = Some(self.setting(&path, value)),
+                "loop_limit" => {
+                    if let Some(limit) = self.loop_limit(&path, value) {
+                        self.out.model.loops.profiles.insert(name.to_owned(), limit);
+                    }
+                }
                 other => self.unknown_key(&path, other, PROFILE_KEYS),
             }
         }
         profile
     }
+
+    /// Validates a loop limit at `path`; a bad one is an error diagnostic naming the key.
+    fn loop_limit(&mut self, path: &str, value: &toml::Value) -> Option<(LoopLimit, Origin)> {
+        match LoopLimit::from_raw(&raw_value(value)) {
+            Ok(limit) => Some((limit, self.origin(path))),
+            Err(reason) => {
+                self.diag(Severity::Error, path, reason.to_string());
+                None
+            }
+        }
+    }
+
+    /// Reads `[loops]`: `limit`, `window` and `ignore_tools`, each validated here.
+    fn loops_table(&mut self, value: &toml::Value) {
+        let Some(table) = self.expect_table("loops", value) else {
+            return;
+        };
+        for (key, v) in table {
+            let path = format!("loops.{key}");
+            match key.as_str() {
+                "limit" => {
+                    if let Some(limit) = self.loop_limit(&path, v) {
+                        self.out.model.loops.limit = Some(limit);
+                    }
+                }
+                "window" => match loop_settings::window_from_raw(&raw_value(v)) {
+                    Ok(window) => {
+                        let origin = self.origin(&path);
+                        self.out.model.loops.window = Some((window, origin));
+                    }
+                    Err(reason) => self.diag(Severity::Error, &path, reason.to_string()),
+                },
+                "ignore_tools" => match tool_names(v) {
+                    Ok(tools) => {
+                        let origin = self.origin(&path);
+                        self.out.model.loops.ignore_tools = Some((tools, origin));
+                    }
+                    Err(message) => self.diag(Severity::Error, &path, message),
+                },
+                other => self.unknown_key(&path, other, LOOPS_KEYS),
+            }
+        }
+        // One table contradicting itself; a limit from elsewhere only widens the window.
+        if let (Some((LoopLimit::Limited(limit), _)), Some((window, _))) =
+            (&self.out.model.loops.limit, &self.out.model.loops.window)
+            && window < limit
+        {
+            let message = format!(
+                "{window} is below `loops.limit` ({limit}); the window must hold at least \
+                 `limit` calls"
+            );
+            self.diag(Severity::Error, "loops.window", message);
+        }
+    }
+}
+
+/// Reads `loops.ignore_tools`: an array of tool names, none empty.
+fn tool_names(value: &toml::Value) -> Result<Vec<String>, String> {
+    let expected = "expected an array of tool names (strings)";
+    let Some(items) = value.as_array() else {
+        return Err(format!("{expected}, found {}", type_name(value)));
+    };
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| match item.as_str() {
+            Some(name) if !name.trim().is_empty() => Ok(name.to_owned()),
+            Some(_) => Err(format!("{expected}; item {} is empty", i + 1)),
+            None => Err(format!("{expected}; item {} is {}", i + 1, type_name(item))),
+        })
+        .collect()
 }
 
 /// Returns the closest known name when it is close enough to be a likely typo.

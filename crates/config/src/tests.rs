@@ -599,3 +599,136 @@ fn run_table_sets_what_an_unrecognised_stream_does() {
     );
     assert!(bad.model.unrecognized_stream.is_none());
 }
+
+#[test]
+fn loops_table_and_loop_limits_at_every_level_are_parsed() {
+    let f = parse(
+        r#"
+[loops]
+limit = 4
+window = 12
+ignore_tools = ["read", "grep"]
+[task_types.review]
+loop_limit = "off"
+[profiles.strict]
+loop_limit = 2
+"#,
+    );
+    assert!(f.diagnostics.is_empty(), "{:?}", f.diagnostics);
+    let l = &f.model.loops;
+    let (limit, origin) = l.limit.as_ref().unwrap();
+    assert_eq!(
+        (*limit, origin.to_string().as_str()),
+        (LoopLimit::Limited(4), "/p/stepguard.toml: loops.limit")
+    );
+    assert_eq!(l.window.as_ref().map(|w| w.0), Some(12));
+    assert_eq!(
+        l.ignore_tools.as_ref().map(|t| t.0.clone()),
+        Some(vec!["read".to_owned(), "grep".to_owned()])
+    );
+    let (limit, origin) = &l.task_types["review"];
+    assert_eq!(
+        (*limit, origin.label().as_str()),
+        (LoopLimit::Off, "task_types.review.loop_limit")
+    );
+    assert_eq!(l.profiles["strict"].0, LoopLimit::Limited(2));
+    // A task type that sets only a loop limit is still a known task type.
+    let f = parse("[task_types.fix]\nloop_limit = 3\n");
+    assert!(f.model.task_types.contains_key("fix"));
+}
+
+#[test]
+fn bad_loop_values_are_errors_naming_the_key_and_unknown_keys_warn() {
+    let f = parse(
+        r#"
+[loops]
+limit = 1
+window = "wide"
+ignore_tools = ["read", 3]
+limt = 3
+[task_types.review]
+loop_limit = true
+loop_limti = 3
+[profiles.strict]
+loop_limit = 2.5
+[defaults]
+loop_limit = 3
+"#,
+    );
+    assert_eq!(
+        messages(&f.diagnostics),
+        [
+            "error: /p/stepguard.toml: loops.ignore_tools: expected an array of tool names \
+             (strings); item 2 is an integer",
+            "error: /p/stepguard.toml: loops.limit: 1 is below 2 (a loop is a call made at least \
+             twice); use a whole number from 2 to 1000, or \"off\"",
+            "warning: /p/stepguard.toml: loops.limt: unknown key `limt`; did you mean `limit`?",
+            "error: /p/stepguard.toml: loops.window: \"wide\" is not a number; use a whole number \
+             from 2 to 1000",
+            "error: /p/stepguard.toml: profiles.strict.loop_limit: 2.5 is not a whole number; use \
+             a whole number from 2 to 1000, or \"off\"",
+            "error: /p/stepguard.toml: task_types.review.loop_limit: expected a whole number from \
+             2 to 1000, or \"off\", found a boolean",
+            "warning: /p/stepguard.toml: task_types.review.loop_limti: unknown key `loop_limti`; \
+             did you mean `loop_limit`?",
+            "warning: /p/stepguard.toml: defaults.loop_limit: unknown key `loop_limit`; known keys \
+             here: max_steps, max_turns",
+        ]
+    );
+    assert_eq!(f.model.loops, loop_settings::LoopConfig::default());
+    let f = parse("[loops]\nlimit = 6\nwindow = 4\nignore_tools = \"read\"\n");
+    assert_eq!(
+        messages(&f.diagnostics),
+        [
+            "error: /p/stepguard.toml: loops.ignore_tools: expected an array of tool names \
+             (strings), found a string",
+            "error: /p/stepguard.toml: loops.window: 4 is below `loops.limit` (6); the window must \
+             hold at least `limit` calls",
+        ]
+    );
+    let f = parse("[loop]\nlimit = 3\n");
+    assert_eq!(
+        messages(&f.diagnostics),
+        ["warning: /p/stepguard.toml: loop: unknown key `loop`; did you mean `loops`?"]
+    );
+}
+
+#[test]
+fn loop_settings_merge_key_by_key_the_project_file_first() {
+    let project = parse_str(
+        "/repo/stepguard.toml",
+        "[loops]\nlimit = 3\n[task_types.review]\nloop_limit = 4\n",
+    )
+    .unwrap();
+    let user = parse_str(
+        "/home/u/.config/stepguard/stepguard.toml",
+        "[loops]\nlimit = 9\nwindow = 30\nignore_tools = [\"read\"]\n[task_types.review]\nloop_limit = 8\n[profiles.fast]\nloop_limit = 6\n",
+    )
+    .unwrap();
+    let l = merge(vec![project, user]).model.loops;
+    assert_eq!(l.limit.as_ref().map(|x| x.0), Some(LoopLimit::Limited(3)));
+    assert_eq!(
+        l.window.as_ref().and_then(|w| w.1.file()),
+        Some("/home/u/.config/stepguard/stepguard.toml")
+    );
+    assert_eq!(l.ignore_tools.map(|t| t.0), Some(vec!["read".to_owned()]));
+    assert_eq!(l.task_types["review"].0, LoopLimit::Limited(4));
+    assert_eq!(l.profiles["fast"].0, LoopLimit::Limited(6));
+}
+
+#[test]
+fn validate_reports_bad_loop_values_and_load_refuses_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("stepguard.toml");
+    std::fs::write(&path, "[loops]\nwindow = 0\n").unwrap();
+    let sources = [source(&path, FileRole::Project)];
+    assert!(matches!(load(&sources), Err(ConfigError::Invalid(_))));
+    let (loaded, failures) = load_all(&sources);
+    assert!(failures.is_empty());
+    let diags = validate(&loaded, false);
+    assert_eq!(diags.len(), 1, "{diags:?}");
+    assert_eq!(
+        (diags[0].severity, diags[0].key.as_deref()),
+        (Severity::Error, Some("loops.window"))
+    );
+}

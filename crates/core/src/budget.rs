@@ -371,6 +371,9 @@ pub struct ConfigModel {
     /// `[run] unrecognized_stream`: `"stop"` (the default) or `"warn"`, for a stream none of
     /// which is recognised as the provider's.
     pub unrecognized_stream: Option<(String, Origin)>,
+    /// `[loops]` and the `loop_limit` keys of task types and profiles (resolved by
+    /// [`crate::loop_settings::resolve`]).
+    pub loops: crate::loop_settings::LoopConfig,
 }
 
 /// The inputs of one budget resolution: flags, env and the merged config, plus the run's scope.

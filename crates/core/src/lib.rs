@@ -36,6 +36,7 @@
 pub mod budget;
 pub mod exit;
 pub mod ledger;
+pub mod loop_settings;
 pub mod loops;
 pub mod record;
 pub mod slug;

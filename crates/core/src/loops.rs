@@ -13,10 +13,14 @@
 
 use std::collections::VecDeque;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// The longest cycle looked for.
 pub const MAX_CYCLE: usize = 4;
+
+/// The loop limit when no flag, environment variable, config file or profile sets one: the
+/// same call (or cycle) this many times is a loop. The one place the default is decided.
+pub const DEFAULT_LOOP_LIMIT: u32 = 5;
 
 /// What counts as a loop.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -44,7 +48,8 @@ impl LoopSettings {
 }
 
 /// The kind of loop found.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case", tag = "kind")]
 pub enum LoopKind {
     /// The same call, `count` times within the window.
@@ -57,7 +62,8 @@ pub enum LoopKind {
 }
 
 /// A loop found in the calls.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct LoopFound {
     /// The tool repeated, or the cycle's tools joined with ` → ` (`read → edit`).
     pub tool: String,

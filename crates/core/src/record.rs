@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::loops::LoopFound;
 use crate::slug::FailureSlug;
 use crate::stats::{Outcome, RunStats, TokenUsage};
 
@@ -76,6 +77,10 @@ pub struct RunRecord {
     pub containment: Option<String>,
     /// The step whose beginning exceeded the budget.
     pub breached_at_step: Option<u64>,
+    /// The loops found, in order, each as `{tool, count, kind, period?, first_step}` (`period`
+    /// for a `cycle` only): `[]` when none was found; null when loop detection was off, the
+    /// provider plugin does not report tool calls, or the run was recorded before loops were.
+    pub loops: Option<Vec<LoopFound>>,
     /// The human's decisions at the limit, in order: `stop`, `allow:N`, `continue`.
     pub on_limit_decisions: Vec<String>,
     /// Steps stepguard counted from the stream.
@@ -142,6 +147,7 @@ impl RunRecord {
             terminated_by: None,
             containment: None,
             breached_at_step: None,
+            loops: None,
             on_limit_decisions: Vec::new(),
             num_steps_computed: None,
             num_steps_reported: None,
@@ -259,9 +265,40 @@ mod tests {
     fn every_field_is_present_in_json_even_when_unknown() {
         let json = serde_json::to_value(RunRecord::new("codex", Outcome::Success)).unwrap();
         let object = json.as_object().unwrap();
-        assert_eq!(object.len(), 37);
+        assert_eq!(object.len(), 38);
         assert_eq!(object["schema_version"], RECORD_SCHEMA_VERSION);
         assert!(object["id"].is_null());
         assert_eq!(object["on_limit_decisions"], serde_json::json!([]));
+        assert!(object["loops"].is_null());
+    }
+
+    #[test]
+    fn loops_serialize_with_their_kind_and_read_back() {
+        use crate::loops::LoopKind;
+        let mut record = RunRecord::new("codex", Outcome::Failed);
+        record.loops = Some(vec![
+            LoopFound {
+                tool: "shell".into(),
+                count: 3,
+                kind: LoopKind::Repeat,
+                first_step: 2,
+            },
+            LoopFound {
+                tool: "read → edit".into(),
+                count: 3,
+                kind: LoopKind::Cycle { period: 2 },
+                first_step: 7,
+            },
+        ]);
+        let json = serde_json::to_value(&record).unwrap();
+        assert_eq!(
+            json["loops"],
+            serde_json::json!([
+                {"tool": "shell", "count": 3, "kind": "repeat", "first_step": 2},
+                {"tool": "read → edit", "count": 3, "kind": "cycle", "period": 2, "first_step": 7},
+            ])
+        );
+        let back: RunRecord = serde_json::from_value(json).unwrap();
+        assert_eq!(back, record);
     }
 }

@@ -12,6 +12,8 @@
 //!
 //! ```
 //! use stepguard_modelserver::{ModelServer, Script};
+//! // Three rounds of `echo round R call 1`; `Script::same_call(30, "ls")` would be a model
+//! // stuck calling `ls`.
 //! let server = ModelServer::start(Script::tool_rounds(3)).unwrap();
 //! assert!(server.url().starts_with("http://127.0.0.1:"));
 //! assert!(server.requests().is_empty());
@@ -116,6 +118,13 @@ impl Script {
         }
     }
 
+    /// `rounds` replies asking for the same shell call, `command`, every time (a model stuck in
+    /// a loop), then a final answer. Only the call ids differ from round to round; the tool and
+    /// its arguments are identical.
+    pub fn same_call(rounds: usize, command: &str) -> Self {
+        Script::tool_rounds(rounds).command(command)
+    }
+
     /// `calls` parallel shell calls in every tool reply (at least one).
     pub fn parallel_calls(mut self, calls: usize) -> Self {
         self.parallel = calls.max(1);
@@ -128,7 +137,8 @@ impl Script {
         self
     }
 
-    /// The shell command of every call; `{round}` and `{call}` are replaced by their numbers.
+    /// The shell command of every call; `{round}` and `{call}` are replaced by their numbers (a
+    /// command without them is the same call every round: see [`Script::same_call`]).
     pub fn command(mut self, template: &str) -> Self {
         self.command = template.to_owned();
         self
@@ -758,6 +768,41 @@ mod tests {
         );
         let rounds: Vec<Option<usize>> = server.requests().iter().map(|r| r.round()).collect();
         assert_eq!(rounds, [Some(2), Some(2), Some(1), Some(3)]);
+    }
+
+    #[test]
+    fn the_same_call_every_round_differs_only_in_its_id() {
+        let server = ModelServer::start(Script::same_call(30, "cat status.txt")).unwrap();
+        let mut inputs = Vec::new();
+        for results in [0, 1, 2, 5] {
+            let (_, body, _) = send(
+                &server,
+                "POST",
+                "/v1/messages",
+                &anthropic_body(results, true, false),
+            );
+            let reply: Value = serde_json::from_str(&body).unwrap();
+            let call = &reply["content"][0];
+            assert_eq!(call["id"], format!("call_r{}c1", results + 1).as_str());
+            inputs.push((call["name"].clone(), call["input"].clone()));
+        }
+        assert!(inputs.iter().all(|i| *i == inputs[0]), "{inputs:?}");
+        assert_eq!(inputs[0].1["command"], "cat status.txt");
+        let calls: Vec<Call> = server
+            .requests()
+            .into_iter()
+            .flat_map(|r| match r.reply {
+                Reply::ToolCalls { calls, .. } => calls,
+                _ => Vec::new(),
+            })
+            .collect();
+        assert_eq!(calls.len(), 4);
+        assert!(
+            calls
+                .iter()
+                .all(|c| c.args == calls[0].args && c.command == "cat status.txt")
+        );
+        assert_eq!(server.last_round_served(), 6);
     }
 
     #[test]

@@ -16,6 +16,13 @@
 //! other errors → `provider_error`. The native budget adapter adds `--max-turns N` unless the
 //! command already carries `--max-turns`.
 //!
+//! Tool calls (for loop detection, protocol 1.3) are the top-level `tool_use` blocks, each
+//! reported once by block id, on the line that first carries it, as its `name` and `input`
+//! (`Bash`'s `description` left out: it annotates the command and does not change what runs).
+//! Sub-agents' calls are not reported: the loop the host can act on is the parent's, whose
+//! steps the budget counts, and parallel sub-agents making the same exploratory calls (`ls`,
+//! the same `Grep`) would look like one agent repeating itself.
+//!
 //! ```
 //! use stepguard_plugin_api::{CounterRequest, ProviderPlugin};
 //! let plugin = stepguard_provider_claude::ClaudePlugin;
@@ -33,7 +40,7 @@ use rustc_hash::FxHashSet as HashSet;
 use stepguard_jsonl::{RawValue, scan};
 use stepguard_plugin_api::{
     CounterRequest, CounterStats, LineReport, Manifest, NativeLimit, PreflightRule, ProviderBox,
-    ProviderPlugin, StepCounter, Terminal, Tokens, slug_for_error_text,
+    ProviderPlugin, StepCounter, Terminal, Tokens, ToolCall, slug_for_error_text,
 };
 
 /// The Claude Code provider plugin.
@@ -80,8 +87,9 @@ impl ProviderPlugin for ClaudePlugin {
                 &["--max-turns", "{max_steps}"],
                 &["--max-turns"],
             ))
-            // Its counters fill `CounterStats::sub_agent_steps` (protocol 1.1); `expects`
-            // already needs 1.2, so this only says so.
+            .reports_tool_calls()
+            // Its counters fill `CounterStats::sub_agent_steps` (protocol 1.1); its other
+            // fields already need more, so this only says so.
             .requires_protocol("1.1")
     }
 
@@ -108,6 +116,10 @@ pub struct ClaudeCounter {
     current_message: Option<Vec<u8>>,
     sub_agent_steps: BTreeMap<String, u64>,
     sub_agent_seen: HashSet<(Vec<u8>, Vec<u8>)>,
+    /// Ids of the top-level `tool_use` blocks already reported as tool calls.
+    calls_seen: HashSet<Vec<u8>>,
+    /// Tool calls not yet taken by the host.
+    tool_calls: Vec<ToolCall>,
     tool_result_lines: u64,
     saw_events: bool,
     rate_limit_rejected: bool,
@@ -136,19 +148,30 @@ impl ClaudeCounter {
         if model.is_some_and(|m| m.is_str("<synthetic>")) {
             return;
         }
+        let parent = parent.filter(|p| !p.is_null());
         let mut step_ids: Vec<&[u8]> = Vec::new();
+        // (block id, name, input) of the line's top-level tool_use blocks.
+        let mut calls: Vec<(&[u8], Option<RawValue<'_>>, Option<RawValue<'_>>)> = Vec::new();
         if self.by_message {
             step_ids.push(id.0);
-        } else if let Some(content) = content {
+        }
+        // Blocks are read for the tool_use unit, and on top-level lines for the tool calls.
+        if let Some(content) = content.filter(|_| !self.by_message || parent.is_none()) {
             content.for_each_element(|block| {
-                if let Some([Some(kind), Some(block_id)]) = block.fields(["type", "id"])
+                if let Some([Some(kind), Some(block_id), name, input]) =
+                    block.fields(["type", "id", "name", "input"])
                     && kind.is_str("tool_use")
                 {
-                    step_ids.push(block_id.0);
+                    if !self.by_message {
+                        step_ids.push(block_id.0);
+                    }
+                    if parent.is_none() {
+                        calls.push((block_id.0, name, input));
+                    }
                 }
             });
         }
-        match parent.filter(|p| !p.is_null()) {
+        match parent {
             Some(parent) => {
                 let key = parent.as_str().map(|p| p.into_owned()).unwrap_or_default();
                 for step in step_ids {
@@ -176,8 +199,42 @@ impl ClaudeCounter {
                         }
                     }
                 }
+                for (block_id, name, input) in calls {
+                    self.tool_call(block_id, name, input, report);
+                }
             }
         }
+    }
+
+    /// Queues a top-level `tool_use` block as a tool call, once per block id (a message split
+    /// over lines repeats its earlier blocks). Its input is parsed only here.
+    fn tool_call(
+        &mut self,
+        block_id: &[u8],
+        name: Option<RawValue<'_>>,
+        input: Option<RawValue<'_>>,
+        report: &mut LineReport,
+    ) {
+        if self.calls_seen.contains(block_id) {
+            return;
+        }
+        self.calls_seen.insert(block_id.to_vec());
+        let name = name
+            .and_then(|n| n.as_str())
+            .map(|n| n.into_owned())
+            .unwrap_or_default();
+        let mut arguments = input
+            .and_then(|i| i.to_json())
+            .unwrap_or(serde_json::Value::Null);
+        if name == "Bash"
+            && let Some(object) = arguments.as_object_mut()
+        {
+            // Annotates the command for the user and does not change what runs; a looping
+            // model rewords it.
+            object.remove("description");
+        }
+        self.tool_calls.push(ToolCall::new(name, &arguments));
+        report.flags |= LineReport::TOOL_CALL;
     }
 
     fn user(
@@ -313,12 +370,19 @@ impl StepCounter for ClaudeCounter {
         stats.sub_agent_steps = self.sub_agent_steps.clone();
         stats
     }
+
+    fn take_tool_calls(&mut self) -> Vec<ToolCall> {
+        std::mem::take(&mut self.tool_calls)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use std::path::PathBuf;
 
+    use stepguard_core::loops::{
+        DEFAULT_LOOP_LIMIT, LoopDetector, LoopFound, LoopKind, LoopSettings,
+    };
     use stepguard_plugin_api::testing::outcome;
 
     use super::*;
@@ -468,6 +532,253 @@ mod tests {
             "tool_use",
         );
         assert_eq!((sum.steps_begun, sum.steps_completed), (5, 5));
+    }
+
+    /// The tool calls of `bytes` counted by `unit`, each with the step it was made in (the
+    /// steps begun up to its line). Checks on every line that the flag and the calls agree.
+    fn calls(bytes: &[u8], unit: &str) -> Vec<(ToolCall, u64)> {
+        let mut counter = ClaudePlugin
+            .open_counter(&CounterRequest::new(unit))
+            .unwrap();
+        let mut step = 0;
+        let mut out = Vec::new();
+        for line in bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+            let report = counter.feed(line).unwrap();
+            step += u64::from(report.steps_begun);
+            let taken = counter.take_tool_calls();
+            assert_eq!(
+                report.has(LineReport::TOOL_CALL),
+                !taken.is_empty(),
+                "{}",
+                String::from_utf8_lossy(line)
+            );
+            out.extend(taken.into_iter().map(|c| (c, step)));
+        }
+        out
+    }
+
+    fn names(calls: &[(ToolCall, u64)]) -> Vec<&str> {
+        calls.iter().map(|(c, _)| c.tool.as_str()).collect()
+    }
+
+    /// The first loop under `settings`, with the step of the call that completed it.
+    fn first_loop(calls: &[(ToolCall, u64)], settings: LoopSettings) -> Option<(LoopFound, u64)> {
+        let mut detector = LoopDetector::new(settings);
+        calls.iter().find_map(|(call, step)| {
+            detector
+                .observe(&call.tool, &call.fingerprint, *step)
+                .map(|found| (found, *step))
+        })
+    }
+
+    fn limit(limit: u32, window: u32) -> LoopSettings {
+        LoopSettings {
+            window,
+            ..LoopSettings::with_limit(limit)
+        }
+    }
+
+    #[test]
+    fn every_top_level_tool_use_block_is_one_tool_call() {
+        let expected: serde_json::Value =
+            serde_json::from_slice(&fixture("streams/claude/expected.json")).unwrap();
+        for (name, e) in expected.as_object().unwrap() {
+            let bytes = fixture(&format!("streams/claude/{name}"));
+            // Sub-agents' blocks are not reported; the unit does not matter.
+            let top_level = e["tool_use_blocks_top_level"].as_u64().unwrap();
+            for unit in ["message", "tool_use"] {
+                assert_eq!(calls(&bytes, unit).len() as u64, top_level, "{name} {unit}");
+            }
+        }
+        let multi = calls(
+            &fixture("streams/claude/success_multi_tool.jsonl"),
+            "message",
+        );
+        assert_eq!(names(&multi), ["Glob", "Read", "Read", "Edit", "Bash"]);
+        // Parallel calls are made in the same step.
+        let steps: Vec<u64> = multi.iter().map(|(_, s)| *s).collect();
+        assert_eq!(steps, [1, 2, 2, 3, 4]);
+        assert_eq!(
+            calls(&fixture("real/claude/tools12.jsonl"), "message").len(),
+            12
+        );
+    }
+
+    #[test]
+    fn a_block_repeated_on_later_lines_of_its_message_is_reported_once() {
+        let line = |blocks: &str| {
+            format!(
+                r#"{{"type":"assistant","message":{{"id":"msg_1","model":"claude","content":[{blocks}]}},"parent_tool_use_id":null}}"#
+            )
+        };
+        let a = r#"{"type":"tool_use","id":"toolu_a","name":"Read","input":{"file_path":"a.rs"}}"#;
+        let b = r#"{"type":"tool_use","id":"toolu_b","name":"Read","input":{"file_path":"b.rs"}}"#;
+        let stream = [
+            line(r#"{"type":"text","text":"Reading."}"#),
+            line(a),
+            line(&format!("{a},{b}")),
+            line(&format!("{a},{b}")),
+        ]
+        .join("\n");
+        let seen = calls(stream.as_bytes(), "message");
+        assert_eq!(names(&seen), ["Read", "Read"]);
+        assert_ne!(seen[0].0.fingerprint, seen[1].0.fingerprint);
+        // A synthetic message's blocks and a sub-agent's are not calls.
+        let sub = r#"{"type":"assistant","message":{"id":"msg_2","model":"claude","content":[{"type":"tool_use","id":"toolu_c","name":"Bash","input":{}}]},"parent_tool_use_id":"toolu_task"}"#;
+        let synthetic = r#"{"type":"assistant","message":{"id":"x","model":"<synthetic>","content":[{"type":"tool_use","id":"toolu_d","name":"Bash","input":{}}]},"parent_tool_use_id":null}"#;
+        assert!(calls(format!("{sub}\n{synthetic}").as_bytes(), "message").is_empty());
+    }
+
+    #[test]
+    fn equal_arguments_are_one_fingerprint_whatever_their_layout() {
+        let call = |id: &str, name: &str, input: &str| {
+            let line = format!(
+                r#"{{"type":"assistant","message":{{"id":"msg_{id}","model":"claude","content":[{{"type":"tool_use","id":"toolu_{id}","name":"{name}","input":{input}}}]}},"parent_tool_use_id":null}}"#
+            );
+            calls(line.as_bytes(), "message").remove(0).0
+        };
+        let a = call(
+            "1",
+            "Grep",
+            r#"{"pattern":"fn main","path":"src","output_mode":"content"}"#,
+        );
+        let b = call(
+            "2",
+            "Grep",
+            "{ \"output_mode\" : \"content\",\t\"path\": \"src\", \"pattern\": \"fn main\" }",
+        );
+        assert_eq!(a, b);
+        assert_eq!(a.tool, "Grep");
+        assert_ne!(
+            a,
+            call(
+                "3",
+                "Grep",
+                r#"{"pattern":"fn main","path":"tests","output_mode":"content"}"#
+            )
+        );
+        assert_ne!(
+            a,
+            call(
+                "4",
+                "Glob",
+                r#"{"pattern":"fn main","path":"src","output_mode":"content"}"#
+            )
+        );
+        // Bash's description does not change what runs.
+        let build = call(
+            "5",
+            "Bash",
+            r#"{"command":"cargo build","description":"Build"}"#,
+        );
+        assert_eq!(
+            build,
+            call(
+                "6",
+                "Bash",
+                r#"{"description":"Build it again","command":"cargo build"}"#
+            )
+        );
+        assert_ne!(
+            build,
+            call("7", "Bash", r#"{"command":"cargo build --release"}"#)
+        );
+    }
+
+    #[test]
+    fn the_repeated_call_is_a_loop_at_its_limit() {
+        let seen = calls(&fixture("streams/claude/loop_repeat.jsonl"), "message");
+        assert_eq!(seen.len(), 9);
+        let (found, step) = first_loop(&seen, limit(3, 20)).unwrap();
+        assert_eq!((found.tool.as_str(), found.count), ("Bash", 3));
+        assert_eq!(
+            (found.kind, found.first_step, step),
+            (LoopKind::Repeat, 1, 4)
+        );
+        // The default limit: the fifth build, in round 7 of 8.
+        let (found, step) =
+            first_loop(&seen, LoopSettings::with_limit(DEFAULT_LOOP_LIMIT)).unwrap();
+        assert_eq!((found.tool.as_str(), found.count, step), ("Bash", 5, 7));
+    }
+
+    #[test]
+    fn the_read_edit_cycle_is_a_loop() {
+        let seen = calls(&fixture("streams/claude/loop_cycle.jsonl"), "message");
+        assert_eq!(names(&seen[..5]), ["Grep", "Read", "Edit", "Read", "Edit"]);
+        // In a wide window the cycle's first call repeats first.
+        let (found, step) = first_loop(&seen, limit(3, 20)).unwrap();
+        assert_eq!(
+            (found.tool.as_str(), found.kind, step),
+            ("Read", LoopKind::Repeat, 6)
+        );
+        // In a window too narrow for that, the cycle itself: three times round from round 2.
+        let (found, step) = first_loop(&seen, limit(3, 4)).unwrap();
+        assert_eq!(found.kind, LoopKind::Cycle { period: 2 });
+        assert_eq!(
+            (found.tool.as_str(), found.first_step, step),
+            ("Read → Edit", 2, 7)
+        );
+        assert!(first_loop(&seen, LoopSettings::with_limit(DEFAULT_LOOP_LIMIT)).is_some());
+    }
+
+    #[test]
+    fn polling_a_log_is_a_loop_unless_its_tool_is_exempt() {
+        let seen = calls(&fixture("streams/claude/loop_exempt_read.jsonl"), "message");
+        assert_eq!(
+            names(&seen),
+            ["Bash", "Read", "Read", "Read", "Read", "Read"]
+        );
+        let found = first_loop(&seen, LoopSettings::with_limit(DEFAULT_LOOP_LIMIT));
+        assert_eq!(found.map(|(f, _)| f.tool), Some("Read".to_owned()));
+        let exempt = LoopSettings {
+            ignore_tools: vec!["Read".to_owned()],
+            ..limit(2, 20)
+        };
+        assert_eq!(first_loop(&seen, exempt), None);
+    }
+
+    #[test]
+    fn the_default_limit_flags_no_recording_but_the_loops() {
+        for dir in ["streams/claude", "real/claude"] {
+            let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../../tests/fixtures")
+                .join(dir);
+            for entry in std::fs::read_dir(root).unwrap() {
+                let path = entry.unwrap().path();
+                let name = path.file_name().unwrap().to_string_lossy().into_owned();
+                if !name.ends_with(".jsonl") || name == "loop_exempt_read.jsonl" {
+                    continue;
+                }
+                let seen = calls(&std::fs::read(&path).unwrap(), "message");
+                let found = first_loop(&seen, LoopSettings::with_limit(DEFAULT_LOOP_LIMIT));
+                assert_eq!(
+                    found.is_some(),
+                    name.starts_with("loop_"),
+                    "{dir}/{name}: {found:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn tool_calls_are_declared_and_taken_once() {
+        let m = ClaudePlugin.manifest();
+        assert!(m.tool_calls);
+        assert_eq!(m.min_protocol(), "1.3.0");
+        let mut counter = ClaudePlugin
+            .open_counter(&CounterRequest::new("message"))
+            .unwrap();
+        let bytes = fixture("real/claude/tools3.jsonl");
+        let chunk =
+            stepguard_plugin_api::testing::feed_chunk(counter.as_mut(), &bytes, 100).unwrap();
+        assert!(chunk.sum.has(LineReport::TOOL_CALL));
+        let taken: Vec<String> = counter
+            .take_tool_calls()
+            .into_iter()
+            .map(|c| c.tool)
+            .collect();
+        assert_eq!(taken, ["Bash"; 3]);
+        assert!(counter.take_tool_calls().is_empty());
     }
 
     #[test]

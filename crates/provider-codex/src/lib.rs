@@ -17,6 +17,15 @@
 //! to the matching item types (deduplicated by `call_id`), `agent_message`/`agent_reasoning` to
 //! completed items, `task_started` to a turn, `task_complete` to success and `token_count` to usage.
 //!
+//! Tool calls (for loop detection, protocol 1.3) are the tool items (the `tool` unit's types),
+//! each reported once by item id: at `item.started`, or at `item.completed` when it had no start.
+//! A `command_execution` is `shell` with its `command`; an `mcp_tool_call` is `SERVER/TOOL` with
+//! its `arguments`; a `web_search` is reported when it completes, since its query is empty until
+//! then; a `collab_tool_call` is its tool (`spawn_agent`, `wait` …) with its prompt and
+//! receivers. A `file_change` names the files but not the patch, so each one is a call of its
+//! own: editing one file several times is normal work, not a loop. Archived logs report their
+//! `*_begin` events (where a patch's diff is known) and `web_search_end`.
+//!
 //! ```
 //! use stepguard_plugin_api::{CounterRequest, ProviderPlugin};
 //! let plugin = stepguard_provider_codex::CodexPlugin;
@@ -27,10 +36,11 @@
 #![deny(unsafe_code)] // not `forbid`: export_plugin! allows it on its own generated items
 
 use rustc_hash::FxHashSet as HashSet;
+use serde_json::{Value, json};
 use stepguard_jsonl::{RawValue, scan, scan_prefix};
 use stepguard_plugin_api::{
     CounterRequest, CounterStats, LineReport, Manifest, PreflightRule, ProviderBox, ProviderPlugin,
-    StepCounter, Terminal, Tokens, slug_for_error_text,
+    StepCounter, Terminal, Tokens, ToolCall, slug_for_error_text,
 };
 
 /// The Codex provider plugin.
@@ -94,6 +104,7 @@ impl ProviderPlugin for CodexPlugin {
                 )
                 .when_any(&["exec", "e"]),
             )
+            .reports_tool_calls()
     }
 
     fn open_counter(&self, request: &CounterRequest) -> Result<Box<dyn StepCounter>, String> {
@@ -120,6 +131,10 @@ pub struct CodexCounter {
     tokens: Option<Tokens>,
     noise: u64,
     unknown: u64,
+    /// Ids of the items (or legacy call ids) already reported as tool calls.
+    calls_seen: HashSet<Vec<u8>>,
+    /// Tool calls not yet taken by the host.
+    tool_calls: Vec<ToolCall>,
 }
 
 impl CodexCounter {
@@ -134,7 +149,73 @@ impl CodexCounter {
             tokens: None,
             noise: 0,
             unknown: 0,
+            calls_seen: HashSet::default(),
+            tool_calls: Vec::new(),
         }
+    }
+
+    /// Reports the tool call of a tool item's line once per item id: at `item.started`, or at
+    /// the first `item.completed` when there was none (and for `web_search`, whose query is
+    /// known only then). Only these lines get a full scan and their arguments parsed.
+    fn item_call(
+        &mut self,
+        line: &[u8],
+        started: bool,
+        id: &[u8],
+        kind: &[u8],
+        report: &mut LineReport,
+    ) {
+        if !Unit::Tool.counts(kind)
+            || (started && kind == b"web_search")
+            || self.calls_seen.contains(id)
+        {
+            return;
+        }
+        let Some(call) = scan(line, ["item"])
+            .and_then(|[item]| item)
+            .and_then(|item| item_tool_call(item, id, kind))
+        else {
+            return;
+        };
+        self.calls_seen.insert(id.to_vec());
+        self.tool_calls.push(call);
+        report.flags |= LineReport::TOOL_CALL;
+    }
+
+    /// Reports the tool call of an archived `*_begin` event (or of `web_search_end`, which
+    /// alone carries the query), once per call id.
+    fn legacy_call(&mut self, kind: &str, msg: RawValue<'_>, report: &mut LineReport) {
+        if !matches!(
+            kind,
+            "exec_command_begin" | "patch_apply_begin" | "mcp_tool_call_begin" | "web_search_end"
+        ) {
+            return;
+        }
+        let Some(msg) = msg.to_json() else { return };
+        let Some(call_id) = msg["call_id"].as_str() else {
+            return;
+        };
+        if self.calls_seen.contains(call_id.as_bytes()) {
+            return;
+        }
+        let call = match kind {
+            "exec_command_begin" => ToolCall::new("shell", &json!({"command": msg["command"]})),
+            "patch_apply_begin" => {
+                // The archived format carries the diffs: the same patch is the same call.
+                ToolCall::new("file_change", &json!({"changes": msg["changes"]}))
+            }
+            "mcp_tool_call_begin" => {
+                let invocation = &msg["invocation"];
+                ToolCall::new(
+                    mcp_name(invocation["server"].as_str(), invocation["tool"].as_str()),
+                    &invocation["arguments"],
+                )
+            }
+            _ => ToolCall::new("web_search", &json!({"query": msg["query"]})),
+        };
+        self.calls_seen.insert(call_id.as_bytes().to_vec());
+        self.tool_calls.push(call);
+        report.flags |= LineReport::TOOL_CALL;
     }
 
     fn begin(&mut self, id: &[u8], report: &mut LineReport) {
@@ -153,7 +234,13 @@ impl CodexCounter {
         }
     }
 
-    fn item_event(&mut self, item: Option<RawValue<'_>>, started: bool, report: &mut LineReport) {
+    fn item_event(
+        &mut self,
+        line: &[u8],
+        item: Option<RawValue<'_>>,
+        started: bool,
+        report: &mut LineReport,
+    ) {
         let Some([Some(id), Some(kind)]) = item.and_then(|i| i.prefix_fields(["id", "type"]))
         else {
             self.unknown += 1;
@@ -168,6 +255,7 @@ impl CodexCounter {
                 self.complete(id.0, report);
             }
         }
+        self.item_call(line, started, id.0, kind, report);
     }
 
     fn legacy_event(&mut self, msg: RawValue<'_>, report: &mut LineReport) {
@@ -179,6 +267,7 @@ impl CodexCounter {
             return;
         };
         let kind = kind.as_str().unwrap_or_default();
+        self.legacy_call(&kind, msg, report);
         let item_type: Option<(&[u8], bool)> = match kind.as_ref() {
             "exec_command_begin" => Some((b"command_execution", true)),
             "exec_command_end" => Some((b"command_execution", false)),
@@ -270,6 +359,60 @@ impl CodexCounter {
     }
 }
 
+/// The tool call a tool item stands for, from what the item carries: `shell` and the command;
+/// `SERVER/TOOL` and the arguments of an MCP call; `web_search` and the query and action; the
+/// collab tool's own name (`spawn_agent`, `wait` …) and its prompt and receivers. A
+/// `file_change` item carries the paths but not the patch, so it is made unique by its id:
+/// different edits of one file must not look like the same call repeated.
+fn item_tool_call(item: RawValue<'_>, id: &[u8], kind: &[u8]) -> Option<ToolCall> {
+    let json = |v: Option<RawValue<'_>>| v.and_then(|v| v.to_json()).unwrap_or(Value::Null);
+    let text = |v: Option<RawValue<'_>>| v.and_then(|v| v.as_str()).map(|v| v.into_owned());
+    Some(match kind {
+        b"command_execution" => {
+            let [command] = item.fields(["command"])?;
+            ToolCall::new("shell", &json!({"command": json(command)}))
+        }
+        b"mcp_tool_call" => {
+            let [server, tool, arguments] = item.fields(["server", "tool", "arguments"])?;
+            let name = mcp_name(text(server).as_deref(), text(tool).as_deref());
+            ToolCall::new(name, &json(arguments))
+        }
+        b"web_search" => {
+            let [query, action] = item.fields(["query", "action"])?;
+            ToolCall::new(
+                "web_search",
+                &json!({"query": json(query), "action": json(action)}),
+            )
+        }
+        b"file_change" => {
+            let [changes] = item.fields(["changes"])?;
+            let id = String::from_utf8_lossy(id);
+            ToolCall::new(
+                "file_change",
+                &json!({"changes": json(changes), "item": id}),
+            )
+        }
+        _ => {
+            let [tool, prompt, receivers] =
+                item.fields(["tool", "prompt", "receiver_thread_ids"])?;
+            let name = text(tool).unwrap_or_else(|| "collab_tool_call".to_owned());
+            ToolCall::new(
+                name,
+                &json!({"prompt": json(prompt), "receiver_thread_ids": json(receivers)}),
+            )
+        }
+    })
+}
+
+/// An MCP tool's name as reported: `SERVER/TOOL`.
+fn mcp_name(server: Option<&str>, tool: Option<&str>) -> String {
+    format!(
+        "{}/{}",
+        server.unwrap_or_default(),
+        tool.unwrap_or_default()
+    )
+}
+
 fn usage_tokens(usage: RawValue<'_>) -> Option<Tokens> {
     let [input, cached, output, reasoning] = usage.fields([
         "input_tokens",
@@ -329,6 +472,7 @@ impl StepCounter for CodexCounter {
                     self.complete(id, &mut report);
                 }
             }
+            self.item_call(line, started, id, kind, &mut report);
             return Ok(report);
         }
         // Codex writes `type` first, so reading it stops early; each kind of line then reads
@@ -339,8 +483,8 @@ impl StepCounter for CodexCounter {
         };
         let item = || scan_prefix(line, ["item"]).and_then(|[item]| item);
         match ty.and_then(|t| t.plain_str_bytes()) {
-            Some(b"item.started") => self.item_event(item(), true, &mut report),
-            Some(b"item.completed") => self.item_event(item(), false, &mut report),
+            Some(b"item.started") => self.item_event(line, item(), true, &mut report),
+            Some(b"item.completed") => self.item_event(line, item(), false, &mut report),
             Some(b"item.updated" | b"thread.started") => {}
             Some(b"turn.started") => {
                 self.turns += 1;
@@ -377,12 +521,19 @@ impl StepCounter for CodexCounter {
         stats.unknown_events = self.unknown;
         stats
     }
+
+    fn take_tool_calls(&mut self) -> Vec<ToolCall> {
+        std::mem::take(&mut self.tool_calls)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use std::path::PathBuf;
 
+    use stepguard_core::loops::{
+        DEFAULT_LOOP_LIMIT, LoopDetector, LoopFound, LoopKind, LoopSettings,
+    };
     use stepguard_plugin_api::testing::{feed_all, outcome};
 
     use super::*;
@@ -596,5 +747,217 @@ mod tests {
             (2, 1, 0)
         );
         assert!(sum.has(LineReport::UNKNOWN_EVENT) && sum.has(LineReport::NOISE));
+    }
+
+    /// The tool calls of `bytes` counted by `unit`, each with the step it was made in (the
+    /// steps begun up to its line). Checks on every line that the flag and the calls agree.
+    fn calls(bytes: &[u8], unit: &str) -> Vec<(ToolCall, u64)> {
+        let mut counter = CodexPlugin
+            .open_counter(&CounterRequest::new(unit))
+            .unwrap();
+        let mut step = 0;
+        let mut out = Vec::new();
+        for line in bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+            let report = counter.feed(line).unwrap();
+            step += u64::from(report.steps_begun);
+            let taken = counter.take_tool_calls();
+            assert_eq!(
+                report.has(LineReport::TOOL_CALL),
+                !taken.is_empty(),
+                "{}",
+                String::from_utf8_lossy(line)
+            );
+            out.extend(taken.into_iter().map(|c| (c, step)));
+        }
+        out
+    }
+
+    fn names(calls: &[(ToolCall, u64)]) -> Vec<&str> {
+        calls.iter().map(|(c, _)| c.tool.as_str()).collect()
+    }
+
+    /// The first loop under `settings`, with the step of the call that completed it.
+    fn first_loop(calls: &[(ToolCall, u64)], settings: LoopSettings) -> Option<(LoopFound, u64)> {
+        let mut detector = LoopDetector::new(settings);
+        calls.iter().find_map(|(call, step)| {
+            detector
+                .observe(&call.tool, &call.fingerprint, *step)
+                .map(|found| (found, *step))
+        })
+    }
+
+    fn limit(limit: u32, window: u32) -> LoopSettings {
+        LoopSettings {
+            window,
+            ..LoopSettings::with_limit(limit)
+        }
+    }
+
+    #[test]
+    fn every_tool_item_is_one_tool_call_whatever_the_unit() {
+        for (file, per_unit, _, _) in CASES {
+            let tools = per_unit[2];
+            for unit in ["item", "actionable", "tool", "message"] {
+                assert_eq!(
+                    calls(&fixture(file), unit).len() as u64,
+                    tools,
+                    "{file} {unit}"
+                );
+            }
+        }
+        let multi = calls(&fixture("streams/codex/success_multi_tool.jsonl"), "item");
+        assert_eq!(
+            names(&multi),
+            ["shell", "shell", "file_change", "shell", "github/get_issue"]
+        );
+        // Reported at `item.started`: the step that begins there.
+        let steps: Vec<u64> = multi.iter().map(|(_, s)| *s).collect();
+        assert_eq!(steps, [3, 4, 6, 7, 8]);
+        let legacy = calls(
+            &fixture("streams/codex/legacy_pre_2025-09-30_id_msg_format.jsonl"),
+            "item",
+        );
+        assert_eq!(names(&legacy), ["shell", "file_change", "shell"]);
+        // Event-shaped payloads are arguments, not calls.
+        let fake = calls(&fixture("edge/codex_fake_events_in_payloads.jsonl"), "item");
+        assert_eq!(names(&fake), ["shell", "s/t"]);
+    }
+
+    #[test]
+    fn a_call_is_reported_once_per_item_at_its_first_line() {
+        let started = r#"{"type":"item.started","item":{"id":"item_0","type":"command_execution","command":"ls","aggregated_output":"","exit_code":null,"status":"in_progress"}}"#;
+        let completed = r#"{"type":"item.completed","item":{"id":"item_0","type":"command_execution","command":"ls","aggregated_output":"a\n","exit_code":0,"status":"completed"}}"#;
+        let only_completed = completed.replace("item_0", "item_1");
+        let stream = [started, completed, completed, &only_completed].join("\n");
+        let seen = calls(stream.as_bytes(), "item");
+        assert_eq!(names(&seen), ["shell", "shell"]);
+        assert_eq!(seen[0].0, seen[1].0, "the same command is the same call");
+        // A web search's query is known only when it completes.
+        let search = r#"{"type":"item.started","item":{"id":"item_3","type":"web_search","id":"ws_1","query":"","action":{"type":"other"}}}
+{"type":"item.completed","item":{"id":"item_3","type":"web_search","id":"ws_1","query":"q","action":{"type":"search","query":"q"}}}
+{"type":"item.started","item":{"id":"item_4","type":"web_search","id":"ws_2","query":"","action":{"type":"other"}}}
+{"type":"item.completed","item":{"id":"item_4","type":"web_search","id":"ws_2","query":"other","action":{"type":"search","query":"other"}}}"#;
+        let seen = calls(search.as_bytes(), "tool");
+        assert_eq!(names(&seen), ["web_search", "web_search"]);
+        assert_eq!(
+            seen[0].1, 1,
+            "counted at its start, reported at its completion"
+        );
+        assert_ne!(seen[0].0, seen[1].0);
+    }
+
+    #[test]
+    fn fingerprints_follow_what_each_item_carries() {
+        let one = |line: &str| calls(line.as_bytes(), "item").remove(0).0;
+        let mcp = one(
+            r#"{"type":"item.started","item":{"id":"item_1","type":"mcp_tool_call","server":"github","tool":"get_issue","arguments":{"repo":"r","issue_number":42},"result":null,"error":null,"status":"in_progress"}}"#,
+        );
+        // Another layout (not Codex's own: the general scanner reads it), other key order and
+        // spacing: the same call.
+        let reordered = one(
+            r#"{"item": {"status": "in_progress", "arguments": { "issue_number": 42, "repo": "r" }, "tool": "get_issue", "server": "github", "type": "mcp_tool_call", "id": "item_9"}, "type": "item.started"}"#,
+        );
+        assert_eq!(mcp.tool, "github/get_issue");
+        assert_eq!(mcp, reordered);
+        let other_issue = one(
+            r#"{"type":"item.started","item":{"id":"item_2","type":"mcp_tool_call","server":"github","tool":"get_issue","arguments":{"repo":"r","issue_number":43},"result":null,"error":null,"status":"in_progress"}}"#,
+        );
+        assert_ne!(mcp, other_issue);
+        // A file change names the files but not the patch: two edits of one file are two calls.
+        let edit = |id: &str| {
+            one(&format!(
+                r#"{{"type":"item.started","item":{{"id":"{id}","type":"file_change","changes":[{{"path":"/p/src/a.rs","kind":"update"}}],"status":"in_progress"}}}}"#
+            ))
+        };
+        assert_eq!(edit("item_5").tool, "file_change");
+        assert_ne!(edit("item_5"), edit("item_6"));
+        let wait = one(
+            r#"{"type":"item.started","item":{"id":"item_7","type":"collab_tool_call","tool":"wait","sender_thread_id":"t0","receiver_thread_ids":["t1"],"prompt":null,"agents_states":{},"status":"in_progress"}}"#,
+        );
+        assert_eq!(wait.tool, "wait");
+        let shell = |command: &str| {
+            one(&format!(
+                r#"{{"type":"item.started","item":{{"id":"item_8","type":"command_execution","command":"{command}","aggregated_output":"","exit_code":null,"status":"in_progress"}}}}"#
+            ))
+        };
+        assert_eq!(shell("ls -la").tool, "shell");
+        assert_ne!(shell("ls -la"), shell("ls -l"));
+    }
+
+    #[test]
+    fn the_repeated_build_is_a_loop_at_its_limit() {
+        let seen = calls(&fixture("streams/codex/loop_repeat.jsonl"), "item");
+        assert_eq!(seen.len(), 8);
+        let (found, step) = first_loop(&seen, limit(3, 20)).unwrap();
+        assert_eq!((found.tool.as_str(), found.count), ("shell", 3));
+        assert_eq!(
+            (found.kind, found.first_step, step),
+            (LoopKind::Repeat, 2, 6)
+        );
+        let (found, step) =
+            first_loop(&seen, LoopSettings::with_limit(DEFAULT_LOOP_LIMIT)).unwrap();
+        assert_eq!((found.count, found.first_step, step), (5, 2, 9));
+    }
+
+    #[test]
+    fn the_test_and_read_cycle_is_a_loop() {
+        let seen = calls(&fixture("streams/codex/loop_cycle.jsonl"), "item");
+        assert_eq!(seen.len(), 12);
+        let (found, step) = first_loop(&seen, limit(3, 20)).unwrap();
+        assert_eq!(
+            (found.kind, found.first_step, step),
+            (LoopKind::Repeat, 3, 7)
+        );
+        let (found, step) = first_loop(&seen, limit(3, 4)).unwrap();
+        assert_eq!(found.kind, LoopKind::Cycle { period: 2 });
+        assert_eq!(
+            (found.tool.as_str(), found.first_step, step),
+            ("shell → shell", 3, 8)
+        );
+        assert!(first_loop(&seen, LoopSettings::with_limit(DEFAULT_LOOP_LIMIT)).is_some());
+    }
+
+    #[test]
+    fn polling_ci_is_a_loop_unless_its_tool_is_exempt() {
+        let seen = calls(&fixture("streams/codex/loop_exempt_read.jsonl"), "item");
+        let poll = "github/get_workflow_run";
+        assert_eq!(names(&seen), ["shell", poll, poll, poll, poll, poll]);
+        let found = first_loop(&seen, LoopSettings::with_limit(DEFAULT_LOOP_LIMIT));
+        assert_eq!(found.map(|(f, _)| f.tool), Some(poll.to_owned()));
+        let exempt = LoopSettings {
+            ignore_tools: vec![poll.to_owned()],
+            ..limit(2, 20)
+        };
+        assert_eq!(first_loop(&seen, exempt), None);
+    }
+
+    #[test]
+    fn the_default_limit_flags_no_recording_but_the_loops() {
+        for dir in ["streams/codex", "real/codex"] {
+            let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../../tests/fixtures")
+                .join(dir);
+            for entry in std::fs::read_dir(root).unwrap() {
+                let path = entry.unwrap().path();
+                let name = path.file_name().unwrap().to_string_lossy().into_owned();
+                if !name.ends_with(".jsonl") || name == "loop_exempt_read.jsonl" {
+                    continue;
+                }
+                let seen = calls(&std::fs::read(&path).unwrap(), "item");
+                let found = first_loop(&seen, LoopSettings::with_limit(DEFAULT_LOOP_LIMIT));
+                assert_eq!(
+                    found.is_some(),
+                    name.starts_with("loop_"),
+                    "{dir}/{name}: {found:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn tool_calls_are_declared() {
+        let m = CodexPlugin.manifest();
+        assert!(m.tool_calls);
+        assert_eq!(m.min_protocol(), "1.3.0");
     }
 }

@@ -12,6 +12,10 @@
 //! with severity `error` saying "Maximum session turns exceeded" before a `success` result, is
 //! `max_steps`; API errors are `rate_limited` (429, quota) or `provider_error`.
 //!
+//! Tool calls (for loop detection, protocol 1.3) are the `tool_use` events, each reported once
+//! by `tool_id`, as `tool_name` and `parameters` (`run_shell_command`'s `description` left out:
+//! it annotates the command and does not change what runs).
+//!
 //! ```
 //! use stepguard_plugin_api::{CounterRequest, ProviderPlugin};
 //! let plugin = stepguard_provider_gemini::GeminiPlugin;
@@ -26,7 +30,7 @@ use rustc_hash::FxHashSet as HashSet;
 use stepguard_jsonl::{RawValue, scan};
 use stepguard_plugin_api::{
     CounterRequest, CounterStats, LineReport, Manifest, PreflightRule, ProviderBox, ProviderPlugin,
-    StepCounter, Terminal, Tokens, slug_for_error_text,
+    StepCounter, Terminal, Tokens, ToolCall, slug_for_error_text,
 };
 
 /// The Gemini CLI provider plugin.
@@ -57,6 +61,7 @@ impl ProviderPlugin for GeminiPlugin {
                 &["--output-format=stream-json", "-o=stream-json"],
                 "add `--output-format stream-json`: stepguard counts its JSONL events",
             ))
+            .reports_tool_calls()
     }
 
     fn open_counter(&self, request: &CounterRequest) -> Result<Box<dyn StepCounter>, String> {
@@ -98,9 +103,35 @@ pub struct GeminiCounter {
     tokens: Option<Tokens>,
     noise: u64,
     unknown: u64,
+    /// Tool calls not yet taken by the host.
+    tool_calls: Vec<ToolCall>,
 }
 
 impl GeminiCounter {
+    /// Queues the call of a new `tool_use` line; only these lines are scanned for the name and
+    /// parameters.
+    fn tool_call(&mut self, line: &[u8], report: &mut LineReport) {
+        let Some([name, parameters]) = scan(line, ["tool_name", "parameters"]) else {
+            return;
+        };
+        let name = name
+            .and_then(|n| n.as_str())
+            .map(|n| n.into_owned())
+            .unwrap_or_default();
+        let mut arguments = parameters
+            .and_then(|p| p.to_json())
+            .unwrap_or(serde_json::Value::Null);
+        if name == "run_shell_command"
+            && let Some(object) = arguments.as_object_mut()
+        {
+            // Annotates the command for the user and does not change what runs; a looping
+            // model rewords it.
+            object.remove("description");
+        }
+        self.tool_calls.push(ToolCall::new(name, &arguments));
+        report.flags |= LineReport::TOOL_CALL;
+    }
+
     fn model_output(&mut self, report: &mut LineReport) {
         if self.turn_state == TurnState::AwaitingModel {
             self.turn_state = TurnState::InModel;
@@ -183,8 +214,11 @@ impl StepCounter for GeminiCounter {
                 let id = tool_id
                     .map(|t| t.0.to_vec())
                     .unwrap_or_else(|| format!("anon_{}", self.tool_ids.len()).into_bytes());
-                if self.tool_ids.insert(id) && !self.by_turn {
-                    report.steps_begun += 1;
+                if self.tool_ids.insert(id) {
+                    if !self.by_turn {
+                        report.steps_begun += 1;
+                    }
+                    self.tool_call(line, &mut report);
                 }
             }
             "tool_result" => {
@@ -229,12 +263,19 @@ impl StepCounter for GeminiCounter {
         stats.unknown_events = self.unknown;
         stats
     }
+
+    fn take_tool_calls(&mut self) -> Vec<ToolCall> {
+        std::mem::take(&mut self.tool_calls)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use std::path::PathBuf;
 
+    use stepguard_core::loops::{
+        DEFAULT_LOOP_LIMIT, LoopDetector, LoopFound, LoopKind, LoopSettings,
+    };
     use stepguard_plugin_api::testing::outcome;
 
     use super::*;
@@ -334,5 +375,207 @@ mod tests {
         assert_eq!(stats.num_steps_computed, 1);
         let (_, stats) = count_bytes(stream, "tool_use");
         assert_eq!(stats.num_steps_computed, 0);
+    }
+
+    /// The tool calls of `bytes` counted by `unit`, each with the step it was made in (the
+    /// steps begun up to its line). Checks on every line that the flag and the calls agree.
+    fn calls(bytes: &[u8], unit: &str) -> Vec<(ToolCall, u64)> {
+        let mut counter = GeminiPlugin
+            .open_counter(&CounterRequest::new(unit))
+            .unwrap();
+        let mut step = 0;
+        let mut out = Vec::new();
+        for line in bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+            let report = counter.feed(line).unwrap();
+            step += u64::from(report.steps_begun);
+            let taken = counter.take_tool_calls();
+            assert_eq!(
+                report.has(LineReport::TOOL_CALL),
+                !taken.is_empty(),
+                "{}",
+                String::from_utf8_lossy(line)
+            );
+            out.extend(taken.into_iter().map(|c| (c, step)));
+        }
+        out
+    }
+
+    fn names(calls: &[(ToolCall, u64)]) -> Vec<&str> {
+        calls.iter().map(|(c, _)| c.tool.as_str()).collect()
+    }
+
+    /// The first loop under `settings`, with the step of the call that completed it.
+    fn first_loop(calls: &[(ToolCall, u64)], settings: LoopSettings) -> Option<(LoopFound, u64)> {
+        let mut detector = LoopDetector::new(settings);
+        calls.iter().find_map(|(call, step)| {
+            detector
+                .observe(&call.tool, &call.fingerprint, *step)
+                .map(|found| (found, *step))
+        })
+    }
+
+    fn limit(limit: u32, window: u32) -> LoopSettings {
+        LoopSettings {
+            window,
+            ..LoopSettings::with_limit(limit)
+        }
+    }
+
+    #[test]
+    fn every_tool_use_event_is_one_tool_call() {
+        let expected: serde_json::Value =
+            serde_json::from_slice(&fixture("streams/gemini/expected.json")).unwrap();
+        for (name, e) in expected.as_object().unwrap() {
+            let bytes = fixture(&format!("streams/gemini/{name}"));
+            for unit in ["tool_use", "turn"] {
+                assert_eq!(
+                    calls(&bytes, unit).len() as u64,
+                    e["tool_use_events"].as_u64().unwrap(),
+                    "{name} {unit}"
+                );
+            }
+        }
+        let multi = calls(&fixture("streams/gemini/success_multi_tool.jsonl"), "turn");
+        assert_eq!(
+            names(&multi),
+            [
+                "glob",
+                "read_file",
+                "grep_search",
+                "replace",
+                "run_shell_command"
+            ]
+        );
+        // Parallel calls are made in the same turn.
+        let steps: Vec<u64> = multi.iter().map(|(_, s)| *s).collect();
+        assert_eq!(steps, [1, 2, 2, 3, 4]);
+    }
+
+    #[test]
+    fn one_call_per_tool_id_and_equal_parameters_are_one_fingerprint() {
+        let tool_use = |id: &str, name: &str, parameters: &str| {
+            format!(
+                r#"{{"type":"tool_use","timestamp":"2026-08-20T10:15:39.138Z","tool_name":"{name}","tool_id":"{name}__{id}","parameters":{parameters}}}"#
+            )
+        };
+        let stream = [
+            tool_use("a", "read_file", r#"{"file_path":"src/a.ts","limit":50}"#),
+            // The same event again (a repeated line): not a second call.
+            tool_use("a", "read_file", r#"{"file_path":"src/a.ts","limit":50}"#),
+            tool_use(
+                "b",
+                "read_file",
+                "{ \"limit\" : 50,\t\"file_path\": \"src/a.ts\" }",
+            ),
+            tool_use("c", "read_file", r#"{"file_path":"src/b.ts","limit":50}"#),
+            tool_use(
+                "d",
+                "run_shell_command",
+                r#"{"command":"npm test","description":"Run the tests."}"#,
+            ),
+            tool_use(
+                "e",
+                "run_shell_command",
+                r#"{"description":"Run them again.","command":"npm test"}"#,
+            ),
+            tool_use(
+                "f",
+                "run_shell_command",
+                r#"{"command":"npm test -- reader"}"#,
+            ),
+        ]
+        .join("\n");
+        let seen: Vec<ToolCall> = calls(stream.as_bytes(), "tool_use")
+            .into_iter()
+            .map(|(c, _)| c)
+            .collect();
+        assert_eq!(seen.len(), 6);
+        assert_eq!(seen[0], seen[1], "key order and spacing do not matter");
+        assert_ne!(seen[0], seen[2], "another file is another call");
+        assert_eq!(
+            seen[3], seen[4],
+            "the description does not change what runs"
+        );
+        assert_ne!(seen[3], seen[5]);
+        assert_eq!(seen[3].tool, "run_shell_command");
+    }
+
+    #[test]
+    fn the_repeated_build_is_a_loop_at_its_limit() {
+        let seen = calls(&fixture("streams/gemini/loop_repeat.jsonl"), "tool_use");
+        assert_eq!(seen.len(), 8);
+        let (found, step) = first_loop(&seen, limit(3, 20)).unwrap();
+        assert_eq!((found.tool.as_str(), found.count), ("run_shell_command", 3));
+        assert_eq!(
+            (found.kind, found.first_step, step),
+            (LoopKind::Repeat, 1, 4)
+        );
+        let (found, step) =
+            first_loop(&seen, LoopSettings::with_limit(DEFAULT_LOOP_LIMIT)).unwrap();
+        assert_eq!((found.count, found.first_step, step), (5, 1, 7));
+    }
+
+    #[test]
+    fn the_read_replace_cycle_is_a_loop() {
+        let seen = calls(&fixture("streams/gemini/loop_cycle.jsonl"), "tool_use");
+        assert_eq!(names(&seen[..3]), ["glob", "read_file", "replace"]);
+        let (found, step) = first_loop(&seen, limit(3, 20)).unwrap();
+        assert_eq!(
+            (found.tool.as_str(), found.kind, step),
+            ("read_file", LoopKind::Repeat, 6)
+        );
+        let (found, step) = first_loop(&seen, limit(3, 4)).unwrap();
+        assert_eq!(found.kind, LoopKind::Cycle { period: 2 });
+        assert_eq!(
+            (found.tool.as_str(), found.first_step, step),
+            ("read_file → replace", 2, 7)
+        );
+        assert!(first_loop(&seen, LoopSettings::with_limit(DEFAULT_LOOP_LIMIT)).is_some());
+    }
+
+    #[test]
+    fn polling_a_log_is_a_loop_unless_its_tool_is_exempt() {
+        let seen = calls(
+            &fixture("streams/gemini/loop_exempt_read.jsonl"),
+            "tool_use",
+        );
+        assert_eq!(seen.len(), 6);
+        let found = first_loop(&seen, LoopSettings::with_limit(DEFAULT_LOOP_LIMIT));
+        assert_eq!(found.map(|(f, _)| f.tool), Some("read_file".to_owned()));
+        let exempt = LoopSettings {
+            ignore_tools: vec!["read_file".to_owned()],
+            ..limit(2, 20)
+        };
+        assert_eq!(first_loop(&seen, exempt), None);
+    }
+
+    #[test]
+    fn the_default_limit_flags_no_recording_but_the_loops() {
+        for dir in ["streams/gemini", "real/gemini"] {
+            let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../../tests/fixtures")
+                .join(dir);
+            for entry in std::fs::read_dir(root).unwrap() {
+                let path = entry.unwrap().path();
+                let name = path.file_name().unwrap().to_string_lossy().into_owned();
+                if !name.ends_with(".jsonl") || name == "loop_exempt_read.jsonl" {
+                    continue;
+                }
+                let seen = calls(&std::fs::read(&path).unwrap(), "tool_use");
+                let found = first_loop(&seen, LoopSettings::with_limit(DEFAULT_LOOP_LIMIT));
+                assert_eq!(
+                    found.is_some(),
+                    name.starts_with("loop_"),
+                    "{dir}/{name}: {found:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn tool_calls_are_declared() {
+        let m = GeminiPlugin.manifest();
+        assert!(m.tool_calls);
+        assert_eq!(m.min_protocol(), "1.3.0");
     }
 }

@@ -118,6 +118,7 @@ impl Runner {
             loops,
             idle_timeout,
             startup_timeout,
+            env,
         } = spec;
         let plugin_timeout_ms = u64::try_from(plugin_timeout.as_millis()).unwrap_or(u64::MAX);
         let spec = Labels {
@@ -172,6 +173,7 @@ impl Runner {
                 cmd
             }
         };
+        cmd.envs(env);
         cmd.stdout(Stdio::piped())
             .stderr(if stderr.is_some() {
                 Stdio::piped()

@@ -53,4 +53,7 @@ pub use spec::{
     RecognitionWindow, RunMeta, RunObserver, RunSpec, RunStarted, StdinMode, StopAtLimit,
 };
 pub use stepguard_supervisor::{ExitStatus, Mechanism, StopReport};
-pub use stream::{CountError, Recognition, StreamCount, count_stream, run_stats, stream_record};
+pub use stream::{
+    CountError, Recognition, StreamCount, count_stream, count_stream_with_loops, run_stats,
+    stream_record,
+};

@@ -144,6 +144,9 @@ pub struct RunSpec {
     /// Stop the agent when no line was recognised as the provider's within this long of the
     /// start (slug `startup_hang`).
     pub startup_timeout: Option<Duration>,
+    /// Variables added to the agent's environment (e.g. `TRACEPARENT`, so that the agent's
+    /// own traces nest under the run's span).
+    pub env: Vec<(std::ffi::OsString, std::ffi::OsString)>,
 }
 
 impl RunSpec {
@@ -175,6 +178,7 @@ impl RunSpec {
             loops: None,
             idle_timeout: None,
             startup_timeout: None,
+            env: Vec::new(),
         }
     }
 }

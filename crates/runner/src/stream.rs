@@ -336,6 +336,7 @@ pub fn stream_record(meta: &RunMeta, stats: &RunStats, count: &StreamCount) -> R
     record.oversized_lines = Some(count.oversized_lines);
     record.truncated_last_line = Some(count.truncated_last_line);
     record.sub_agent_steps = Some(counter.sub_agent_steps.clone());
+    record.loops.clone_from(&count.loops);
     record
 }
 

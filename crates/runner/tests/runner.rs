@@ -549,3 +549,20 @@ fn a_pause_at_the_limit_is_not_a_stall() {
     );
     assert_eq!(report.decisions, [LimitDecision::Allow(100)]);
 }
+
+#[test]
+fn the_spec_adds_variables_to_the_agents_environment() {
+    let dir = Dir::new();
+    let seen = dir.file("seen.txt");
+    let body = format!(
+        "printf '%s' \"$TRACEPARENT\" > {}\necho '{}'",
+        seen.display(),
+        item(0)
+    );
+    let (mut spec, _out) = spec(dir.script("env.sh", &body), codex(), 5);
+    let parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    spec.env = vec![("TRACEPARENT".into(), parent.into())];
+    let report = Runner::new(spec).run(&mut []);
+    assert_eq!(report.child_exit, Some(ExitStatus::Code(0)));
+    assert_eq!(std::fs::read_to_string(&seen).unwrap(), parent);
+}

@@ -14,7 +14,9 @@
 //! * version 2: nullable `num_steps_reported` and `num_steps_computed` (NULL for older rows);
 //! * version 3: the rest of the run record (`message`, `child_signal`, `breached_at_step`, noise
 //!   and token details, `sub_agent_steps`), NULL for older rows;
-//! * version 4: `plugin_source` and `containment`, NULL for older rows.
+//! * version 4: `plugin_source` and `containment`, NULL for older rows;
+//! * version 5: `loops`, the loops found as JSON (NULL for older rows, and for runs without loop
+//!   detection).
 //!
 //! Rows are read back as [`RunRecord`], the same shape every stepguard command emits.
 //!
@@ -90,6 +92,8 @@ pub const MIGRATIONS: &[&str] = &[
     // 4: where the provider came from, and how the run was contained.
     "ALTER TABLE runs ADD COLUMN plugin_source TEXT;
      ALTER TABLE runs ADD COLUMN containment TEXT;",
+    // 5: the loops found, as the record's JSON array; NULL when detection was off.
+    "ALTER TABLE runs ADD COLUMN loops TEXT;",
 ];
 
 /// The newest schema version this stepguard knows.
@@ -332,6 +336,10 @@ impl Store {
             .sub_agent_steps
             .as_ref()
             .and_then(|m| serde_json::to_string(m).ok());
+        let loops = run
+            .loops
+            .as_ref()
+            .and_then(|l| serde_json::to_string(l).ok());
         self.conn
             .execute(
                 "UPDATE runs SET ended_at = ?2, outcome = ?3, failure_slug = ?4, exit_code = ?5,
@@ -341,7 +349,7 @@ impl Store {
                     message = ?17, child_signal = ?18, breached_at_step = ?19, noise_lines = ?20,
                     unknown_events = ?21, oversized_lines = ?22, truncated_last_line = ?23,
                     cached_input_tokens = ?24, reasoning_output_tokens = ?25, sub_agent_steps = ?26,
-                    plugin_source = ?27, containment = ?28
+                    plugin_source = ?27, containment = ?28, loops = ?29
                  WHERE id = ?1",
                 params![
                     id,
@@ -372,6 +380,7 @@ impl Store {
                     sub_agents,
                     run.plugin_source,
                     run.containment,
+                    loops,
                 ],
             )
             .map_err(|e| self.err(e))?;
@@ -463,7 +472,7 @@ const COLUMNS: &str = "id, started_at, ended_at, provider, plugin_version, unit,
     duration_ms, num_steps_reported, num_steps_computed, num_turns_reported, num_turns_computed,
     input_tokens, output_tokens, cost_usd, on_limit_decision, message, child_signal, breached_at_step,
     noise_lines, unknown_events, oversized_lines, truncated_last_line, cached_input_tokens,
-    reasoning_output_tokens, sub_agent_steps, plugin_source, containment";
+    reasoning_output_tokens, sub_agent_steps, plugin_source, containment, loops";
 
 /// Reads one row as a run record; counts stored as SQLite integers come back unsigned.
 fn record(r: &Row<'_>) -> rusqlite::Result<RunRecord> {
@@ -532,6 +541,9 @@ fn record(r: &Row<'_>) -> rusqlite::Result<RunRecord> {
     rec.sub_agent_steps = sub_agents.and_then(|s| serde_json::from_str(&s).ok());
     rec.plugin_source = r.get(36)?;
     rec.containment = r.get(37)?;
+    rec.loops = r
+        .get::<_, Option<String>>(38)?
+        .and_then(|s| serde_json::from_str(&s).ok());
     Ok(rec)
 }
 

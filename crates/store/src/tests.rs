@@ -1,5 +1,6 @@
 use std::collections::BTreeMap;
 
+use stepguard_core::loops::{LoopFound, LoopKind};
 use stepguard_core::{FailureSlug, RunStats};
 
 use super::*;
@@ -130,7 +131,7 @@ fn a_newer_database_is_refused_and_left_untouched() {
     assert!(matches!(err, StoreError::NewerSchema { found: 99, .. }));
     assert!(
         err.to_string().contains(
-            "has schema version 99, newer than this stepguard knows (4); refusing to modify it"
+            "has schema version 99, newer than this stepguard knows (5); refusing to modify it"
         ),
         "{err}"
     );
@@ -512,6 +513,20 @@ fn every_field_of_a_run_record_survives_the_round_trip() {
     fin.sub_agent_steps = Some(BTreeMap::from([("task-1".to_owned(), 4)]));
     fin.plugin_source = Some("/opt/plugins/libcodex.so".into());
     fin.containment = Some("cgroup".into());
+    fin.loops = Some(vec![
+        LoopFound {
+            tool: "shell".into(),
+            count: 3,
+            kind: LoopKind::Repeat,
+            first_step: 2,
+        },
+        LoopFound {
+            tool: "read → edit".into(),
+            count: 3,
+            kind: LoopKind::Cycle { period: 2 },
+            first_step: 5,
+        },
+    ]);
     store.finish_run(id, &fin).unwrap();
 
     let back = store.get(id).unwrap().unwrap();
@@ -525,4 +540,78 @@ fn every_field_of_a_run_record_survives_the_round_trip() {
     want.command = Some(vec!["codex".into(), "exec".into()]);
     want.started_at = Some("2026-01-01T00:00:00.000Z".into());
     assert_eq!(back, want);
+}
+
+#[test]
+fn loops_are_null_when_unknown_and_an_empty_list_when_none_was_found() {
+    let (_dir, path) = db();
+    let store = Store::open(&path).unwrap();
+    for (loops, want) in [(None, None), (Some(Vec::new()), Some(Vec::new()))] {
+        let id = store
+            .begin_run(&NewRun {
+                provider: "codex".into(),
+                ..NewRun::default()
+            })
+            .unwrap();
+        let mut fin = finished(Outcome::Success, None, Some(1), None);
+        fin.loops = loops;
+        store.finish_run(id, &fin).unwrap();
+        assert_eq!(store.get(id).unwrap().unwrap().loops, want);
+    }
+}
+
+#[test]
+fn a_version_4_database_gains_the_loops_column_and_old_rows_read_null() {
+    let (_dir, path) = db();
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    {
+        let conn = create_at_version(&path, 4).unwrap();
+        conn.execute(
+            "INSERT INTO runs (started_at, provider, command, outcome, containment)
+             VALUES ('2026-01-01T00:00:00Z', 'codex', '[]', 'success', 'cgroup')",
+            [],
+        )
+        .unwrap();
+    }
+    let store = Store::open(&path).unwrap();
+    let old = store.get(1).unwrap().unwrap();
+    assert_eq!(
+        (old.containment.as_deref(), old.loops),
+        (Some("cgroup"), None)
+    );
+}
+
+#[test]
+fn stats_count_the_loop_and_stall_slugs_like_any_other() {
+    let (_dir, path) = db();
+    let store = Store::open(&path).unwrap();
+    let slugs = [
+        FailureSlug::LoopDetected,
+        FailureSlug::LoopDetected,
+        FailureSlug::Stalled,
+        FailureSlug::StartupHang,
+    ];
+    for slug in slugs {
+        let id = store
+            .begin_run(&NewRun {
+                provider: "codex".into(),
+                ..NewRun::default()
+            })
+            .unwrap();
+        store
+            .finish_run(id, &finished(Outcome::Failed, Some(slug), Some(2), None))
+            .unwrap();
+    }
+    let report = compute_stats(&store.list(&Filter::default()).unwrap());
+    assert_eq!(report.groups.len(), 1);
+    let g = &report.groups[0];
+    assert_eq!((g.runs, g.successes), (4, 0));
+    assert_eq!(
+        g.failure_slugs,
+        BTreeMap::from([
+            ("loop_detected".to_owned(), 2),
+            ("stalled".to_owned(), 1),
+            ("startup_hang".to_owned(), 1),
+        ])
+    );
 }

@@ -13,6 +13,10 @@
 //! `error` event is a failure (`rate_limited` for HTTP 429, else `provider_error`), and anything
 //! else means the stream was cut. Tokens and cost are the sums over `step_finish` parts.
 //!
+//! Tool calls (for loop detection, protocol 1.3) are the `tool_use` events, each reported once
+//! by `callID`, as `part.tool` and `part.state.input`. OpenCode prints a call when it has run,
+//! so the host sees it after its result, not before.
+//!
 //! It is built only against `stepguard-plugin-api`, exactly as a third party would build theirs.
 #![deny(unsafe_code)] // not `forbid`: export_plugin! allows it on its own generated items
 
@@ -20,7 +24,7 @@ use std::collections::HashSet;
 
 use stepguard_plugin_api::{
     CounterRequest, CounterStats, LineReport, Manifest, PreflightRule, ProviderPlugin, StepCounter,
-    Terminal, Tokens, slug_for_error_text,
+    Terminal, Tokens, ToolCall, slug_for_error_text,
 };
 
 /// The OpenCode provider plugin.
@@ -51,6 +55,7 @@ impl ProviderPlugin for OpenCodePlugin {
                 )
                 .when_any(&["run"]),
             )
+            .reports_tool_calls()
     }
 
     fn open_counter(&self, request: &CounterRequest) -> Result<Box<dyn StepCounter>, String> {
@@ -74,6 +79,8 @@ pub struct OpenCodeCounter {
     cost: Option<f64>,
     noise: u64,
     unknown: u64,
+    /// Tool calls not yet taken by the host.
+    tool_calls: Vec<ToolCall>,
 }
 
 impl OpenCodeCounter {
@@ -126,9 +133,13 @@ impl StepCounter for OpenCodeCounter {
                 let id = part["callID"]
                     .as_str()
                     .map_or_else(|| format!("call_{}", self.tools.len()), str::to_owned);
-                if self.tools.insert(id) && !self.by_step {
-                    report.steps_begun += 1;
-                    report.steps_completed += 1;
+                if self.tools.insert(id) {
+                    if !self.by_step {
+                        report.steps_begun += 1;
+                        report.steps_completed += 1;
+                    }
+                    self.tool_calls.push(tool_call(part));
+                    report.flags |= LineReport::TOOL_CALL;
                 }
             }
             "text" | "reasoning" => {}
@@ -171,6 +182,24 @@ impl StepCounter for OpenCodeCounter {
         stats.unknown_events = self.unknown;
         stats
     }
+
+    fn take_tool_calls(&mut self) -> Vec<ToolCall> {
+        std::mem::take(&mut self.tool_calls)
+    }
+}
+
+/// The call a `tool_use` part stands for: its `tool` and `state.input`, without `bash`'s
+/// `description` (it annotates the command and does not change what runs; a looping model
+/// rewords it).
+fn tool_call(part: &serde_json::Value) -> ToolCall {
+    let tool = part["tool"].as_str().unwrap_or_default();
+    let mut input = part["state"]["input"].clone();
+    if tool == "bash"
+        && let Some(object) = input.as_object_mut()
+    {
+        object.remove("description");
+    }
+    ToolCall::new(tool, &input)
 }
 
 #[cfg(test)]
@@ -231,5 +260,133 @@ mod tests {
             .unwrap();
         let stats = feed_all(c.as_mut(), stream.as_bytes()).unwrap().1;
         assert_eq!(stats.num_steps_computed, 2);
+    }
+
+    /// The tool calls of `bytes`, checking on every line that the flag and the calls agree.
+    fn calls(bytes: &[u8]) -> Vec<ToolCall> {
+        let mut c = OpenCodePlugin
+            .open_counter(&CounterRequest::new("step"))
+            .unwrap();
+        let mut out = Vec::new();
+        for line in bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+            let report = c.feed(line).unwrap();
+            let taken = c.take_tool_calls();
+            assert_eq!(report.has(LineReport::TOOL_CALL), !taken.is_empty());
+            out.extend(taken);
+        }
+        out
+    }
+
+    fn stream(name: &str) -> Vec<u8> {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures/streams/opencode")
+            .join(name);
+        std::fs::read(&path).unwrap()
+    }
+
+    /// Each call's position among the distinct fingerprints, in order of first appearance:
+    /// `[0, 1, 0, 0]` is a call, another, then the first twice more.
+    fn shape(calls: &[ToolCall]) -> Vec<usize> {
+        let mut seen: Vec<&str> = Vec::new();
+        calls
+            .iter()
+            .map(|c| match seen.iter().position(|f| *f == c.fingerprint) {
+                Some(i) => i,
+                None => {
+                    seen.push(&c.fingerprint);
+                    seen.len() - 1
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_tool_use_event_is_one_tool_call() {
+        for file in [
+            "tools3.jsonl",
+            "tools12.jsonl",
+            "steps2.jsonl",
+            "error429.jsonl",
+        ] {
+            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../tests/fixtures/real/opencode")
+                .join(file);
+            let seen = calls(&std::fs::read(path).unwrap());
+            assert_eq!(
+                seen.len() as u64,
+                count(file, "tool_use").num_steps_computed
+            );
+            assert!(seen.iter().all(|c| c.tool == "bash"), "{file}");
+            // Every recorded round ran another command.
+            assert_eq!(shape(&seen), (0..seen.len()).collect::<Vec<_>>(), "{file}");
+        }
+        let expected: serde_json::Value = serde_json::from_slice(&stream("expected.json")).unwrap();
+        for (name, e) in expected.as_object().unwrap() {
+            assert_eq!(
+                calls(&stream(name)).len() as u64,
+                e["tool_use_events"].as_u64().unwrap(),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn one_call_per_call_id_and_equal_inputs_are_one_fingerprint() {
+        let tool_use = |call: &str, tool: &str, input: &str| {
+            format!(
+                r#"{{"type":"tool_use","timestamp":1,"sessionID":"s","part":{{"type":"tool","tool":"{tool}","callID":"{call}","state":{{"status":"completed","input":{input},"output":""}},"id":"p","sessionID":"s","messageID":"m"}}}}"#
+            )
+        };
+        let lines = [
+            tool_use("c1", "read", r#"{"filePath":"/p/a.rs","limit":50}"#),
+            tool_use("c1", "read", r#"{"filePath":"/p/a.rs","limit":50}"#),
+            tool_use(
+                "c2",
+                "read",
+                "{ \"limit\" : 50,\t\"filePath\": \"/p/a.rs\" }",
+            ),
+            tool_use("c3", "read", r#"{"filePath":"/p/b.rs","limit":50}"#),
+            tool_use(
+                "c4",
+                "bash",
+                r#"{"command":"cargo test","description":"Run the tests"}"#,
+            ),
+            tool_use(
+                "c5",
+                "bash",
+                r#"{"description":"Again","command":"cargo test"}"#,
+            ),
+            tool_use("c6", "bash", r#"{"command":"cargo test -q"}"#),
+        ];
+        let seen = calls(lines.join("\n").as_bytes());
+        assert_eq!(shape(&seen), [0, 0, 1, 2, 2, 3]);
+        assert_eq!(seen[3].tool, "bash");
+    }
+
+    #[test]
+    fn the_loop_fixtures_repeat_one_call_or_go_round_a_cycle() {
+        // The detector is the host's (stepguard-core), which this third-party example does not
+        // depend on: the order of the fingerprints is all it sees.
+        let repeat = calls(&stream("loop_repeat.jsonl"));
+        assert_eq!(shape(&repeat), [0, 1, 0, 0, 2, 0, 0, 0]);
+        assert!(
+            repeat
+                .iter()
+                .all(|c| c.tool != "bash" || c.fingerprint == repeat[0].fingerprint)
+        );
+        let cycle = calls(&stream("loop_cycle.jsonl"));
+        assert_eq!(shape(&cycle), [0, 1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 1, 2]);
+        let tools: Vec<&str> = cycle[1..3].iter().map(|c| c.tool.as_str()).collect();
+        assert_eq!(tools, ["read", "edit"]);
+        let polls = calls(&stream("loop_exempt_read.jsonl"));
+        assert_eq!(shape(&polls), [0, 1, 1, 1, 1, 1]);
+        assert_eq!(polls[1].tool, "read");
+    }
+
+    #[test]
+    fn tool_calls_are_declared() {
+        let m = OpenCodePlugin.manifest();
+        assert!(m.tool_calls);
+        assert_eq!(m.min_protocol(), "1.3.0");
     }
 }

@@ -1,9 +1,11 @@
-//! `stepguard config`: the effective budget, its source, the policy, provider options and warnings.
+//! `stepguard config`: the effective budget and loop limit, their sources, the policy, provider
+//! options and warnings.
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 use stepguard_config::{LoadedConfig, Severity};
+use stepguard_core::loop_settings::LoopLimit;
 use stepguard_core::{ExitCode, Origin, StepLimit, budget};
 
 use crate::args::{Cli, ConfigArgs};
@@ -14,6 +16,13 @@ struct ConfigReport<'a> {
     max_steps: StepLimit,
     source: &'a str,
     source_file: Option<&'a str>,
+    /// The loop limit (null when off) and where it came from.
+    loop_limit: LoopLimit,
+    loop_limit_source: &'a str,
+    loop_limit_source_file: Option<&'a str>,
+    /// The window (calls a repeat is looked for in) and the exempt tools.
+    loop_window: u32,
+    loop_ignore_tools: &'a [String],
     profile: Option<&'a str>,
     task_type: Option<&'a str>,
     provider: Option<&'a str>,
@@ -96,6 +105,11 @@ fn policy_report<'a>(loaded: &'a LoadedConfig, provider: Option<&str>) -> Policy
 pub fn run(cli: &Cli, args: &ConfigArgs) -> anyhow::Result<ExitCode> {
     let loaded = settings::load_config(cli.config.as_deref())?;
     let resolved = budget::resolve(&settings::budget_request(&args.budget, &loaded.model))?;
+    let loops = settings::resolve_loops(
+        args.loops.loop_limit.as_deref(),
+        &args.budget,
+        &loaded.model,
+    )?;
     let registry = providers::load_registry(
         &cli.plugin_dir,
         settings::allow_override(&loaded, cli.allow_override),
@@ -109,6 +123,7 @@ pub fn run(cli: &Cli, args: &ConfigArgs) -> anyhow::Result<ExitCode> {
             .partition(|d| d.severity == Severity::Error);
     let mut warnings: Vec<String> = loaded.diagnostics().map(|d| d.to_string()).collect();
     warnings.extend(resolved.warnings.iter().cloned());
+    warnings.extend(loops.warnings.iter().cloned());
     warnings.extend(option_warnings.iter().map(ToString::to_string));
     let provider_options = loaded
         .model
@@ -126,6 +141,11 @@ pub fn run(cli: &Cli, args: &ConfigArgs) -> anyhow::Result<ExitCode> {
         max_steps: resolved.max_steps,
         source: &resolved.source,
         source_file: resolved.source_file.as_deref(),
+        loop_limit: loops.limit,
+        loop_limit_source: &loops.source,
+        loop_limit_source_file: loops.source_file.as_deref(),
+        loop_window: loops.window,
+        loop_ignore_tools: &loops.ignore_tools,
         profile: resolved.profile.as_deref(),
         task_type: args.budget.task_type.as_deref(),
         provider: args.provider.as_deref(),
@@ -164,6 +184,26 @@ pub fn run(cli: &Cli, args: &ConfigArgs) -> anyhow::Result<ExitCode> {
     }
     output::line(format!("profile: {}", report.profile.unwrap_or("none")))?;
     output::line(format!("task type: {}", report.task_type.unwrap_or("none")))?;
+    let from = match report.loop_limit_source_file {
+        Some(file) => format!("{} in {file}", report.loop_limit_source),
+        None => report.loop_limit_source.to_owned(),
+    };
+    output::line(format!("loop_limit: {} (from {from})", loops.limit))?;
+    if let (Some(explicit), Some(profile)) = (loops.explicit, &resolved.profile) {
+        output::line(format!(
+            "  explicit loop limit {explicit} lowered to {} by profile {profile}",
+            loops.limit
+        ))?;
+    }
+    output::line(format!("loop_window: {} calls", report.loop_window))?;
+    output::line(format!(
+        "loop_ignore_tools: {}",
+        if report.loop_ignore_tools.is_empty() {
+            "none".to_owned()
+        } else {
+            report.loop_ignore_tools.join(", ")
+        }
+    ))?;
     if report.config_files.is_empty() {
         output::line("config files: none found")?;
     } else {

@@ -5,8 +5,11 @@ use std::io;
 use std::path::Path;
 
 use anyhow::Context as _;
+use stepguard_core::loops::LoopSettings;
 use stepguard_core::{ExitCode, RunRecord};
-use stepguard_runner::{CountError, RunMeta, StreamCount, count_stream, run_stats, stream_record};
+use stepguard_runner::{
+    CountError, RunMeta, StreamCount, count_stream_with_loops, run_stats, stream_record,
+};
 
 use crate::args::{Cli, CountArgs};
 use crate::{output, providers, settings};
@@ -24,9 +27,20 @@ pub fn run(cli: &Cli, args: &CountArgs) -> anyhow::Result<ExitCode> {
         args.unit.as_deref(),
         Some(&config),
     )?;
+    // No task type or profile flags here: `STEPGUARD_PROFILE` and the config's `profile` apply.
+    let loops = settings::resolve_loops(
+        args.loops.loop_limit.as_deref(),
+        &crate::args::BudgetArgs::default(),
+        &config.model,
+    )?;
+    for w in &loops.warnings {
+        output::diag("warning", w);
+    }
+    let manifest = selection.provider.manifest();
+    let settings = loops.settings.filter(|_| manifest.tool_calls);
     let mut failed = false;
     for path in &args.files {
-        match count_file(&selection, path) {
+        match count_file(&selection, path, settings.clone()) {
             Ok(count) => {
                 let record = record(&selection, path, &count);
                 if count.recognition.failed() {
@@ -52,12 +66,13 @@ pub fn run(cli: &Cli, args: &CountArgs) -> anyhow::Result<ExitCode> {
                 } else {
                     let noise = count.stats.noise_lines;
                     output::line(format!(
-                        "{}: {} (provider {}, unit {}, {noise} noise line{})",
+                        "{}: {} (provider {}, unit {}, {noise} noise line{}){}",
                         path.display(),
                         record.summary_line(),
                         record.provider,
                         selection.request.unit,
-                        if noise == 1 { "" } else { "s" }
+                        if noise == 1 { "" } else { "s" },
+                        super::history::loops_brief(record.loops.as_deref().unwrap_or_default())
                     ))?;
                 }
             }
@@ -85,10 +100,14 @@ pub fn run(cli: &Cli, args: &CountArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
-fn count_file(selection: &providers::Selection<'_>, path: &Path) -> anyhow::Result<StreamCount> {
+fn count_file(
+    selection: &providers::Selection<'_>,
+    path: &Path,
+    loops: Option<LoopSettings>,
+) -> anyhow::Result<StreamCount> {
     let mut counter = selection.provider.open_counter(&selection.request)?;
     let counted = if path == Path::new("-") {
-        count_stream(&mut counter, io::stdin().lock(), "standard input")
+        count_stream_with_loops(&mut counter, io::stdin().lock(), "standard input", loops)
     } else {
         let file = File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
         if file.metadata().is_ok_and(|m| m.is_dir()) {
@@ -97,7 +116,7 @@ fn count_file(selection: &providers::Selection<'_>, path: &Path) -> anyhow::Resu
                     .context(format!("cannot read {}", path.display())),
             );
         }
-        count_stream(&mut counter, file, &path.display().to_string())
+        count_stream_with_loops(&mut counter, file, &path.display().to_string(), loops)
     };
     counted.map_err(|e| match e {
         // Kept as its own type: a plugin failure is exit 4, not a file problem.
@@ -118,5 +137,6 @@ fn record(selection: &providers::Selection<'_>, path: &Path, count: &StreamCount
     };
     let mut record = stream_record(&meta, &run_stats(&count.stats), count);
     record.file = Some(path.display().to_string());
+    record.loops.clone_from(&count.loops);
     record
 }

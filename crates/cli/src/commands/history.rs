@@ -3,6 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use stepguard_core::ExitCode;
+use stepguard_core::loops::{LoopFound, LoopKind};
 use stepguard_store::{Filter, RunRecord, Store, compute_stats};
 
 use crate::args::{Cli, HistoryArgs, ShowArgs, StatsArgs};
@@ -86,7 +87,34 @@ fn headline(r: &RunRecord) -> String {
     let started = r.started_at.as_deref().unwrap_or("-");
     let when = started.get(..19).unwrap_or(started).replace('T', " ");
     let id = r.id.map_or_else(|| "-".to_owned(), |id| id.to_string());
-    format!("#{id} {when} {scope}: {}", r.summary_line())
+    format!(
+        "#{id} {when} {scope}: {}{}",
+        r.summary_line(),
+        loops_brief(r.loops.as_deref().unwrap_or_default())
+    )
+}
+
+/// Returns `, loop: TOOL ×N at step S` for each loop found (nothing when none was), the suffix
+/// of a run's one-line summary in `history` and `count`.
+pub(crate) fn loops_brief(loops: &[LoopFound]) -> String {
+    loops
+        .iter()
+        .map(|l| format!(", loop: {} ×{} at step {}", l.tool, l.count, l.first_step))
+        .collect()
+}
+
+/// Returns how `show` describes a loop: `shell called 3 times (since step 2)`.
+fn loop_detail(l: &LoopFound) -> String {
+    match l.kind {
+        LoopKind::Repeat => format!(
+            "{} called {} times (since step {})",
+            l.tool, l.count, l.first_step
+        ),
+        LoopKind::Cycle { period } => format!(
+            "cycle of {period} calls {} repeated {} times (since step {})",
+            l.tool, l.count, l.first_step
+        ),
+    }
 }
 
 /// Runs `stepguard history`.
@@ -166,6 +194,9 @@ pub fn show(cli: &Cli, args: &ShowArgs) -> anyhow::Result<ExitCode> {
     ];
     if r.is_budget_failure() {
         lines.push(format!("Step Limit: {} / {budget}", num(r.steps())));
+    }
+    for l in r.loops.iter().flatten() {
+        lines.push(format!("Loop: {}", loop_detail(l)));
     }
     lines.extend([
         format!("Budget: {budget} (from {})", opt(&r.max_steps_source)),

@@ -18,6 +18,8 @@ struct PluginReport<'a> {
     units: &'a [UnitInfo],
     options: &'a [OptionInfo],
     native_limit: Option<&'a NativeLimit>,
+    /// Whether the provider reports tool calls, which loop detection needs (protocol 1.3).
+    tool_calls: bool,
 }
 
 /// Runs `stepguard plugins`.
@@ -50,6 +52,7 @@ pub fn run(cli: &Cli, args: &PluginsArgs) -> anyhow::Result<ExitCode> {
                 units: &m.units,
                 options: &m.options,
                 native_limit: m.native_limit.as_ref(),
+                tool_calls: m.tool_calls,
             }
         })
         .collect();
@@ -80,8 +83,23 @@ pub fn run(cli: &Cli, args: &PluginsArgs) -> anyhow::Result<ExitCode> {
         if let Some(limit) = r.native_limit {
             output::line(format!("  native limit: adds `{}`", limit.args.join(" ")))?;
         }
+        output::line(format!("  loop detection: {}", loop_detection(r)))?;
     }
     Ok(ExitCode::Success)
+}
+
+/// Says whether loops can be detected in the provider's runs, and why not.
+fn loop_detection(r: &PluginReport<'_>) -> &'static str {
+    if r.tool_calls {
+        return "yes";
+    }
+    let mut parts = r.protocol.split('.').map(|p| p.parse::<u64>().unwrap_or(0));
+    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    if (major, minor) < (1, 3) {
+        "no (plugin protocol < 1.3)"
+    } else {
+        "no (the plugin does not report tool calls)"
+    }
 }
 
 fn check(path: &std::path::Path) -> anyhow::Result<ExitCode> {

@@ -22,7 +22,12 @@ pub fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
         output::diag("warning", d.to_string().trim_start_matches("warning: "));
     }
     let resolved = budget::resolve(&settings::budget_request(&args.budget, &config.model))?;
-    for w in &resolved.warnings {
+    let loops = settings::resolve_loops(
+        args.loops.loop_limit.as_deref(),
+        &args.budget,
+        &config.model,
+    )?;
+    for w in resolved.warnings.iter().chain(&loops.warnings) {
         output::diag("warning", w);
     }
     let registry = providers::load_registry(
@@ -46,6 +51,18 @@ pub fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
         .into());
     }
     let counter = selection.provider.open_counter(&selection.request)?;
+    // Loop detection needs the plugin's tool calls; say so when someone asked for a limit.
+    let asked_for_loops = loops.source != "default" && !loops.source.starts_with("profile ");
+    if !manifest.tool_calls && loops.settings.is_some() && asked_for_loops {
+        output::diag(
+            "warning",
+            format!(
+                "provider {} does not report tool calls (plugin protocol < 1.3): no loop \
+                 detection, the loop limit from {} is ignored",
+                manifest.name, loops.source
+            ),
+        );
+    }
 
     let mut command = args.command.clone();
     if let (Some(native), Some(limit), false) = (
@@ -64,6 +81,12 @@ pub fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
         provider = %manifest.name,
         unit = %unit,
         "step budget"
+    );
+    tracing::info!(
+        loop_limit = %loops.limit,
+        source = %loops.source,
+        window = loops.window,
+        "loop limit"
     );
 
     let cwd = std::env::current_dir().unwrap_or_default();
@@ -95,6 +118,9 @@ pub fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
     };
     spec.grace = args.grace;
     spec.timeout = args.timeout;
+    spec.loops = loops.settings.filter(|_| manifest.tool_calls);
+    spec.idle_timeout = args.idle_timeout;
+    spec.startup_timeout = Some(args.startup_timeout);
     spec.stdin = match args.stdin {
         StdinMode::Inherit => stepguard_runner::StdinMode::Inherit,
         StdinMode::Null => stepguard_runner::StdinMode::Null,
@@ -158,6 +184,10 @@ pub fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
         // E.g. no answer at the prompt in time.
         output::note(message);
     }
-    output::note(report.summary_line());
+    output::note(format!(
+        "{}{}",
+        report.summary_line(),
+        super::history::loops_brief(report.record.loops.as_deref().unwrap_or_default())
+    ));
     Ok(report.exit_code)
 }

@@ -1,0 +1,439 @@
+//! A run as a span: its identity (fixed before the agent starts), its attributes and events.
+
+use std::borrow::Cow;
+use std::time::{Duration, SystemTime};
+
+use opentelemetry::trace::{
+    Event, SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState,
+};
+use opentelemetry::{InstrumentationScope, KeyValue, Value};
+use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator, SpanData, SpanEvents, SpanLinks};
+use stepguard_core::{Outcome, RunRecord};
+
+/// The span's name, as the GenAI semantic conventions name an agent invocation.
+pub(crate) const SPAN_NAME: &str = "invoke_agent";
+
+/// The name and version every span and metric of stepguard's is reported under.
+pub(crate) fn scope() -> InstrumentationScope {
+    InstrumentationScope::builder("stepguard")
+        .with_version(env!("CARGO_PKG_VERSION"))
+        .build()
+}
+
+/// Who a run's span is: its ids, and its parent's. Decided before the agent starts, so the
+/// agent can be told (`TRACEPARENT`) to put its own spans under it.
+#[derive(Clone, Debug)]
+pub(crate) struct SpanIdentity {
+    pub context: SpanContext,
+    pub parent_span_id: SpanId,
+    pub parent_is_remote: bool,
+}
+
+impl SpanIdentity {
+    /// A new span: in the parent's trace and with its sampling decision when there is a
+    /// parent, else the root of a new sampled trace.
+    pub fn new(parent: Option<&SpanContext>) -> Self {
+        let ids = RandomIdGenerator::default();
+        let span_id = ids.new_span_id();
+        match parent {
+            Some(parent) => SpanIdentity {
+                context: SpanContext::new(
+                    parent.trace_id(),
+                    span_id,
+                    parent.trace_flags(),
+                    false,
+                    parent.trace_state().clone(),
+                ),
+                parent_span_id: parent.span_id(),
+                parent_is_remote: parent.is_remote(),
+            },
+            None => SpanIdentity {
+                context: SpanContext::new(
+                    ids.new_trace_id(),
+                    span_id,
+                    TraceFlags::SAMPLED,
+                    false,
+                    TraceState::default(),
+                ),
+                parent_span_id: SpanId::INVALID,
+                parent_is_remote: false,
+            },
+        }
+    }
+
+    /// Returns the W3C `traceparent` naming this span as the parent.
+    pub fn traceparent(&self) -> String {
+        format!(
+            "00-{}-{}-{:02x}",
+            self.context.trace_id(),
+            self.context.span_id(),
+            self.context.trace_flags().to_u8()
+        )
+    }
+
+    /// Returns the W3C `tracestate` to pass on with it, when there is one.
+    pub fn tracestate(&self) -> Option<String> {
+        let state = self.context.trace_state().header();
+        (!state.is_empty()).then_some(state)
+    }
+
+    pub fn trace_id(&self) -> TraceId {
+        self.context.trace_id()
+    }
+}
+
+/// When each step began, as progress ticks told (at most `cap` remembered; the rest counted).
+#[derive(Clone, Debug)]
+pub(crate) struct StepLog {
+    times: Vec<SystemTime>,
+    begun: u64,
+    cap: usize,
+}
+
+impl StepLog {
+    pub fn new(cap: usize) -> Self {
+        StepLog {
+            times: Vec::new(),
+            begun: 0,
+            cap,
+        }
+    }
+
+    /// Notes that `steps` steps have begun by `at`. Costs nothing once the cap is reached.
+    pub fn begun(&mut self, steps: u64, at: SystemTime) {
+        if steps <= self.begun {
+            return;
+        }
+        let room = self.cap.saturating_sub(self.times.len());
+        let new = usize::try_from(steps - self.begun).unwrap_or(usize::MAX);
+        self.times.extend(std::iter::repeat_n(at, new.min(room)));
+        self.begun = steps;
+    }
+
+    /// Returns when step `step` (1-based) began, when remembered.
+    pub fn time_of(&self, step: u64) -> Option<SystemTime> {
+        let index = usize::try_from(step.checked_sub(1)?).ok()?;
+        self.times.get(index).copied()
+    }
+
+    /// Returns the steps begun but not remembered (over the cap).
+    pub fn dropped(&self) -> u64 {
+        self.begun
+            .saturating_sub(u64::try_from(self.times.len()).unwrap_or(u64::MAX))
+    }
+
+    fn events(&self) -> impl Iterator<Item = Event> + '_ {
+        self.times
+            .iter()
+            .zip(1_i64..)
+            .map(|(at, n)| Event::new("step", *at, vec![KeyValue::new("stepguard.step", n)], 0))
+    }
+}
+
+/// Returns the run's start and end as its record says (`started_at`, `ended_at`, else the start
+/// plus `duration_ms`).
+pub(crate) fn record_times(record: &RunRecord) -> (Option<SystemTime>, Option<SystemTime>) {
+    let parse = |t: &Option<String>| {
+        t.as_deref()
+            .and_then(|t| humantime::parse_rfc3339_weak(t).ok())
+    };
+    let start = parse(&record.started_at);
+    let end = parse(&record.ended_at).or_else(|| {
+        start
+            .zip(record.duration_ms)
+            .map(|(s, ms)| s + Duration::from_millis(ms))
+    });
+    (start, end)
+}
+
+/// Builds the span of one run from its record, the steps seen begin, and its times.
+pub(crate) fn run_span(
+    record: &RunRecord,
+    identity: &SpanIdentity,
+    steps: &StepLog,
+    start: SystemTime,
+    end: SystemTime,
+) -> SpanData {
+    let mut attributes = span_attributes(record);
+    let mut events: Vec<Event> = steps.events().collect();
+    let dropped = steps.dropped();
+    if dropped > 0 {
+        attributes.push(KeyValue::new("stepguard.steps_dropped", int(dropped)));
+    }
+    if let Some(step) = record.breached_at_step {
+        let mut fields = vec![KeyValue::new("stepguard.step", int(step))];
+        if let Some(max) = record.max_steps {
+            fields.push(KeyValue::new("stepguard.max_steps", i64::from(max)));
+        }
+        events.push(Event::new(
+            "breach",
+            steps.time_of(step).unwrap_or(end),
+            fields,
+            0,
+        ));
+    }
+    events.extend(loop_events(record, end));
+    if let Some(by) = record.terminated_by.as_deref() {
+        if by == "wrap_up" {
+            events.push(Event::new("wrap_up", end, Vec::new(), 0));
+        }
+        events.push(Event::new(
+            "stop",
+            end,
+            vec![KeyValue::new("stepguard.terminated_by", by.to_owned())],
+            0,
+        ));
+    }
+    let mut span_events = SpanEvents::default();
+    span_events.events = events;
+    span_events.dropped_count = u32::try_from(dropped).unwrap_or(u32::MAX);
+
+    SpanData {
+        span_context: identity.context.clone(),
+        parent_span_id: identity.parent_span_id,
+        parent_span_is_remote: identity.parent_is_remote,
+        span_kind: SpanKind::Internal,
+        name: Cow::Borrowed(SPAN_NAME),
+        start_time: start,
+        end_time: end.max(start),
+        attributes,
+        dropped_attributes_count: 0,
+        events: span_events,
+        links: SpanLinks::default(),
+        status: status(record),
+        instrumentation_scope: scope(),
+    }
+}
+
+/// The span's attributes: the GenAI conventions' where they fit, stepguard's own after.
+fn span_attributes(record: &RunRecord) -> Vec<KeyValue> {
+    let mut kv = vec![
+        KeyValue::new("gen_ai.operation.name", SPAN_NAME),
+        KeyValue::new("gen_ai.provider.name", record.provider.clone()),
+        KeyValue::new("gen_ai.agent.name", record.provider.clone()),
+    ];
+    if let Some(tokens) = record.tokens {
+        kv.push(KeyValue::new(
+            "gen_ai.usage.input_tokens",
+            int(tokens.input_tokens),
+        ));
+        kv.push(KeyValue::new(
+            "gen_ai.usage.output_tokens",
+            int(tokens.output_tokens),
+        ));
+        if let Some(cached) = tokens.cached_input_tokens {
+            kv.push(KeyValue::new(
+                "gen_ai.usage.cache_read.input_tokens",
+                int(cached),
+            ));
+        }
+    }
+    if let Some(slug) = &record.error_type {
+        kv.push(KeyValue::new("error.type", slug.clone()));
+    }
+    kv.push(KeyValue::new("stepguard.outcome", record.outcome.as_str()));
+    let text = [
+        ("stepguard.unit", &record.unit),
+        ("stepguard.max_steps_source", &record.max_steps_source),
+        ("stepguard.terminated_by", &record.terminated_by),
+        ("stepguard.task_type", &record.task_type),
+        ("stepguard.profile", &record.profile),
+        ("stepguard.containment", &record.containment),
+        ("stepguard.plugin_version", &record.plugin_version),
+    ];
+    for (key, value) in text {
+        if let Some(value) = value {
+            kv.push(KeyValue::new(key, value.clone()));
+        }
+    }
+    if let Some(steps) = record.steps() {
+        kv.push(KeyValue::new("stepguard.steps", int(steps)));
+    }
+    if let Some(max) = record.max_steps {
+        kv.push(KeyValue::new("stepguard.max_steps", i64::from(max)));
+    }
+    let numbers = [
+        ("stepguard.exit_code", record.exit_code),
+        ("stepguard.child_exit_code", record.child_exit_code),
+        ("stepguard.child_signal", record.child_signal),
+    ];
+    for (key, value) in numbers {
+        if let Some(value) = value {
+            kv.push(KeyValue::new(key, i64::from(value)));
+        }
+    }
+    if let Some(step) = record.breached_at_step {
+        kv.push(KeyValue::new("stepguard.breached_at_step", int(step)));
+    }
+    if let Some(cost) = record.cost_usd {
+        kv.push(KeyValue::new("stepguard.cost_usd", cost));
+    }
+    if let Some(id) = record.id {
+        kv.push(KeyValue::new("stepguard.run_id", id));
+    }
+    kv
+}
+
+/// Error when the run failed (or its supervisor died); unset otherwise, as the conventions
+/// ask for successful operations.
+fn status(record: &RunRecord) -> Status {
+    match record.outcome {
+        Outcome::Failed | Outcome::Interrupted => {
+            let why = record
+                .message
+                .clone()
+                .or_else(|| record.error_type.clone())
+                .unwrap_or_else(|| record.outcome.as_str().to_owned());
+            Status::error(truncate(why, 256))
+        }
+        _ => Status::Unset,
+    }
+}
+
+/// One `loop_detected` event per loop the record lists under `loops`. Read through the
+/// record's JSON so that records from before (and after) that key existed are all fine: every
+/// field of a loop becomes a `stepguard.loop.<field>` attribute.
+fn loop_events(record: &RunRecord, at: SystemTime) -> Vec<Event> {
+    let Ok(json) = serde_json::to_value(record) else {
+        return Vec::new();
+    };
+    loop_events_from(&json, at)
+}
+
+fn loop_events_from(record: &serde_json::Value, at: SystemTime) -> Vec<Event> {
+    let loops = match record.get("loops") {
+        Some(serde_json::Value::Array(items)) => items.iter().collect(),
+        Some(item @ serde_json::Value::Object(_)) => vec![item],
+        _ => Vec::new(),
+    };
+    loops
+        .into_iter()
+        .map(|found| {
+            let fields = found
+                .as_object()
+                .map(|o| {
+                    o.iter()
+                        .filter(|(_, v)| !v.is_null())
+                        .map(|(k, v)| KeyValue::new(format!("stepguard.loop.{k}"), json_value(v)))
+                        .collect()
+                })
+                .unwrap_or_default();
+            Event::new("loop_detected", at, fields, 0)
+        })
+        .collect()
+}
+
+fn json_value(value: &serde_json::Value) -> Value {
+    match value {
+        serde_json::Value::Bool(b) => Value::Bool(*b),
+        serde_json::Value::Number(n) => match (n.as_i64(), n.as_f64()) {
+            (Some(i), _) => Value::I64(i),
+            (None, Some(f)) => Value::F64(f),
+            _ => Value::String(n.to_string().into()),
+        },
+        serde_json::Value::String(s) => Value::String(s.clone().into()),
+        other => Value::String(other.to_string().into()),
+    }
+}
+
+/// OpenTelemetry integers are signed; counts that large do not occur, so saturate.
+pub(crate) fn int(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+fn truncate(mut text: String, max: usize) -> String {
+    if text.len() > max {
+        let mut cut = max;
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        text.truncate(cut);
+        text.push('…');
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attribute<'a>(kv: &'a [KeyValue], key: &str) -> Option<&'a Value> {
+        kv.iter().find(|k| k.key.as_str() == key).map(|k| &k.value)
+    }
+
+    #[test]
+    fn step_events_stop_at_the_cap_and_the_rest_is_counted() {
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+        let mut log = StepLog::new(3);
+        log.begun(2, t0);
+        log.begun(2, t0 + Duration::from_secs(1)); // no new step
+        log.begun(10_000_000_000, t0 + Duration::from_secs(2));
+        assert_eq!(log.time_of(1), Some(t0));
+        assert_eq!(log.time_of(3), Some(t0 + Duration::from_secs(2)));
+        assert_eq!(log.time_of(4), None);
+        assert_eq!(log.time_of(0), None);
+        assert_eq!(log.dropped(), 10_000_000_000 - 3);
+
+        let mut record = RunRecord::new("codex", Outcome::Success);
+        record.num_steps_computed = Some(10_000_000_000);
+        let span = run_span(&record, &SpanIdentity::new(None), &log, t0, t0);
+        assert_eq!(span.events.events.len(), 3);
+        assert_eq!(
+            attribute(&span.attributes, "stepguard.steps_dropped"),
+            Some(&Value::I64(10_000_000_000 - 3))
+        );
+        assert_eq!(span.status, Status::Unset);
+    }
+
+    #[test]
+    fn loops_are_read_from_the_records_json_whatever_their_fields() {
+        let at = SystemTime::UNIX_EPOCH;
+        let json = serde_json::json!({
+            "provider": "codex",
+            "loops": [{"tool": "read", "count": 5, "kind": "repeat", "first_step": 3,
+                       "period": null}]
+        });
+        let events = loop_events_from(&json, at);
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].name, "loop_detected");
+        let fields = &events[0].attributes;
+        assert_eq!(
+            attribute(fields, "stepguard.loop.tool"),
+            Some(&Value::String("read".into()))
+        );
+        assert_eq!(
+            attribute(fields, "stepguard.loop.count"),
+            Some(&Value::I64(5))
+        );
+        assert_eq!(attribute(fields, "stepguard.loop.period"), None);
+        assert!(loop_events_from(&serde_json::json!({"provider": "codex"}), at).is_empty());
+        assert!(loop_events_from(&serde_json::json!({"loops": null}), at).is_empty());
+    }
+
+    #[test]
+    fn a_child_traceparent_stays_in_the_parents_trace() {
+        let parent = SpanContext::new(
+            TraceId::from_hex("0af7651916cd43dd8448eb211c80319c").unwrap(),
+            SpanId::from_hex("b7ad6b7169203331").unwrap(),
+            TraceFlags::SAMPLED,
+            true,
+            TraceState::default(),
+        );
+        let identity = SpanIdentity::new(Some(&parent));
+        let tp = identity.traceparent();
+        assert!(
+            tp.starts_with("00-0af7651916cd43dd8448eb211c80319c-"),
+            "{tp}"
+        );
+        assert!(tp.ends_with("-01"));
+        assert!(!tp.contains("b7ad6b7169203331"));
+        assert_eq!(identity.parent_span_id, parent.span_id());
+        assert!(identity.parent_is_remote);
+    }
+
+    #[test]
+    fn long_messages_are_cut_on_a_character_boundary() {
+        assert_eq!(truncate("é".repeat(200), 5), "éé…");
+        assert_eq!(truncate("short".into(), 10), "short");
+    }
+}
