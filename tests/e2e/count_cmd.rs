@@ -165,7 +165,8 @@ fn empty_file_counts_nothing() {
             "num_steps_computed": 0, "num_steps_reported": null, "num_turns_reported": null,
             "num_turns_computed": 0, "outcome": "incomplete", "error_type": null, "message": null,
             "exit_code": null, "child_exit_code": null, "child_signal": null,
-            "terminated_by": null, "containment": null, "breached_at_step": null, "on_limit_decisions": [],
+            "terminated_by": null, "containment": null, "breached_at_step": null, "loops": [],
+            "on_limit_decisions": [],
             "noise_lines": 0, "unknown_events": 0, "oversized_lines": 0, "truncated_last_line": false,
             "tokens": null, "cost_usd": null, "sub_agent_steps": {}, "loops": []
         })

@@ -24,3 +24,4 @@ mod plugins;
 mod record_schema;
 mod run_cmd;
 mod simulate_cmd;
+mod telemetry;

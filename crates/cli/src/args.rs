@@ -216,6 +216,22 @@ pub struct HistoryArgs {
     /// Print a JSON array on stdout.
     #[arg(long)]
     pub json: bool,
+    /// `export`: the recorded runs as JSON Lines, or to an OpenTelemetry collector.
+    #[command(subcommand)]
+    pub action: Option<HistoryAction>,
+}
+
+/// Subcommands of `stepguard history`.
+#[derive(Debug, Subcommand)]
+pub enum HistoryAction {
+    /// Write the recorded runs (oldest first; the filters apply) as JSON Lines of run records
+    /// on stdout, or with `--otlp` replay them to the collector OTEL_EXPORTER_OTLP_ENDPOINT (or
+    /// `[telemetry]`) names, one span each with the run's own times.
+    Export {
+        /// Replay to the OTLP collector instead of writing JSON Lines.
+        #[arg(long)]
+        otlp: bool,
+    },
 }
 
 /// Arguments of `stepguard show`.

@@ -142,3 +142,42 @@ pub fn budget_request<'a>(args: &'a BudgetArgs, config: &'a ConfigModel) -> Budg
         config,
     }
 }
+
+/// Returns the `[telemetry]` table of the config files in effect as the exporter's settings
+/// (the `OTEL_*` environment overrides them key by key).
+pub fn telemetry_settings(
+    model: &stepguard_core::budget::ConfigModel,
+) -> stepguard_telemetry::TelemetrySettings {
+    let text = |key: &str| {
+        model
+            .telemetry
+            .get(key)
+            .and_then(|(v, _)| v.as_str().map(str::to_owned))
+    };
+    let mut settings = stepguard_telemetry::TelemetrySettings {
+        endpoint: text("endpoint"),
+        protocol: text("protocol"),
+        service_name: text("service_name"),
+        flush_timeout: text("flush_timeout").and_then(|t| humantime::parse_duration(&t).ok()),
+        ..Default::default()
+    };
+    if let Some((serde_json::Value::Object(headers), _)) = model.telemetry.get("headers") {
+        for (name, value) in headers {
+            if let Some(value) = value.as_str() {
+                settings.headers.insert(name.clone(), value.to_owned());
+            }
+        }
+    }
+    settings
+}
+
+/// Returns the run's telemetry exporter when the environment or `[telemetry]` asks for one
+/// (nothing is created, and no network touched, otherwise).
+pub fn telemetry(
+    model: &stepguard_core::budget::ConfigModel,
+) -> Option<stepguard_telemetry::TelemetryConfig> {
+    stepguard_telemetry::TelemetryConfig::resolve(
+        |name| std::env::var(name).ok(),
+        &telemetry_settings(model),
+    )
+}

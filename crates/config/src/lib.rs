@@ -72,6 +72,7 @@ const TOP_LEVEL_KEYS: &[&str] = &[
     "policy",
     "run",
     "loops",
+    "telemetry",
 ];
 const LEVEL_KEYS: &[&str] = &["max_steps", "max_turns"];
 const TASK_TYPE_KEYS: &[&str] = &["max_steps", "max_turns", "loop_limit"];
@@ -80,6 +81,13 @@ const LOOPS_KEYS: &[&str] = &["limit", "window", "ignore_tools"];
 const POLICY_KEYS: &[&str] = &["max_steps_ceiling", "allow_plugin_override"];
 const POLICY_PROVIDER_KEYS: &[&str] = &["max_steps_unit"];
 const RUN_KEYS: &[&str] = &["unrecognized_stream"];
+const TELEMETRY_KEYS: &[&str] = &[
+    "endpoint",
+    "protocol",
+    "headers",
+    "service_name",
+    "flush_timeout",
+];
 
 /// A failure to read or parse a config file.
 #[derive(Debug, thiserror::Error)]
@@ -435,6 +443,9 @@ pub fn merge(mut files: Vec<ParsedFile>) -> LoadedConfig {
         if m.unrecognized_stream.is_some() {
             model.unrecognized_stream.clone_from(&m.unrecognized_stream);
         }
+        for (key, value) in &m.telemetry {
+            model.telemetry.insert(key.clone(), value.clone());
+        }
         overlay_loops(&mut model.loops, &m.loops);
         for (provider, options) in &m.providers {
             let entry = model.providers.entry(provider.clone()).or_default();
@@ -634,6 +645,7 @@ impl Parser<'_> {
                 },
                 "run" => self.run_table(value),
                 "loops" => self.loops_table(value),
+                "telemetry" => self.telemetry_table(value),
                 // Handled after the loop, once the top-level keys of the same level are known.
                 "defaults" => {}
                 // Handled before the loop, by role.
@@ -665,6 +677,46 @@ impl Parser<'_> {
         }
         if let Some(value) = table.get("defaults") {
             self.defaults(value);
+        }
+    }
+
+    fn telemetry_table(&mut self, value: &toml::Value) {
+        let Some(table) = self.expect_table("telemetry", value) else {
+            return;
+        };
+        for (key, v) in table {
+            let path = format!("telemetry.{key}");
+            let ok = match key.as_str() {
+                "endpoint" | "protocol" | "service_name" => v.is_str(),
+                "flush_timeout" => v
+                    .as_str()
+                    .is_some_and(|t| humantime::parse_duration(t).is_ok()),
+                "headers" => v
+                    .as_table()
+                    .is_some_and(|t| t.values().all(toml::Value::is_str)),
+                other => {
+                    self.unknown_key(&path, other, TELEMETRY_KEYS);
+                    continue;
+                }
+            };
+            if ok {
+                let origin = self.origin(&path);
+                self.out
+                    .model
+                    .telemetry
+                    .insert(key.clone(), (toml_to_json(v), origin));
+            } else {
+                let expected = match key.as_str() {
+                    "flush_timeout" => "a duration such as \"2s\"",
+                    "headers" => "a table of strings",
+                    _ => "a string",
+                };
+                self.diag(
+                    Severity::Error,
+                    &path,
+                    format!("expected {expected}, found {}", type_name(v)),
+                );
+            }
         }
     }
 

@@ -374,6 +374,9 @@ pub struct ConfigModel {
     /// `[loops]` and the `loop_limit` keys of task types and profiles (resolved by
     /// [`crate::loop_settings::resolve`]).
     pub loops: crate::loop_settings::LoopConfig,
+    /// `[telemetry]`: OpenTelemetry export settings (`endpoint`, `protocol`, `headers`,
+    /// `service_name`, `flush_timeout`), kept as given; the environment overrides them.
+    pub telemetry: BTreeMap<String, (serde_json::Value, Origin)>,
 }
 
 /// The inputs of one budget resolution: flags, env and the merged config, plus the run's scope.

@@ -137,6 +137,5 @@ fn record(selection: &providers::Selection<'_>, path: &Path, count: &StreamCount
     };
     let mut record = stream_record(&meta, &run_stats(&count.stats), count);
     record.file = Some(path.display().to_string());
-    record.loops.clone_from(&count.loops);
     record
 }

@@ -6,7 +6,7 @@ use stepguard_core::ExitCode;
 use stepguard_core::loops::{LoopFound, LoopKind};
 use stepguard_store::{Filter, RunRecord, Store, compute_stats};
 
-use crate::args::{Cli, HistoryArgs, ShowArgs, StatsArgs};
+use crate::args::{Cli, HistoryAction, HistoryArgs, ShowArgs, StatsArgs};
 use crate::exit::UsageError;
 use crate::{output, settings};
 
@@ -122,6 +122,9 @@ fn loop_detail(l: &LoopFound) -> String {
 /// No runs (none yet, or none matching the filters) is an answer, not an error: `[]` under
 /// `--json`, else a note on stderr; exit 0 either way.
 pub fn history(cli: &Cli, args: &HistoryArgs) -> anyhow::Result<ExitCode> {
+    if let Some(HistoryAction::Export { otlp }) = &args.action {
+        return export(cli, args, *otlp);
+    }
     let records = match open(cli)? {
         History::Found(store) => store.list(&Filter {
             provider: args.provider.clone(),
@@ -152,6 +155,47 @@ pub fn history(cli: &Cli, args: &HistoryArgs) -> anyhow::Result<ExitCode> {
             output::line(headline(r))?;
         }
     }
+    Ok(ExitCode::Success)
+}
+
+/// Runs `stepguard history export`: JSON Lines of run records, oldest first, or an OTLP replay.
+fn export(cli: &Cli, args: &HistoryArgs, otlp: bool) -> anyhow::Result<ExitCode> {
+    let mut records = match open(cli)? {
+        History::Found(store) => store.list(&Filter {
+            provider: args.provider.clone(),
+            task_type: args.task_type.clone(),
+            failed: args.failed,
+            last: args.last,
+        })?,
+        History::Empty(path) => {
+            output::note(nothing_recorded(&path));
+            Vec::new()
+        }
+    };
+    records.reverse();
+    if !otlp {
+        for record in &records {
+            output::line(serde_json::to_string(record)?)?;
+        }
+        return Ok(ExitCode::Success);
+    }
+    let config = crate::settings::load_config(cli.config.as_deref())?;
+    let Some(telemetry) = crate::settings::telemetry(&config.model) else {
+        return Err(UsageError(
+            "history export --otlp: no collector: set OTEL_EXPORTER_OTLP_ENDPOINT (or `[telemetry] endpoint`)"
+                .to_owned(),
+        )
+        .into());
+    };
+    for w in telemetry.warnings() {
+        output::diag("warning", w);
+    }
+    let sent = stepguard_telemetry::export_records(&telemetry, &records)?;
+    output::note(format!(
+        "exported {sent} run{} to the collector ({} still running or unfinished skipped)",
+        if sent == 1 { "" } else { "s" },
+        records.len() - sent
+    ));
     Ok(ExitCode::Success)
 }
 

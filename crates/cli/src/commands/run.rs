@@ -14,6 +14,7 @@ use crate::exit::UsageError;
 use crate::recording::{HistoryRecorder, SummaryFile};
 use crate::terminal::{AskOnTerminal, StatusLine};
 use crate::{output, providers, settings};
+use stepguard_telemetry::TelemetryObserver;
 
 /// Runs `stepguard run`.
 pub fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
@@ -170,18 +171,29 @@ pub fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
     });
     let mut recorder = HistoryRecorder::new(db);
     let mut summary = SummaryFile(args.summary_file.clone());
-    let observers: &mut [&mut dyn RunObserver] = &mut [&mut status, &mut recorder, &mut summary];
-    let report = Runner::new(spec).run(observers);
+    // OpenTelemetry, when asked for: the run's span is known before the agent starts, so the
+    // agent's own traces nest under it (TRACEPARENT). It exports once, at the end, bounded.
+    let mut telemetry = settings::telemetry(&config.model).map(TelemetryObserver::new);
+    if let Some(t) = &telemetry {
+        spec.env
+            .extend(t.child_env().into_iter().map(|(k, v)| (k.into(), v.into())));
+    }
+    let mut observers: Vec<&mut dyn RunObserver> = vec![&mut status, &mut recorder, &mut summary];
+    // Last: it sees the record's history id, after the summary file is written.
+    if let Some(t) = telemetry.as_mut() {
+        observers.push(t);
+    }
+    let report = Runner::new(spec).run(&mut observers);
 
     let failed_itself = report.spawn_error.is_some()
         || report.terminated_by == Some(stepguard_core::verdict::TerminatedBy::Plugin)
         || report.stats.slug == Some(stepguard_core::FailureSlug::UnrecognizedStream);
     if failed_itself && let Some(message) = &report.record.message {
         output::diag("error", message);
-    } else if !report.decisions.is_empty()
-        && let Some(message) = &report.record.message
+    } else if let Some(message) = &report.record.message
+        && (!report.decisions.is_empty() || report.terminated_by.is_some())
     {
-        // E.g. no answer at the prompt in time.
+        // Why stepguard ended it: no answer at the prompt, a loop, a stall …
         output::note(message);
     }
     output::note(format!(
