@@ -473,6 +473,11 @@ fn count_lists_the_loops_of_a_recorded_stream() {
         (&json!("shell"), &json!(3), &json!("repeat"))
     );
     assert_eq!(records[1]["loops"], json!([]));
+    // Each loop says in which step its first counted call was made, even from one big chunk.
+    assert_eq!(
+        (&loops[0]["first_step"], &loops[1]["first_step"]),
+        (&json!(1), &json!(4))
+    );
 
     // The human line names each loop.
     let text = sb.run(&["count", "-p", "codex", "--loop-limit", "3", looping]);

@@ -51,9 +51,11 @@ impl ExitCode {
             ExitCode::Success => "success",
             ExitCode::AgentFailed => "the agent failed",
             ExitCode::Usage => "usage or configuration error",
-            ExitCode::BudgetExceeded => "step budget exceeded (max_steps)",
+            ExitCode::BudgetExceeded => {
+                "step budget exceeded (max_steps) or a loop detected (loop_detected)"
+            }
             ExitCode::Plugin => "plugin error",
-            ExitCode::Timeout => "timeout",
+            ExitCode::Timeout => "timeout (also: stalled, startup_hang)",
             ExitCode::Interrupted => "interrupted",
         }
     }

@@ -193,13 +193,21 @@ pub fn count_stream_with_loops(
         })?;
         match chunk {
             None => break,
-            Some(SplitChunk::Lines(bytes)) => {
-                let report = recognition.feed(counter, bytes, u64::MAX)?;
-                stepguard_plugin_api::guest::add_report(&mut totals, &report.sum);
-                if let Some(watch) = watch.as_mut() {
-                    watch.after_chunk(counter, &report, u64::from(totals.steps_begun))?;
+            Some(SplitChunk::Lines(bytes)) => match watch.as_mut() {
+                None => {
+                    let report = recognition.feed(counter, bytes, u64::MAX)?;
+                    stepguard_plugin_api::guest::add_report(&mut totals, &report.sum);
                 }
-            }
+                // A recorded stream arrives as one big chunk: to say in which step a loop
+                // began, its lines cross one at a time (a live run's chunks are small anyway).
+                Some(watch) => {
+                    for line in bytes.split_inclusive(|b| *b == b'\n') {
+                        let report = recognition.feed(counter, line, u64::MAX)?;
+                        stepguard_plugin_api::guest::add_report(&mut totals, &report.sum);
+                        watch.after_chunk(counter, &report, u64::from(totals.steps_begun))?;
+                    }
+                }
+            },
             Some(SplitChunk::Oversized(len)) => {
                 oversized_lines += 1;
                 recognition.lines += 1;
