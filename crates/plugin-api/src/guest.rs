@@ -377,6 +377,34 @@ pub mod testing {
         feed_all(counter.as_mut(), stream)
     }
 
+    /// Feeds `stream` line by line to a counter for `unit` and returns the tool calls it reports
+    /// (protocol 1.3), each with the steps begun up to its line. Fails on the line where the
+    /// [`LineReport::TOOL_CALL`] flag and the reported calls disagree (the host asks for calls
+    /// only after a flagged chunk, so an unflagged call would never be seen).
+    pub fn tool_calls(
+        plugin: &dyn super::ProviderPlugin,
+        unit: &str,
+        stream: &[u8],
+    ) -> Result<Vec<(crate::model::ToolCall, u64)>, String> {
+        let mut counter = plugin.open_counter(&crate::model::CounterRequest::new(unit))?;
+        let mut step = 0;
+        let mut out = Vec::new();
+        for line in stream.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+            let report = counter.feed(line)?;
+            step += u64::from(report.steps_begun);
+            let taken = counter.take_tool_calls();
+            if report.has(LineReport::TOOL_CALL) == taken.is_empty() {
+                return Err(format!(
+                    "the TOOL_CALL flag and the {} reported call(s) disagree on: {}",
+                    taken.len(),
+                    String::from_utf8_lossy(line)
+                ));
+            }
+            out.extend(taken.into_iter().map(|c| (c, step)));
+        }
+        Ok(out)
+    }
+
     /// Names how a counted stream ended: `success`, `incomplete` (no terminal event), or the
     /// failure slug.
     pub fn outcome(stats: &CounterStats) -> String {

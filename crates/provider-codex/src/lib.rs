@@ -749,27 +749,9 @@ mod tests {
         assert!(sum.has(LineReport::UNKNOWN_EVENT) && sum.has(LineReport::NOISE));
     }
 
-    /// The tool calls of `bytes` counted by `unit`, each with the step it was made in (the
-    /// steps begun up to its line). Checks on every line that the flag and the calls agree.
+    /// The tool calls of `bytes` counted by `unit`, each with the step it was made in.
     fn calls(bytes: &[u8], unit: &str) -> Vec<(ToolCall, u64)> {
-        let mut counter = CodexPlugin
-            .open_counter(&CounterRequest::new(unit))
-            .unwrap();
-        let mut step = 0;
-        let mut out = Vec::new();
-        for line in bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
-            let report = counter.feed(line).unwrap();
-            step += u64::from(report.steps_begun);
-            let taken = counter.take_tool_calls();
-            assert_eq!(
-                report.has(LineReport::TOOL_CALL),
-                !taken.is_empty(),
-                "{}",
-                String::from_utf8_lossy(line)
-            );
-            out.extend(taken.into_iter().map(|c| (c, step)));
-        }
-        out
+        stepguard_plugin_api::testing::tool_calls(&CodexPlugin, unit, bytes).unwrap()
     }
 
     fn names(calls: &[(ToolCall, u64)]) -> Vec<&str> {

@@ -264,17 +264,11 @@ mod tests {
 
     /// The tool calls of `bytes`, checking on every line that the flag and the calls agree.
     fn calls(bytes: &[u8]) -> Vec<ToolCall> {
-        let mut c = OpenCodePlugin
-            .open_counter(&CounterRequest::new("step"))
-            .unwrap();
-        let mut out = Vec::new();
-        for line in bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
-            let report = c.feed(line).unwrap();
-            let taken = c.take_tool_calls();
-            assert_eq!(report.has(LineReport::TOOL_CALL), !taken.is_empty());
-            out.extend(taken);
-        }
-        out
+        stepguard_plugin_api::testing::tool_calls(&OpenCodePlugin, "step", bytes)
+            .unwrap()
+            .into_iter()
+            .map(|(call, _)| call)
+            .collect()
     }
 
     fn stream(name: &str) -> Vec<u8> {
