@@ -355,6 +355,11 @@ fn rusqlite_free_newer_db(path: &std::path::Path) -> std::fs::File {
         "--",
         &ok,
     ]);
+    // Whatever is still in the write-ahead log (a loaded machine may end the run before the
+    // history writer's last checkpoint) goes into the file itself before it is copied.
+    let conn = rusqlite::Connection::open(&fresh).unwrap();
+    conn.pragma_update(None, "journal_mode", "DELETE").unwrap();
+    drop(conn);
     let mut bytes = std::fs::read(&fresh).unwrap();
     bytes[60..64].copy_from_slice(&7u32.to_be_bytes());
     std::fs::write(path, &bytes).unwrap();
