@@ -180,9 +180,9 @@ pub mod model;
 pub use abi::{ChunkReport, HostCallbacks, LineReport, PluginModRef, ProviderBox};
 pub use guest::{ProviderPlugin, StepCounter, provider_box, testing};
 pub use model::{
-    CounterRequest, CounterStats, Manifest, NativeLimit, OptionInfo, PreflightRule,
-    RESERVED_OPTIONS, TERMINAL_SLUGS, Terminal, Tokens, ToolCall, UnitInfo, is_terminal_slug,
-    slug_for_error_text,
+    BaseUrlRule, CounterRequest, CounterStats, Manifest, ModelEndpoint, NativeLimit, OptionInfo,
+    PreflightRule, RESERVED_OPTIONS, TERMINAL_SLUGS, Terminal, Tokens, ToolCall, UnitInfo,
+    is_terminal_slug, slug_for_error_text,
 };
 
 /// abi_stable's borrowed string, which appears in [`HostCallbacks`]' signature.
@@ -201,7 +201,7 @@ pub const REPOSITORY: &str = env!("CARGO_PKG_REPOSITORY");
 
 /// The newest version of the JSON protocol this API crate speaks: what a host built with it
 /// accepts. A plugin declares the oldest it needs instead ([`Manifest::min_protocol`]).
-pub const PROTOCOL_VERSION: &str = "1.3.0";
+pub const PROTOCOL_VERSION: &str = "1.4.0";
 
 /// The name of the plain `extern "C" fn() -> u32` symbol carrying the ABI generation.
 pub const ABI_GENERATION_SYMBOL: &str = "stepguard_plugin_abi_generation";

@@ -56,6 +56,10 @@ pub struct Manifest {
     /// detection (protocol 1.3); hosts before 1.3 ignore it.
     #[serde(default)]
     pub tool_calls: bool,
+    /// How the provider's CLI reaches its model, so that stepguard's model gateway can sit in
+    /// between (`--wrap-up`; protocol 1.4); hosts before 1.4 ignore it.
+    #[serde(default)]
+    pub model_endpoint: Option<ModelEndpoint>,
 }
 
 /// The first protocol version, which every host speaks.
@@ -88,7 +92,29 @@ impl Manifest {
             expects: String::new(),
             preflight: Vec::new(),
             tool_calls: false,
+            model_endpoint: None,
         }
+    }
+
+    /// Declares how the provider's CLI reaches its model (protocol 1.4).
+    pub fn model_endpoint(mut self, endpoint: ModelEndpoint) -> Self {
+        self.model_endpoint = Some(endpoint);
+        self
+    }
+
+    /// Adds a unit with the cost of a tool-less model reply in it (protocol 1.4): 1 for units
+    /// that count messages or items, 0 for units that count tool calls.
+    pub fn unit_costing(
+        mut self,
+        name: &str,
+        description: &str,
+        default: bool,
+        reply: u64,
+    ) -> Self {
+        let mut unit = UnitInfo::new(name, description, default);
+        unit.reply_cost = Some(reply);
+        self.units.push(unit);
+        self
     }
 
     /// Declares that the plugin's counters report tool calls ([`crate::StepCounter::take_tool_calls`])
@@ -131,15 +157,18 @@ impl Manifest {
     /// assert_eq!(limited.expects("JSON lines").min_protocol(), "1.2.0");
     /// ```
     pub fn min_protocol(&self) -> String {
-        let minor = if self.tool_calls {
-            3
-        } else if !self.expects.is_empty() || !self.preflight.is_empty() {
-            2
-        } else if self.native_limit.is_some() {
-            1
-        } else {
-            0
-        };
+        let minor =
+            if self.model_endpoint.is_some() || self.units.iter().any(|u| u.reply_cost.is_some()) {
+                4
+            } else if self.tool_calls {
+                3
+            } else if !self.expects.is_empty() || !self.preflight.is_empty() {
+                2
+            } else if self.native_limit.is_some() {
+                1
+            } else {
+                0
+            };
         let needed = semver::Version::new(1, minor, 0);
         match parse_protocol(&self.protocol) {
             Some(declared) => match declared.cmp_precedence(&needed) {
@@ -223,6 +252,11 @@ pub struct UnitInfo {
     /// Whether this is the default unit.
     #[serde(default)]
     pub default: bool,
+    /// What a model reply without tool calls costs in this unit: 1 when the unit counts
+    /// messages or items, 0 when it counts tool calls (protocol 1.4). The gateway makes the
+    /// last model call tool-less when no more than this is left of the budget.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reply_cost: Option<u64>,
 }
 
 impl UnitInfo {
@@ -232,8 +266,76 @@ impl UnitInfo {
             name: name.into(),
             description: description.into(),
             default,
+            reply_cost: None,
         }
     }
+}
+
+/// How a provider's CLI reaches its model (protocol 1.4): the wire dialect it speaks, where it
+/// goes by default, and how it is pointed elsewhere.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct ModelEndpoint {
+    /// The wire dialect: `anthropic-messages`, `openai-responses`, `gemini` or `openai-chat`.
+    pub dialect: String,
+    /// The provider's public base URL, used when the user configured none.
+    pub default_upstream: String,
+    /// How the CLI is given a base URL, tried in order; the first that applies is used.
+    pub base_url: Vec<BaseUrlRule>,
+}
+
+impl ModelEndpoint {
+    /// Creates an endpoint for `dialect` whose default upstream is `default_upstream`.
+    pub fn new(dialect: &str, default_upstream: &str) -> Self {
+        ModelEndpoint {
+            dialect: dialect.to_owned(),
+            default_upstream: default_upstream.to_owned(),
+            base_url: Vec::new(),
+        }
+    }
+
+    /// Adds a way the CLI takes its base URL.
+    pub fn base_url(mut self, rule: BaseUrlRule) -> Self {
+        self.base_url.push(rule);
+        self
+    }
+}
+
+/// One way an agent CLI takes its model base URL (protocol 1.4).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum BaseUrlRule {
+    /// An environment variable holds it, e.g. `ANTHROPIC_BASE_URL`.
+    Env {
+        /// The variable's name.
+        name: String,
+    },
+    /// Config overrides on the command line select a provider table and set its base URL,
+    /// e.g. Codex `-c model_provider=NAME` and `-c model_providers.NAME={base_url="…"}`.
+    /// Applies when the command selects a provider (`selector`) or `default_selector` is set.
+    ConfigFlag {
+        /// The override flag (`-c`).
+        flag: String,
+        /// The key that selects the provider (`model_provider`).
+        selector: String,
+        /// The key of the base URL; `{}` is the selected name (`model_providers.{}.base_url`).
+        key: String,
+    },
+    /// A JSON config file in the working directory, merged with inline JSON from an
+    /// environment variable, e.g. OpenCode's `opencode.json` and `OPENCODE_CONFIG_CONTENT`. The
+    /// provider is the part before `/` of the model, from `model_flags` or the file's `model`.
+    JsonConfig {
+        /// The file's name in the working directory.
+        file: String,
+        /// The variable whose inline JSON the CLI merges over the file.
+        env: String,
+        /// Flags that give the model as `provider/model` (`-m`, `--model`).
+        model_flags: Vec<String>,
+        /// The JSON path of the base URL, dot-separated; `{}` is the provider
+        /// (`provider.{}.options.baseURL`).
+        key: String,
+    },
 }
 
 /// One accepted provider option.
@@ -806,7 +908,8 @@ mod tests {
             .native_limit(NativeLimit::new(&[], &[]))
             .expects("JSON")
             .preflight(PreflightRule::new("p", &[], "fix"))
-            .reports_tool_calls();
+            .reports_tool_calls()
+            .model_endpoint(ModelEndpoint::new("gemini", "https://example.invalid"));
         assert_eq!(everything.min_protocol(), crate::PROTOCOL_VERSION);
     }
 

@@ -1,0 +1,338 @@
+//! A model gateway on 127.0.0.1 that makes an agent wrap up instead of being killed.
+//!
+//! Every agent CLI takes a model base URL, so stepguard can sit between the CLI and its model
+//! without the CLI's cooperation. [`Gateway::start`] listens on an ephemeral loopback port under
+//! an unguessable per-run path token ([`Gateway::url`]); [`point`] rewrites the agent's command
+//! or environment to use it, as the provider plugin's manifest declares, and finds the upstream
+//! the CLI would have used. Then, for each request:
+//!
+//! * **Side requests** (no tools offered: titles, routing, compaction) and everything that is
+//!   not a model call pass through untouched and uncounted.
+//! * **Main requests** (tools offered: one step of the agent) are paced by the run's budget
+//!   ([`Pace`]): forwarded as they are while the budget allows; the one that must be the last
+//!   gets tool use turned off in its dialect and one ephemeral `system notice: …` user text
+//!   ([`Dialect::disable_tools`], [`Dialect::add_notice`]); any after it is never forwarded and
+//!   is answered by the gateway with a short final text ([`Dialect::final_reply`]), so the
+//!   upstream never sees more model calls than the budget.
+//! * Response bodies stream back frame by frame (SSE included) with constant memory; only the
+//!   last reply's first MiB is kept, for its text ([`Gateway::final_text`]).
+//! * Headers, credentials included, pass as they are and are never logged; request bodies are
+//!   never stored unless [`GatewayConfig::record_requests`] asks (then without credentials).
+//!
+//! Requests without the token get 403, and the gateway forwards only to its one upstream: it is
+//! never an open proxy. An upstream that cannot be reached is answered with 502 at once and
+//! reported ([`GatewayEvent::UpstreamFailed`]), so the run ends promptly as `provider_error`.
+//! The gateway runs on a small tokio runtime of its own thread; the rest of stepguard stays
+//! synchronous.
+
+mod dialect;
+mod point;
+mod proxy;
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+pub use dialect::{Dialect, UnknownDialect};
+pub use point::{PointError, Pointing, point};
+
+/// The notice the last model call carries.
+pub const WRAP_UP_NOTICE: &str = "system notice: the step budget is reached. Make no more tool \
+calls. Reply with a final status summary: what was done, what is left, and how to continue.";
+
+/// The text a model call past the budget is answered with, in the gateway's own name.
+pub const REFUSAL_TEXT: &str = "Stopped by stepguard: the step budget is spent, so this model \
+call was not made. See the previous message for the summary.";
+
+/// How the run's budget paces model calls.
+#[derive(Clone, Debug)]
+pub struct Pace {
+    /// The step budget; `None` means no budget (nothing is rewritten or refused).
+    pub limit: Option<u64>,
+    /// Steps counted so far from the agent's stream (the run's ledger, shared).
+    pub steps: Arc<AtomicU64>,
+    /// What a tool-less reply costs in the counted unit: 1 for message/item units, 0 for tool
+    /// units.
+    pub reply_cost: u64,
+    /// Whether the unit is `request`: the gateway's count of main requests is the step count.
+    pub count_requests: bool,
+}
+
+/// What the gateway tells the run as it happens.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GatewayEvent {
+    /// A main request was forwarded; `number` counts them from 1.
+    Forwarded {
+        /// Main requests forwarded so far, this one included.
+        number: u64,
+        /// Whether it was the last one, sent tool-less with the wrap-up notice.
+        last: bool,
+    },
+    /// A main request past the budget was answered by the gateway, not forwarded.
+    Refused {
+        /// Requests refused so far, this one included.
+        count: u64,
+    },
+    /// The upstream could not be reached or broke off: the run cannot go on.
+    UpstreamFailed {
+        /// What went wrong (never with credentials).
+        error: String,
+    },
+}
+
+/// Everything a gateway needs to start.
+pub struct GatewayConfig {
+    /// The wire dialect of the CLI's model calls.
+    pub dialect: Dialect,
+    /// The base URL model calls are forwarded to (`http://` or `https://`).
+    pub upstream: String,
+    /// How the budget paces main requests.
+    pub pace: Pace,
+    /// Whether every forwarded main request carries `system notice: this is step X of Y`.
+    pub notices: bool,
+    /// A directory to write every request into (bodies, headers without credentials), for
+    /// debugging; `None` stores nothing.
+    pub record_requests: Option<PathBuf>,
+    /// Called for every [`GatewayEvent`], from the gateway's thread; must not block.
+    pub on_event: Box<dyn Fn(GatewayEvent) + Send + Sync>,
+    /// How long connecting to the upstream may take.
+    pub connect_timeout: Duration,
+}
+
+/// Why the gateway cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    /// The upstream URL does not parse or is not http(s).
+    #[error("the model upstream `{0}` is not an http:// or https:// URL")]
+    BadUpstream(String),
+    /// The loopback listener, the runtime or the TLS roots could not be set up.
+    #[error("cannot start the model gateway: {0}")]
+    Io(#[from] std::io::Error),
+    /// A directory for recorded requests could not be created.
+    #[error("cannot create the request recording directory {dir}: {source}")]
+    RecordDir {
+        /// The directory.
+        dir: String,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+/// What the gateway decided for one main request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Plan {
+    /// Forward it as it is (with a step notice when asked).
+    Forward { number: u64 },
+    /// Forward it tool-less with the wrap-up notice: the model's last call.
+    Last { number: u64 },
+    /// Answer it without forwarding: the budget is spent.
+    Refuse,
+}
+
+/// The gateway's own count of a run's model calls.
+#[derive(Debug, Default)]
+pub(crate) struct Tally {
+    pub(crate) forwarded: u64,
+    pub(crate) last_sent: bool,
+    pub(crate) refused: u64,
+    pub(crate) force_last: bool,
+    pub(crate) notice: Option<String>,
+    pub(crate) final_text: Option<String>,
+    pub(crate) recorded: u64,
+}
+
+/// State shared by the gateway's handlers and its [`Gateway`] handle.
+pub(crate) struct Shared {
+    pub(crate) config: GatewayConfig,
+    pub(crate) token: String,
+    pub(crate) tally: Mutex<Tally>,
+}
+
+impl Shared {
+    pub(crate) fn tally(&self) -> MutexGuard<'_, Tally> {
+        self.tally.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Decides what happens to the next main request, and counts it.
+    pub(crate) fn plan(&self) -> (Plan, Option<String>) {
+        let pace = &self.config.pace;
+        let mut t = self.tally();
+        if t.last_sent {
+            t.refused += 1;
+            return (Plan::Refuse, None);
+        }
+        let forced = t.force_last;
+        let plan = match pace.limit {
+            None if !forced => Plan::Forward {
+                number: t.forwarded + 1,
+            },
+            None => Plan::Last {
+                number: t.forwarded + 1,
+            },
+            Some(limit) => {
+                let spent = if pace.count_requests {
+                    t.forwarded
+                } else {
+                    // The stream may lag the model calls; each call costs at least a reply.
+                    pace.steps
+                        .load(Ordering::Relaxed)
+                        .max(t.forwarded.saturating_mul(pace.reply_cost))
+                };
+                let cost = if pace.count_requests {
+                    1
+                } else {
+                    pace.reply_cost
+                };
+                match limit.checked_sub(spent) {
+                    Some(left) if left < cost => Plan::Refuse,
+                    None => Plan::Refuse,
+                    Some(left) if left <= cost || forced => Plan::Last {
+                        number: t.forwarded + 1,
+                    },
+                    Some(_) => Plan::Forward {
+                        number: t.forwarded + 1,
+                    },
+                }
+            }
+        };
+        match plan {
+            Plan::Forward { .. } => t.forwarded += 1,
+            Plan::Last { .. } => {
+                t.forwarded += 1;
+                t.last_sent = true;
+            }
+            Plan::Refuse => t.refused += 1,
+        }
+        (plan, t.notice.take())
+    }
+}
+
+/// A running gateway; dropping it stops it.
+pub struct Gateway {
+    url: String,
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Gateway {
+    /// Starts a gateway on an ephemeral port of 127.0.0.1.
+    pub fn start(config: GatewayConfig) -> Result<Gateway, GatewayError> {
+        let upstream: hyper::Uri = config
+            .upstream
+            .parse()
+            .map_err(|_| GatewayError::BadUpstream(config.upstream.clone()))?;
+        if !matches!(upstream.scheme_str(), Some("http" | "https")) || upstream.host().is_none() {
+            return Err(GatewayError::BadUpstream(config.upstream.clone()));
+        }
+        if let Some(dir) = &config.record_requests {
+            std::fs::create_dir_all(dir).map_err(|source| GatewayError::RecordDir {
+                dir: dir.display().to_string(),
+                source,
+            })?;
+        }
+        let token = token()?;
+        let listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let client = proxy::client(config.connect_timeout)?;
+        let shared = Arc::new(Shared {
+            config,
+            token: token.clone(),
+            tally: Mutex::new(Tally::default()),
+        });
+        let (shutdown, stop) = tokio::sync::oneshot::channel();
+        let serving = Arc::clone(&shared);
+        let thread = std::thread::Builder::new()
+            .name("stepguard-gateway".into())
+            .spawn(move || {
+                runtime.block_on(proxy::serve(listener, serving, client, upstream, stop));
+            })?;
+        Ok(Gateway {
+            url: format!("http://{addr}/{token}"),
+            addr,
+            shared,
+            shutdown: Some(shutdown),
+            thread: Some(thread),
+        })
+    }
+
+    /// The base URL to give the CLI: loopback, with the run's token as its first path segment.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The socket the gateway listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Main requests forwarded so far (the last one included).
+    pub fn forwarded(&self) -> u64 {
+        self.shared.tally().forwarded
+    }
+
+    /// Main requests answered by the gateway because the budget was spent.
+    pub fn refused(&self) -> u64 {
+        self.shared.tally().refused
+    }
+
+    /// Whether the last model call went out tool-less with the wrap-up notice.
+    pub fn wrapped_up(&self) -> bool {
+        self.shared.tally().last_sent
+    }
+
+    /// The text of the last model call's reply, once it has streamed through.
+    pub fn final_text(&self) -> Option<String> {
+        self.shared.tally().final_text.clone()
+    }
+
+    /// Makes the next main request the last one (tool-less, with the wrap-up notice), whatever
+    /// the budget: for a run that must end for another reason, such as a loop.
+    pub fn force_last(&self) {
+        self.shared.tally().force_last = true;
+    }
+
+    /// Adds `text` (starting `system notice: `) to the next forwarded main request, once.
+    pub fn push_notice(&self, text: &str) {
+        self.shared.tally().notice = Some(text.to_owned());
+    }
+
+    /// Stops serving and waits for the gateway's thread (bounded: streams still open are cut).
+    pub fn stop(mut self) {
+        self.shutdown_now();
+    }
+
+    fn shutdown_now(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        self.shutdown_now();
+    }
+}
+
+/// 128 random bits from the kernel, as hex: the per-run path token.
+fn token() -> std::io::Result<String> {
+    use std::io::Read;
+    let mut bytes = [0u8; 16];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+#[cfg(test)]
+mod tests;

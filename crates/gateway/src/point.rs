@@ -1,0 +1,468 @@
+//! Pointing an agent CLI at the gateway: find the base URL the user configured for it (the
+//! upstream), and give the CLI the gateway's URL in its place, as the plugin's manifest says.
+
+use std::path::Path;
+
+use serde_json::{Map, Value};
+use stepguard_plugin_api::{BaseUrlRule, ModelEndpoint};
+
+/// How the agent's command and environment change so that its model calls reach the gateway.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pointing {
+    /// The agent's command, with any arguments that point it at the gateway.
+    pub command: Vec<String>,
+    /// Environment variables to set for the agent.
+    pub env: Vec<(String, String)>,
+    /// The base URL the CLI would have used: where the gateway forwards to.
+    pub upstream: String,
+    /// Where the upstream came from, for messages (`ANTHROPIC_BASE_URL`, `the default`, …).
+    pub upstream_source: String,
+}
+
+/// Why the CLI cannot be pointed at the gateway.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PointError {
+    /// The provider's plugin declares no way to give its CLI a base URL.
+    #[error("the provider declares no model endpoint, so its CLI cannot be pointed at a gateway")]
+    NoRule,
+    /// A rule applies but the base URL it names is not in the command or the config.
+    #[error("{0}")]
+    Missing(String),
+    /// A config file could not be read or parsed.
+    #[error("cannot read {file}: {reason}")]
+    Config {
+        /// The file.
+        file: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// The upstream is not an `http://` or `https://` URL.
+    #[error("the model base URL `{0}` is not an http:// or https:// URL")]
+    BadUrl(String),
+}
+
+/// Points `command` at `gateway_url` by the first of `endpoint`'s rules that applies; `env`
+/// reads the agent's environment, and `cwd` is where it runs.
+pub fn point(
+    endpoint: &ModelEndpoint,
+    command: &[String],
+    env: &dyn Fn(&str) -> Option<String>,
+    cwd: &Path,
+    gateway_url: &str,
+) -> Result<Pointing, PointError> {
+    for rule in &endpoint.base_url {
+        let found = match rule {
+            BaseUrlRule::Env { name } => Some(by_env(endpoint, name, command, env, gateway_url)),
+            BaseUrlRule::ConfigFlag {
+                flag,
+                selector,
+                key,
+            } => config_flag(flag, selector, key, command, gateway_url)?,
+            BaseUrlRule::JsonConfig {
+                file,
+                env: var,
+                model_flags,
+                key,
+            } => json_config(file, var, model_flags, key, command, env, cwd, gateway_url)?,
+            // A rule of a newer protocol: the next one may apply.
+            _ => None,
+        };
+        if let Some(p) = found {
+            check_url(&p.upstream)?;
+            return Ok(p);
+        }
+    }
+    Err(PointError::NoRule)
+}
+
+fn check_url(url: &str) -> Result<(), PointError> {
+    if url.starts_with("http://") || url.starts_with("https://") {
+        Ok(())
+    } else {
+        Err(PointError::BadUrl(url.to_owned()))
+    }
+}
+
+fn by_env(
+    endpoint: &ModelEndpoint,
+    name: &str,
+    command: &[String],
+    env: &dyn Fn(&str) -> Option<String>,
+    gateway_url: &str,
+) -> Pointing {
+    let (upstream, upstream_source) = match env(name).filter(|v| !v.trim().is_empty()) {
+        Some(v) => (v.trim().to_owned(), name.to_owned()),
+        None => (
+            endpoint.default_upstream.clone(),
+            "the provider's default".to_owned(),
+        ),
+    };
+    Pointing {
+        command: command.to_vec(),
+        env: vec![(name.to_owned(), gateway_url.to_owned())],
+        upstream,
+        upstream_source,
+    }
+}
+
+/// The values given to `flag` (`-c K=V`, `--config K=V`, `-cK=V`), with their positions.
+fn flag_values<'a>(flag: &str, command: &'a [String]) -> Vec<(usize, &'a str)> {
+    let long = (flag == "-c").then_some("--config");
+    let mut out = Vec::new();
+    let mut i = 1;
+    while i < command.len() {
+        let arg = command[i].as_str();
+        if arg == flag || Some(arg) == long {
+            if let Some(v) = command.get(i + 1) {
+                out.push((i + 1, v.as_str()));
+            }
+            i += 2;
+            continue;
+        }
+        if let Some(v) = long
+            .and_then(|l| arg.strip_prefix(l))
+            .and_then(|r| r.strip_prefix('='))
+        {
+            out.push((i, v));
+        } else if let Some(v) = arg
+            .strip_prefix(flag)
+            .filter(|v| !v.is_empty() && flag.len() == 2)
+        {
+            out.push((i, v));
+        }
+        i += 1;
+    }
+    out
+}
+
+/// Parses `key=value` as TOML (a bare value is a string, as Codex reads it).
+fn toml_pair(text: &str) -> Option<(String, toml::Value)> {
+    let (key, value) = text.split_once('=')?;
+    let key = key.trim().to_owned();
+    let value = value.trim();
+    let parsed = toml::from_str::<toml::Table>(&format!("v = {value}"))
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(value.to_owned()));
+    Some((key, parsed))
+}
+
+fn config_flag(
+    flag: &str,
+    selector: &str,
+    key: &str,
+    command: &[String],
+    gateway_url: &str,
+) -> Result<Option<Pointing>, PointError> {
+    let values = flag_values(flag, command);
+    let pairs: Vec<(usize, String, toml::Value)> = values
+        .iter()
+        .filter_map(|(i, v)| toml_pair(v).map(|(k, v)| (*i, k, v)))
+        .collect();
+    let Some(name) = pairs
+        .iter()
+        .rev()
+        .find(|(_, k, _)| k == selector)
+        .and_then(|(_, _, v)| v.as_str().map(str::to_owned))
+    else {
+        return Ok(None);
+    };
+    let full_key = key.replace("{}", &name);
+    // The base URL: set directly, or inside the provider's table (a later override wins).
+    let (table_key, leaf) = full_key.rsplit_once('.').unwrap_or(("", full_key.as_str()));
+    let mut upstream = None;
+    for (_, k, v) in &pairs {
+        if *k == full_key {
+            upstream = v.as_str().map(str::to_owned);
+        } else if *k == table_key
+            && let Some(url) = v.get(leaf).and_then(toml::Value::as_str)
+        {
+            upstream = Some(url.to_owned());
+        }
+    }
+    let Some(upstream) = upstream else {
+        return Err(PointError::Missing(format!(
+            "the command selects model provider `{name}` ({flag} {selector}={name}) but gives no \
+             base URL for it; add `{flag} {full_key}=\"https://…\"` so stepguard knows where to \
+             forward"
+        )));
+    };
+    // The override goes right after the last one the command has, so it wins.
+    let last = pairs.iter().map(|(i, _, _)| *i).max().unwrap_or(0);
+    let mut command = command.to_vec();
+    let value = format!("{full_key}={}", toml::Value::String(gateway_url.to_owned()));
+    command.splice(last + 1..last + 1, [flag.to_owned(), value]);
+    Ok(Some(Pointing {
+        command,
+        env: Vec::new(),
+        upstream,
+        upstream_source: format!("{flag} {full_key}"),
+    }))
+}
+
+/// Reads the value at a dot-separated path.
+fn at_path<'v>(v: &'v Value, path: &str) -> Option<&'v Value> {
+    path.split('.').try_fold(v, |v, k| v.get(k))
+}
+
+/// Sets the value at a dot-separated path, creating objects on the way.
+fn set_path(v: &mut Value, path: &str, value: Value) {
+    let mut cur = v;
+    for k in path.split('.') {
+        if !cur.is_object() {
+            *cur = Value::Object(Map::new());
+        }
+        let Some(obj) = cur.as_object_mut() else {
+            return;
+        };
+        cur = obj.entry(k).or_insert(Value::Null);
+    }
+    *cur = value;
+}
+
+#[allow(clippy::too_many_arguments)]
+fn json_config(
+    file: &str,
+    var: &str,
+    model_flags: &[String],
+    key: &str,
+    command: &[String],
+    env: &dyn Fn(&str) -> Option<String>,
+    cwd: &Path,
+    gateway_url: &str,
+) -> Result<Option<Pointing>, PointError> {
+    let path = cwd.join(file);
+    let from_file = match std::fs::read_to_string(&path) {
+        Ok(text) => Some(
+            serde_json::from_str::<Value>(&text).map_err(|e| PointError::Config {
+                file: path.display().to_string(),
+                reason: e.to_string(),
+            })?,
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => {
+            return Err(PointError::Config {
+                file: path.display().to_string(),
+                reason: e.to_string(),
+            });
+        }
+    };
+    let inline = match env(var).filter(|v| !v.trim().is_empty()) {
+        Some(text) => {
+            Some(
+                serde_json::from_str::<Value>(&text).map_err(|e| PointError::Config {
+                    file: var.to_owned(),
+                    reason: e.to_string(),
+                })?,
+            )
+        }
+        None => None,
+    };
+    let mut model = None;
+    for (i, arg) in command.iter().enumerate().skip(1) {
+        for f in model_flags {
+            if arg == f {
+                model = command.get(i + 1).cloned();
+            } else if let Some(v) = arg
+                .strip_prefix(f.as_str())
+                .and_then(|r| r.strip_prefix('='))
+            {
+                model = Some(v.to_owned());
+            }
+        }
+    }
+    let model = model.or_else(|| {
+        [inline.as_ref(), from_file.as_ref()]
+            .into_iter()
+            .flatten()
+            .find_map(|c| c.get("model").and_then(Value::as_str).map(str::to_owned))
+    });
+    let Some(provider) = model
+        .as_deref()
+        .and_then(|m| m.split_once('/'))
+        .map(|(p, _)| p)
+    else {
+        return Ok(None);
+    };
+    let full_key = key.replace("{}", provider);
+    let upstream = [inline.as_ref(), from_file.as_ref()]
+        .into_iter()
+        .flatten()
+        .find_map(|c| {
+            at_path(c, &full_key)
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+        });
+    let Some(upstream) = upstream else {
+        return Err(PointError::Missing(format!(
+            "the model's provider is `{provider}` but neither {file} nor {var} sets `{full_key}`; \
+             set it so stepguard knows where to forward"
+        )));
+    };
+    let mut merged = inline.unwrap_or_else(|| Value::Object(Map::new()));
+    set_path(
+        &mut merged,
+        &full_key,
+        Value::String(gateway_url.to_owned()),
+    );
+    Ok(Some(Pointing {
+        command: command.to_vec(),
+        env: vec![(var.to_owned(), merged.to_string())],
+        upstream,
+        upstream_source: format!("{file} {full_key}"),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GW: &str = "http://127.0.0.1:9/tok";
+
+    fn cmd(args: &[&str]) -> Vec<String> {
+        args.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    fn claude() -> ModelEndpoint {
+        ModelEndpoint::new("anthropic-messages", "https://api.anthropic.com").base_url(
+            BaseUrlRule::Env {
+                name: "ANTHROPIC_BASE_URL".into(),
+            },
+        )
+    }
+
+    fn codex() -> ModelEndpoint {
+        ModelEndpoint::new("openai-responses", "https://api.openai.com/v1")
+            .base_url(BaseUrlRule::ConfigFlag {
+                flag: "-c".into(),
+                selector: "model_provider".into(),
+                key: "model_providers.{}.base_url".into(),
+            })
+            .base_url(BaseUrlRule::Env {
+                name: "OPENAI_BASE_URL".into(),
+            })
+    }
+
+    fn opencode() -> ModelEndpoint {
+        ModelEndpoint::new("openai-chat", "https://api.openai.com/v1").base_url(
+            BaseUrlRule::JsonConfig {
+                file: "opencode.json".into(),
+                env: "OPENCODE_CONFIG_CONTENT".into(),
+                model_flags: vec!["-m".into(), "--model".into()],
+                key: "provider.{}.options.baseURL".into(),
+            },
+        )
+    }
+
+    #[test]
+    fn an_env_rule_forwards_to_what_the_user_set_else_the_default() {
+        let c = cmd(&["claude", "-p", "hi"]);
+        let p = point(&claude(), &c, &no_env, Path::new("."), GW).unwrap();
+        assert_eq!(p.upstream, "https://api.anthropic.com");
+        assert_eq!(
+            p.env,
+            vec![("ANTHROPIC_BASE_URL".to_owned(), GW.to_owned())]
+        );
+        assert_eq!(p.command, c);
+        let set = |k: &str| (k == "ANTHROPIC_BASE_URL").then(|| "http://10.0.0.1:8080".to_owned());
+        let p = point(&claude(), &c, &set, Path::new("."), GW).unwrap();
+        assert_eq!(p.upstream, "http://10.0.0.1:8080");
+        assert_eq!(p.upstream_source, "ANTHROPIC_BASE_URL");
+        let bad = |_: &str| Some("ftp://x".to_owned());
+        assert_eq!(
+            point(&claude(), &c, &bad, Path::new("."), GW),
+            Err(PointError::BadUrl("ftp://x".into()))
+        );
+    }
+
+    #[test]
+    fn codex_providers_chosen_by_flag_get_an_override_after_the_last_flag() {
+        let c = cmd(&[
+            "codex",
+            "exec",
+            "--json",
+            "-c",
+            "model_provider=mock",
+            "-c",
+            r#"model_providers.mock={name="mock", base_url="http://127.0.0.1:5/v1", wire_api="responses"}"#,
+            "do it",
+        ]);
+        let p = point(&codex(), &c, &no_env, Path::new("."), GW).unwrap();
+        assert_eq!(p.upstream, "http://127.0.0.1:5/v1");
+        assert_eq!(
+            &p.command[7..9],
+            &cmd(&["-c", &format!("model_providers.mock.base_url=\"{GW}\"")])
+        );
+        assert_eq!(p.command.last().map(String::as_str), Some("do it"));
+        assert!(p.env.is_empty());
+        // A direct key, quoted selector and the long flag.
+        let c = cmd(&[
+            "codex",
+            "--config=model_provider=\"m2\"",
+            "-c",
+            "model_providers.m2.base_url=https://llm.example/v1",
+            "exec",
+        ]);
+        let p = point(&codex(), &c, &no_env, Path::new("."), GW).unwrap();
+        assert_eq!(p.upstream, "https://llm.example/v1");
+        // No provider chosen: the built-in one, by OPENAI_BASE_URL.
+        let p = point(
+            &codex(),
+            &cmd(&["codex", "exec"]),
+            &no_env,
+            Path::new("."),
+            GW,
+        )
+        .unwrap();
+        assert_eq!(p.upstream, "https://api.openai.com/v1");
+        assert_eq!(p.env[0].0, "OPENAI_BASE_URL");
+        // Chosen but without a URL: the fix is named.
+        let err = point(
+            &codex(),
+            &cmd(&["codex", "-c", "model_provider=x"]),
+            &no_env,
+            Path::new("."),
+            GW,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("model_providers.x.base_url"), "{err}");
+    }
+
+    #[test]
+    fn opencode_reads_its_file_and_is_pointed_by_inline_config() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("opencode.json"),
+            r#"{"model": "mock/m", "provider": {"mock": {"options": {"baseURL": "http://127.0.0.1:7/v1"}}}}"#,
+        )
+        .unwrap();
+        let c = cmd(&["opencode", "run", "--format", "json", "hi"]);
+        let p = point(&opencode(), &c, &no_env, dir.path(), GW).unwrap();
+        assert_eq!(p.upstream, "http://127.0.0.1:7/v1");
+        let inline: Value = serde_json::from_str(&p.env[0].1).unwrap();
+        assert_eq!(inline["provider"]["mock"]["options"]["baseURL"], GW);
+        // A model flag naming another provider that has no URL.
+        let c = cmd(&["opencode", "run", "-m", "other/x"]);
+        let err = point(&opencode(), &c, &no_env, dir.path(), GW).unwrap_err();
+        assert!(
+            err.to_string().contains("provider.other.options.baseURL"),
+            "{err}"
+        );
+        // A broken file is named.
+        std::fs::write(dir.path().join("opencode.json"), "{").unwrap();
+        let err = point(&opencode(), &c, &no_env, dir.path(), GW).unwrap_err();
+        assert!(matches!(err, PointError::Config { .. }), "{err}");
+        // No model anywhere: no rule applies.
+        let empty = tempfile::tempdir().unwrap();
+        let c = cmd(&["opencode", "run"]);
+        assert_eq!(
+            point(&opencode(), &c, &no_env, empty.path(), GW),
+            Err(PointError::NoRule)
+        );
+    }
+}

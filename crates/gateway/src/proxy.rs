@@ -1,0 +1,513 @@
+//! The HTTP side: accept the CLI's requests, pace the main ones, forward to the one upstream and
+//! stream the replies back.
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::header::{self, HeaderMap, HeaderValue};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode, Uri};
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::Client as Legacy;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde_json::{Value, json};
+
+use crate::{Dialect, GatewayEvent, Plan, REFUSAL_TEXT, Shared, WRAP_UP_NOTICE};
+
+type GBody = BoxBody<Bytes, hyper::Error>;
+pub(crate) type Client = Legacy<HttpsConnector<HttpConnector>, GBody>;
+
+/// The largest model request read whole (whole conversations, so generous).
+const MAX_MODEL_REQUEST: usize = 256 * 1024 * 1024;
+/// How much of the last reply is kept for its text.
+const KEEP_REPLY: usize = 1024 * 1024;
+
+/// Headers that belong to one connection, never forwarded either way.
+const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "host",
+];
+
+/// Headers and query keys that carry credentials: never written to recordings.
+const SECRET_HEADERS: [&str; 7] = [
+    "authorization",
+    "proxy-authorization",
+    "x-api-key",
+    "x-goog-api-key",
+    "api-key",
+    "cookie",
+    "openai-organization",
+];
+
+/// An HTTPS-or-HTTP client with the system's trust roots (`SSL_CERT_FILE` and `SSL_CERT_DIR`
+/// override them, as for other tools).
+pub(crate) fn client(connect_timeout: Duration) -> std::io::Result<Client> {
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_connect_timeout(Some(connect_timeout));
+    http.set_nodelay(true);
+    let provider = rustls::crypto::aws_lc_rs::default_provider();
+    let builder = match hyper_rustls::HttpsConnectorBuilder::new()
+        .with_provider_and_native_roots(provider.clone())
+    {
+        Ok(b) => b,
+        Err(e) => {
+            // No roots at all: plain-HTTP upstreams still work, HTTPS ones fail to verify.
+            tracing::warn!("no trusted TLS roots found ({e}); https:// model upstreams will fail");
+            let config = rustls::ClientConfig::builder_with_provider(Arc::new(provider))
+                .with_safe_default_protocol_versions()
+                .map_err(std::io::Error::other)?
+                .with_root_certificates(rustls::RootCertStore::empty())
+                .with_no_client_auth();
+            hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(config)
+        }
+    };
+    let https = builder.https_or_http().enable_http1().wrap_connector(http);
+    Ok(Legacy::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(30))
+        .build(https))
+}
+
+struct Ctx {
+    shared: Arc<Shared>,
+    client: Client,
+    upstream: Uri,
+}
+
+/// Serves until `stop` fires; connections still open are cut when the runtime ends.
+pub(crate) async fn serve(
+    listener: std::net::TcpListener,
+    shared: Arc<Shared>,
+    client: Client,
+    upstream: Uri,
+    mut stop: tokio::sync::oneshot::Receiver<()>,
+) {
+    let listener = match tokio::net::TcpListener::from_std(listener) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!("the model gateway cannot listen: {e}");
+            return;
+        }
+    };
+    let ctx = Arc::new(Ctx {
+        shared,
+        client,
+        upstream,
+    });
+    loop {
+        tokio::select! {
+            _ = &mut stop => break,
+            accepted = listener.accept() => {
+                let Ok((stream, _)) = accepted else { continue };
+                let _ = stream.set_nodelay(true);
+                let ctx = Arc::clone(&ctx);
+                tokio::spawn(async move {
+                    let service = service_fn(move |req| {
+                        let ctx = Arc::clone(&ctx);
+                        async move { Ok::<_, Infallible>(handle(&ctx, req).await) }
+                    });
+                    let _ = http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        }
+    }
+}
+
+fn full(bytes: impl Into<Bytes>) -> GBody {
+    Full::new(bytes.into())
+        .map_err(|never| match never {})
+        .boxed()
+}
+
+fn plain(status: StatusCode, text: &str) -> Response<GBody> {
+    let mut resp = Response::new(full(format!("{text}\n")));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    resp
+}
+
+/// Compares without an early exit, so the token cannot be found byte by byte by timing.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The part of the request target after the token, or `None` when the token is wrong.
+fn after_token<'a>(target: &'a str, token: &str) -> Option<&'a str> {
+    let rest = target.strip_prefix('/')?;
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    same(&rest.as_bytes()[..end], token.as_bytes()).then(|| &rest[end..])
+}
+
+/// The upstream URL for `rest` (path and query after the token).
+fn target(upstream: &Uri, rest: &str) -> Result<Uri, hyper::http::Error> {
+    let base = upstream.path().trim_end_matches('/');
+    let rest = if rest.starts_with('/') || rest.is_empty() {
+        rest.to_owned()
+    } else {
+        format!("/{rest}")
+    };
+    let mut pq = format!("{base}{rest}");
+    if pq.is_empty() || pq.starts_with('?') {
+        pq.insert(0, '/');
+    }
+    let mut parts = upstream.clone().into_parts();
+    parts.path_and_query = Some(pq.parse()?);
+    Ok(Uri::from_parts(parts)?)
+}
+
+fn forward_headers(from: &HeaderMap, to: &mut HeaderMap, drop_length: bool) {
+    for (name, value) in from {
+        let n = name.as_str();
+        if HOP_BY_HOP.contains(&n) || (drop_length && n == "content-length") {
+            continue;
+        }
+        to.append(name.clone(), value.clone());
+    }
+}
+
+async fn handle(ctx: &Ctx, req: Request<Incoming>) -> Response<GBody> {
+    let shared = &ctx.shared;
+    let target_text = req
+        .uri()
+        .path_and_query()
+        .map_or("/", |p| p.as_str())
+        .to_owned();
+    let Some(rest) = after_token(&target_text, &shared.token) else {
+        return plain(
+            StatusCode::FORBIDDEN,
+            "stepguard gateway: this URL is not the run's gateway URL",
+        );
+    };
+    let rest = rest.to_owned();
+    let Ok(uri) = target(&ctx.upstream, &rest) else {
+        return plain(
+            StatusCode::BAD_REQUEST,
+            "stepguard gateway: bad request target",
+        );
+    };
+    let dialect = shared.config.dialect;
+    let (parts, body) = req.into_parts();
+    let is_model = parts.method == Method::POST && dialect.is_model_path(&rest);
+    if !is_model {
+        record(shared, &parts, &rest, "other", None);
+        return forward(ctx, &parts, uri, body.boxed(), false, None).await;
+    }
+    let bytes = match Limited::new(body, MAX_MODEL_REQUEST).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => {
+            return plain(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                &format!("stepguard gateway: cannot read the request body: {e}"),
+            );
+        }
+    };
+    let parsed: Option<Value> = serde_json::from_slice(&bytes).ok();
+    let Some(mut json) = parsed.filter(|v| dialect.offers_tools(v)) else {
+        record(shared, &parts, &rest, "side", Some(&bytes));
+        return forward(ctx, &parts, uri, full(bytes), false, None).await;
+    };
+    let (plan, pending) = shared.plan();
+    let pace = &shared.config.pace;
+    let (label, last) = match plan {
+        Plan::Refuse => {
+            let count = shared.tally().refused;
+            (shared.config.on_event)(GatewayEvent::Refused { count });
+            record(shared, &parts, &rest, "refused", Some(&bytes));
+            let (ctype, text) = dialect.final_reply(&rest, &json, REFUSAL_TEXT);
+            let mut resp = Response::new(full(text));
+            resp.headers_mut()
+                .insert(header::CONTENT_TYPE, HeaderValue::from_static(ctype));
+            return resp;
+        }
+        Plan::Last { number } => {
+            dialect.disable_tools(&mut json);
+            dialect.add_notice(&mut json, WRAP_UP_NOTICE);
+            (shared.config.on_event)(GatewayEvent::Forwarded { number, last: true });
+            ("last", true)
+        }
+        Plan::Forward { number } => {
+            if let Some(text) = pending {
+                dialect.add_notice(&mut json, &text);
+            } else if shared.config.notices
+                && let Some(limit) = pace.limit
+            {
+                let step = if pace.count_requests {
+                    number
+                } else {
+                    pace.steps.load(std::sync::atomic::Ordering::Relaxed) + 1
+                };
+                dialect.add_notice(
+                    &mut json,
+                    &format!("system notice: this is step {step} of {limit}"),
+                );
+            }
+            (shared.config.on_event)(GatewayEvent::Forwarded {
+                number,
+                last: false,
+            });
+            ("forward", false)
+        }
+    };
+    let body = Bytes::from(json.to_string());
+    record(shared, &parts, &rest, label, Some(&body));
+    forward(ctx, &parts, uri, full(body), true, last.then_some(dialect)).await
+}
+
+/// Sends the request upstream and streams the reply back; `tee` keeps the reply's text.
+async fn forward(
+    ctx: &Ctx,
+    parts: &hyper::http::request::Parts,
+    uri: Uri,
+    body: GBody,
+    rewritten: bool,
+    tee: Option<Dialect>,
+) -> Response<GBody> {
+    let mut out = Request::new(body);
+    *out.method_mut() = parts.method.clone();
+    *out.uri_mut() = uri;
+    forward_headers(&parts.headers, out.headers_mut(), rewritten);
+    if tee.is_some() {
+        // The last reply is read for its text: no compression.
+        out.headers_mut().insert(
+            header::ACCEPT_ENCODING,
+            HeaderValue::from_static("identity"),
+        );
+    }
+    match ctx.client.request(out).await {
+        Ok(resp) => {
+            let (rparts, rbody) = resp.into_parts();
+            let body = match tee {
+                Some(dialect) => Tee {
+                    inner: rbody,
+                    kept: Vec::new(),
+                    dialect,
+                    shared: Arc::clone(&ctx.shared),
+                    done: false,
+                }
+                .boxed(),
+                None => rbody.boxed(),
+            };
+            let mut back = Response::new(body);
+            *back.status_mut() = rparts.status;
+            forward_headers(&rparts.headers, back.headers_mut(), false);
+            back
+        }
+        Err(e) => {
+            let error = describe(&e, &ctx.upstream);
+            if e.is_connect() {
+                (ctx.shared.config.on_event)(GatewayEvent::UpstreamFailed {
+                    error: error.clone(),
+                });
+            }
+            tracing::warn!("{error}");
+            let mut resp = Response::new(full(
+                json!({"error": {"type": "api_error", "message": error}}).to_string(),
+            ));
+            *resp.status_mut() = StatusCode::BAD_GATEWAY;
+            resp.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            resp
+        }
+    }
+}
+
+/// Says what failed with the upstream, with the innermost cause (no headers, no credentials).
+fn describe(e: &hyper_util::client::legacy::Error, upstream: &Uri) -> String {
+    let mut cause: &dyn std::error::Error = e;
+    while let Some(inner) = cause.source() {
+        cause = inner;
+    }
+    let host = upstream.authority().map_or("?", |a| a.as_str());
+    format!(
+        "stepguard gateway: cannot reach the model upstream {}://{host}: {cause}",
+        upstream.scheme_str().unwrap_or("http")
+    )
+}
+
+/// Writes one request to the recording directory, without credentials.
+fn record(
+    shared: &Shared,
+    parts: &hyper::http::request::Parts,
+    rest: &str,
+    plan: &str,
+    body: Option<&[u8]>,
+) {
+    let Some(dir) = &shared.config.record_requests else {
+        return;
+    };
+    let n = {
+        let mut t = shared.tally();
+        t.recorded += 1;
+        t.recorded
+    };
+    let headers: serde_json::Map<String, Value> = parts
+        .headers
+        .iter()
+        .filter(|(k, _)| !SECRET_HEADERS.contains(&k.as_str()))
+        .map(|(k, v)| {
+            (
+                k.as_str().to_owned(),
+                Value::String(String::from_utf8_lossy(v.as_bytes()).into_owned()),
+            )
+        })
+        .collect();
+    let body = body.map(|b| {
+        serde_json::from_slice::<Value>(b)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(b).into_owned()))
+    });
+    let entry = json!({
+        "method": parts.method.as_str(),
+        "path": strip_key(rest),
+        "plan": plan,
+        "headers": headers,
+        "body": body,
+    });
+    let file = dir.join(format!("{n:04}-{plan}.json"));
+    if let Err(e) = std::fs::write(&file, entry.to_string()) {
+        tracing::warn!("cannot record a request to {}: {e}", file.display());
+    }
+}
+
+/// Removes a `key=` query parameter (Gemini accepts its API key there).
+fn strip_key(rest: &str) -> String {
+    let Some((path, query)) = rest.split_once('?') else {
+        return rest.to_owned();
+    };
+    let kept: Vec<&str> = query
+        .split('&')
+        .filter(|kv| !kv.starts_with("key="))
+        .collect();
+    if kept.is_empty() {
+        path.to_owned()
+    } else {
+        format!("{path}?{}", kept.join("&"))
+    }
+}
+
+/// A reply body passed through frame by frame, of which the first MiB is kept for its text.
+struct Tee {
+    inner: Incoming,
+    kept: Vec<u8>,
+    dialect: Dialect,
+    shared: Arc<Shared>,
+    done: bool,
+}
+
+impl Tee {
+    fn finish(&mut self) {
+        if std::mem::replace(&mut self.done, true) {
+            return;
+        }
+        let text = self.dialect.reply_text(&self.kept);
+        if !text.trim().is_empty() {
+            self.shared.tally().final_text = Some(text);
+        }
+    }
+}
+
+impl Body for Tee {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = &mut *self;
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    let room = KEEP_REPLY.saturating_sub(this.kept.len());
+                    this.kept.extend_from_slice(&data[..data.len().min(room)]);
+                }
+            }
+            Poll::Ready(None) => this.finish(),
+            _ => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for Tee {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_token_must_be_the_whole_first_segment() {
+        assert_eq!(after_token("/abc/v1/messages", "abc"), Some("/v1/messages"));
+        assert_eq!(after_token("/abc?x=1", "abc"), Some("?x=1"));
+        assert_eq!(after_token("/abc", "abc"), Some(""));
+        assert_eq!(after_token("/abcd/v1", "abc"), None);
+        assert_eq!(after_token("/ab/v1", "abc"), None);
+        assert_eq!(after_token("/v1/messages", "abc"), None);
+        assert_eq!(after_token("/", "abc"), None);
+    }
+
+    #[test]
+    fn targets_join_the_upstream_path_and_keep_the_query() {
+        let up: Uri = "http://127.0.0.1:5/v1".parse().unwrap();
+        assert_eq!(
+            target(&up, "/responses").unwrap().to_string(),
+            "http://127.0.0.1:5/v1/responses"
+        );
+        let up: Uri = "https://api.example.com".parse().unwrap();
+        assert_eq!(
+            target(&up, "/v1beta/models/m:streamGenerateContent?alt=sse")
+                .unwrap()
+                .to_string(),
+            "https://api.example.com/v1beta/models/m:streamGenerateContent?alt=sse"
+        );
+        assert_eq!(
+            target(&up, "").unwrap().to_string(),
+            "https://api.example.com/"
+        );
+        assert_eq!(
+            target(&up, "?x").unwrap().to_string(),
+            "https://api.example.com/?x"
+        );
+    }
+
+    #[test]
+    fn recorded_paths_lose_their_api_key() {
+        assert_eq!(strip_key("/m:gen?key=SECRET&alt=sse"), "/m:gen?alt=sse");
+        assert_eq!(strip_key("/m:gen?key=SECRET"), "/m:gen");
+        assert_eq!(strip_key("/m"), "/m");
+    }
+}

@@ -1,0 +1,454 @@
+//! The gateway against a scripted model server on loopback.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use stepguard_modelserver::{ModelServer, Script};
+
+use super::*;
+
+/// Events the gateway reported, in order.
+type Seen = Arc<Mutex<Vec<GatewayEvent>>>;
+
+fn config(upstream: &str, limit: Option<u64>, steps: Arc<AtomicU64>) -> (GatewayConfig, Seen) {
+    let seen: Seen = Arc::default();
+    let log = Arc::clone(&seen);
+    let config = GatewayConfig {
+        dialect: Dialect::AnthropicMessages,
+        upstream: upstream.to_owned(),
+        pace: Pace {
+            limit,
+            steps,
+            reply_cost: 1,
+            count_requests: true,
+        },
+        notices: false,
+        record_requests: None,
+        on_event: Box::new(move |e| log.lock().unwrap().push(e)),
+        connect_timeout: Duration::from_secs(5),
+    };
+    (config, seen)
+}
+
+/// One HTTP/1.1 exchange on a fresh connection: status and body (de-chunked).
+fn send(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\ncontent-length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    s.write_all(req.as_bytes()).unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, rest) = text.split_once("\r\n\r\n").unwrap();
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(rest)
+    } else {
+        rest.to_owned()
+    };
+    (status, body)
+}
+
+fn dechunk(mut rest: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, after)) = rest.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        out.push_str(&after[..n]);
+        rest = &after[n + 2..];
+    }
+    out
+}
+
+/// An Anthropic request after `results` tool rounds, offering tools or not.
+fn anthropic(results: usize, tools: bool) -> String {
+    let mut messages = vec![json!({"role": "user", "content": "go"})];
+    for r in 1..=results {
+        messages.push(json!({"role": "assistant", "content": [{"type": "tool_use", "id": format!("t{r}"), "name": "Bash", "input": {"command": "x"}}]}));
+        messages.push(json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": format!("t{r}"), "content": "ok"}]}));
+    }
+    let tools = if tools {
+        json!([{"name": "Bash", "input_schema": {"type": "object"}}])
+    } else {
+        json!([])
+    };
+    json!({"model": "claude-x", "max_tokens": 100, "stream": true, "tools": tools, "messages": messages}).to_string()
+}
+
+fn path(gw: &Gateway, rest: &str) -> String {
+    let base = gw.url().split_once("127.0.0.1").unwrap().1;
+    let base = &base[base.find('/').unwrap()..];
+    format!("{base}{rest}")
+}
+
+#[test]
+fn requests_without_the_runs_token_are_refused_and_never_forwarded() {
+    let server = ModelServer::start(Script::tool_rounds(3)).unwrap();
+    let (cfg, _) = config(&server.url(), Some(5), Arc::default());
+    let gw = Gateway::start(cfg).unwrap();
+    assert!(gw.url().starts_with("http://127.0.0.1:"));
+    let token = gw.url().rsplit('/').next().unwrap().to_owned();
+    assert_eq!(token.len(), 32);
+    for bad in [
+        "/v1/messages",
+        "/x/v1/messages",
+        &format!("/{}/v1/messages", &token[..31]),
+        &format!("/{token}0/v1/messages"),
+    ] {
+        let (status, body) = send(gw.addr(), "POST", bad, &[], &anthropic(0, true));
+        assert_eq!(status, 403, "{bad}");
+        assert!(body.contains("not the run's gateway URL"), "{body}");
+    }
+    assert!(server.requests().is_empty(), "nothing reached the upstream");
+    assert_eq!(gw.forwarded(), 0);
+    // A second gateway has another token.
+    let (cfg, _) = config(&server.url(), Some(5), Arc::default());
+    let other = Gateway::start(cfg).unwrap();
+    assert_ne!(other.url().rsplit('/').next(), Some(token.as_str()));
+}
+
+#[test]
+fn the_budgets_last_call_is_tool_less_and_later_calls_never_reach_the_model() {
+    let server =
+        ModelServer::start(Script::tool_rounds(12).final_answer("Did 2 rounds; 10 left.")).unwrap();
+    let (cfg, seen) = config(&server.url(), Some(3), Arc::default());
+    let gw = Gateway::start(cfg).unwrap();
+    let p = path(&gw, "/v1/messages?beta=true");
+    // A side request (no tools) passes and is not counted.
+    let (status, _) = send(
+        gw.addr(),
+        "POST",
+        &p,
+        &[("x-api-key", "dummy")],
+        &anthropic(0, false),
+    );
+    assert_eq!(status, 200);
+    for round in 0..2 {
+        let (status, body) = send(gw.addr(), "POST", &p, &[], &anthropic(round, true));
+        assert_eq!(status, 200);
+        assert!(
+            body.contains("tool_use"),
+            "round {round} gets tool calls: {body}"
+        );
+    }
+    assert!(!gw.wrapped_up());
+    // The third of three: tool use off, one notice; the model answers in text.
+    let (status, body) = send(gw.addr(), "POST", &p, &[], &anthropic(2, true));
+    assert_eq!(status, 200);
+    assert!(!body.contains("\"tool_use\""), "{body}");
+    assert!(gw.wrapped_up());
+    assert_eq!(gw.final_text().as_deref(), Some("Did 2 rounds; 10 left."));
+    let main: Vec<Value> = server
+        .requests()
+        .iter()
+        .map(|r| r.body.clone())
+        .filter(|b| b["tools"].as_array().is_some_and(|t| !t.is_empty()))
+        .collect();
+    assert_eq!(main.len(), 3);
+    assert_eq!(main[2]["tool_choice"], json!({"type": "none"}));
+    assert!(main[..2].iter().all(|b| b.get("tool_choice").is_none()));
+    let text = main[2].to_string();
+    assert_eq!(text.matches("system notice: ").count(), 1, "{text}");
+    // Past the budget: answered by the gateway in the dialect, never forwarded.
+    for round in 3..5 {
+        let (status, body) = send(gw.addr(), "POST", &p, &[], &anthropic(round, true));
+        assert_eq!(status, 200);
+        assert_eq!(
+            Dialect::AnthropicMessages.reply_text(body.as_bytes()),
+            REFUSAL_TEXT
+        );
+    }
+    assert_eq!(
+        server.requests().len(),
+        4,
+        "1 side + 3 main requests upstream"
+    );
+    assert_eq!((gw.forwarded(), gw.refused()), (3, 2));
+    assert_eq!(
+        *seen.lock().unwrap(),
+        vec![
+            GatewayEvent::Forwarded {
+                number: 1,
+                last: false
+            },
+            GatewayEvent::Forwarded {
+                number: 2,
+                last: false
+            },
+            GatewayEvent::Forwarded {
+                number: 3,
+                last: true
+            },
+            GatewayEvent::Refused { count: 1 },
+            GatewayEvent::Refused { count: 2 },
+        ]
+    );
+}
+
+#[test]
+fn stream_units_wrap_up_when_no_more_than_a_tool_less_reply_is_left() {
+    let server = ModelServer::start(Script::tool_rounds(12)).unwrap();
+    // Cost 1 (message/item units): 4 of 5 spent leaves exactly a reply.
+    let steps = Arc::new(AtomicU64::new(3));
+    let (mut cfg, _) = config(&server.url(), Some(5), Arc::clone(&steps));
+    cfg.pace.count_requests = false;
+    let gw = Gateway::start(cfg).unwrap();
+    let p = path(&gw, "/v1/messages");
+    send(gw.addr(), "POST", &p, &[], &anthropic(0, true));
+    assert!(!gw.wrapped_up());
+    steps.store(4, std::sync::atomic::Ordering::Relaxed);
+    send(gw.addr(), "POST", &p, &[], &anthropic(1, true));
+    assert!(gw.wrapped_up());
+    // Cost 0 (tool units): a tool-less reply is free, so the last call comes at the budget.
+    let steps = Arc::new(AtomicU64::new(4));
+    let (mut cfg, _) = config(&server.url(), Some(5), Arc::clone(&steps));
+    cfg.pace.count_requests = false;
+    cfg.pace.reply_cost = 0;
+    let gw = Gateway::start(cfg).unwrap();
+    let p = path(&gw, "/v1/messages");
+    send(gw.addr(), "POST", &p, &[], &anthropic(0, true));
+    assert!(!gw.wrapped_up());
+    steps.store(5, std::sync::atomic::Ordering::Relaxed);
+    send(gw.addr(), "POST", &p, &[], &anthropic(1, true));
+    assert!(gw.wrapped_up());
+    // A stream that lags the calls: each forwarded call counts at least its reply.
+    let (mut cfg, _) = config(&server.url(), Some(2), Arc::default());
+    cfg.pace.count_requests = false;
+    let gw = Gateway::start(cfg).unwrap();
+    let p = path(&gw, "/v1/messages");
+    send(gw.addr(), "POST", &p, &[], &anthropic(0, true));
+    send(gw.addr(), "POST", &p, &[], &anthropic(1, true));
+    assert!(
+        gw.wrapped_up(),
+        "the 2nd of 2 calls is the last though the stream said 0"
+    );
+}
+
+#[test]
+fn step_notices_and_pushed_notices_ride_on_forwarded_calls_once() {
+    let server = ModelServer::start(Script::tool_rounds(12)).unwrap();
+    let (mut cfg, _) = config(&server.url(), Some(9), Arc::default());
+    cfg.notices = true;
+    let gw = Gateway::start(cfg).unwrap();
+    let p = path(&gw, "/v1/messages");
+    send(gw.addr(), "POST", &p, &[], &anthropic(0, true));
+    gw.push_notice("system notice: you have called Bash with the same arguments 3 times");
+    send(gw.addr(), "POST", &p, &[], &anthropic(1, true));
+    send(gw.addr(), "POST", &p, &[], &anthropic(2, true));
+    let bodies: Vec<String> = server
+        .requests()
+        .iter()
+        .map(|r| r.body.to_string())
+        .collect();
+    assert!(
+        bodies[0].contains("system notice: this is step 1 of 9"),
+        "{}",
+        bodies[0]
+    );
+    assert!(bodies[1].contains("same arguments 3 times") && !bodies[1].contains("step 2 of 9"));
+    assert!(bodies[2].contains("system notice: this is step 3 of 9"));
+    assert!(
+        !bodies[2].contains("same arguments"),
+        "a pushed notice is sent once"
+    );
+    // A forced last call ends the run whatever the budget.
+    gw.force_last();
+    send(gw.addr(), "POST", &p, &[], &anthropic(3, true));
+    assert!(gw.wrapped_up());
+}
+
+#[test]
+fn an_unreachable_upstream_is_a_prompt_502_and_an_event() {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let (cfg, seen) = config(&format!("http://127.0.0.1:{port}"), Some(5), Arc::default());
+    let gw = Gateway::start(cfg).unwrap();
+    let started = Instant::now();
+    let (status, body) = send(
+        gw.addr(),
+        "POST",
+        &path(&gw, "/v1/messages"),
+        &[],
+        &anthropic(0, true),
+    );
+    assert!(started.elapsed() < Duration::from_secs(3));
+    assert_eq!(status, 502);
+    assert!(
+        body.contains("cannot reach the model upstream http://127.0.0.1:"),
+        "{body}"
+    );
+    let seen = seen.lock().unwrap();
+    assert!(
+        matches!(&seen[1], GatewayEvent::UpstreamFailed { error } if error.contains("refused")),
+        "{seen:?}"
+    );
+}
+
+#[test]
+fn bad_upstreams_and_record_dirs_are_refused_at_start() {
+    for bad in ["ftp://x", "not a url", "/relative"] {
+        let (cfg, _) = config(bad, None, Arc::default());
+        let err = Gateway::start(cfg).err().unwrap().to_string();
+        assert!(err.contains(bad), "{err}");
+    }
+    let file = tempfile::NamedTempFile::new().unwrap();
+    let (mut cfg, _) = config("http://127.0.0.1:1", None, Arc::default());
+    cfg.record_requests = Some(file.path().join("sub"));
+    let err = Gateway::start(cfg).err().unwrap().to_string();
+    assert!(err.contains("recording directory"), "{err}");
+}
+
+#[test]
+fn recorded_requests_keep_bodies_and_lose_credentials() {
+    // An upstream that hands the test the request head it got.
+    let upstream = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = upstream.local_addr().unwrap();
+    let (tx, heads) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let (mut s, _) = upstream.accept().unwrap();
+        let mut raw = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !raw.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = s.read(&mut buf).unwrap();
+            raw.extend_from_slice(&buf[..n]);
+        }
+        tx.send(String::from_utf8_lossy(&raw).into_owned()).unwrap();
+        s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}")
+            .unwrap();
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let (mut cfg, _) = config(&format!("http://{addr}"), Some(5), Arc::default());
+    cfg.record_requests = Some(dir.path().to_owned());
+    let gw = Gateway::start(cfg).unwrap();
+    let p = path(&gw, "/v1/messages?key=SECRET&beta=true");
+    let (status, _) = send(
+        gw.addr(),
+        "POST",
+        &p,
+        &[
+            ("authorization", "Bearer SECRET"),
+            ("x-api-key", "SECRET"),
+            ("anthropic-version", "2023-06-01"),
+        ],
+        &anthropic(0, true),
+    );
+    assert_eq!(status, 200);
+    // The upstream got the credentials as they were, under its own host name.
+    let head = heads.recv().unwrap().to_ascii_lowercase();
+    assert!(
+        head.contains("x-api-key: secret") && head.contains("authorization: bearer secret"),
+        "{head}"
+    );
+    assert!(head.contains(&format!("host: {addr}")), "{head}");
+    assert!(
+        head.starts_with("post /v1/messages?key=secret&beta=true "),
+        "{head}"
+    );
+    let files: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(files.len(), 1);
+    let text = std::fs::read_to_string(&files[0]).unwrap();
+    assert!(!text.contains("SECRET"), "{text}");
+    let entry: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(entry["plan"], "forward");
+    assert_eq!(entry["path"], "/v1/messages?beta=true");
+    assert_eq!(entry["headers"]["anthropic-version"], "2023-06-01");
+    assert_eq!(entry["body"]["model"], "claude-x");
+}
+
+/// Peak resident memory of this process (tests run one per process under nextest).
+fn peak_rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+#[test]
+fn a_100_mb_streamed_reply_passes_with_constant_memory() {
+    const TOTAL: usize = 100 * 1024 * 1024;
+    // An upstream that streams 100 MiB of SSE in 64 KiB chunks, never holding more.
+    let upstream = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = upstream.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let (mut s, _) = upstream.accept().unwrap();
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            s.read_exact(&mut byte).unwrap();
+            head.push(byte[0]);
+        }
+        let text = String::from_utf8_lossy(&head).to_ascii_lowercase();
+        let len: usize = text
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .map_or(0, |v| v.trim().parse().unwrap());
+        let mut body = vec![0u8; len];
+        s.read_exact(&mut body).unwrap();
+        s.write_all(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n").unwrap();
+        let chunk = format!("data: {}\n\n", "x".repeat(64 * 1024 - 8));
+        let mut sent = 0;
+        while sent < TOTAL {
+            s.write_all(format!("{:x}\r\n{chunk}\r\n", chunk.len()).as_bytes())
+                .unwrap();
+            sent += chunk.len();
+        }
+        s.write_all(b"0\r\n\r\n").unwrap();
+    });
+    let (cfg, _) = config(&format!("http://{addr}"), Some(5), Arc::default());
+    let gw = Gateway::start(cfg).unwrap();
+    let before = peak_rss_kib();
+    let mut s = TcpStream::connect(gw.addr()).unwrap();
+    let body = anthropic(0, true);
+    let p = path(&gw, "/v1/messages");
+    write!(
+        s,
+        "POST {p} HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut got = 0usize;
+    loop {
+        let n = s.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        got += n;
+    }
+    assert!(got > TOTAL, "all of it came through: {got}");
+    let grown = peak_rss_kib().saturating_sub(before);
+    assert!(
+        grown < 32 * 1024,
+        "peak memory grew by {grown} KiB for a 100 MiB reply"
+    );
+}
