@@ -153,8 +153,15 @@ fn tail(s: &str) -> &str {
 impl Agent {
     /// Sets `cli` up against a new model server following `script`.
     pub fn start(cli: Cli, script: Script) -> Agent {
+        Agent::with_server(
+            cli,
+            ModelServer::start(script).expect("start the model server"),
+        )
+    }
+
+    /// Sets `cli` up against `server` (e.g. one speaking HTTPS).
+    pub fn with_server(cli: Cli, server: ModelServer) -> Agent {
         let bin = cli_dir().join(cli.name());
-        let server = ModelServer::start(script).expect("start the model server");
         let dir = tempfile::Builder::new()
             .prefix(&format!("sg-{}-", cli.name()))
             .tempdir()
@@ -358,9 +365,15 @@ impl Agent {
     /// `stepguard run --provider <cli> --db <db> <args> -- <agent>`, stdin from /dev/null,
     /// with a safety timeout so a broken test cannot hang CI.
     pub fn run(&self, args: &[&str]) -> AgentRun {
+        self.run_env(args, &[])
+    }
+
+    /// [`Agent::run`] with more variables in stepguard's (and so the agent's) environment.
+    pub fn run_env(&self, args: &[&str], extra: &[(&str, &str)]) -> AgentRun {
         let mut cmd = Command::new(STEPGUARD);
         cmd.env_clear()
             .envs(self.env())
+            .envs(extra.iter().copied())
             .current_dir(self.work())
             .stdin(Stdio::null())
             .args([
@@ -396,6 +409,18 @@ impl Agent {
             .max()
             .expect("at least one recorded run");
         self.stepguard(&["show", "--json", &id.to_string()])
+    }
+
+    /// Every run in the history database, as `stepguard history --json` lists them (oldest
+    /// first).
+    pub fn history_rows(&self) -> Vec<Value> {
+        let mut rows = self
+            .stepguard(&["history", "--json"])
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        rows.sort_by_key(|r| r["id"].as_i64());
+        rows
     }
 
     fn stepguard(&self, args: &[&str]) -> Value {

@@ -25,3 +25,4 @@ mod record_schema;
 mod run_cmd;
 mod simulate_cmd;
 mod telemetry;
+mod wrap_up;

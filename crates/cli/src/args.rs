@@ -161,6 +161,21 @@ pub struct RunArgs {
     /// With `--on-limit ask`: how long the prompt waits for an answer before stopping the agent.
     #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_timeout)]
     pub ask_timeout: Duration,
+    /// Put a model gateway on 127.0.0.1 between the agent and its model: the budget's last
+    /// model call goes out without tools, so the agent ends by itself with a summary, and no
+    /// call past the budget reaches the model (default: `[run] wrap_up` from the config).
+    #[arg(long, overrides_with = "no_wrap_up")]
+    pub wrap_up: bool,
+    /// No model gateway, whatever the config says.
+    #[arg(long, overrides_with = "wrap_up")]
+    pub no_wrap_up: bool,
+    /// With the gateway: every model call carries `system notice: this is step X of Y`.
+    #[arg(long)]
+    pub notices: bool,
+    /// With the gateway: write every model request to DIR as JSON, credentials removed (for
+    /// debugging; nothing is stored otherwise).
+    #[arg(long, value_name = "DIR")]
+    pub record_requests: Option<PathBuf>,
     /// Skip the provider's check of the agent command line (e.g. `codex exec` without `--json`).
     #[arg(long)]
     pub no_preflight: bool,

@@ -80,7 +80,7 @@ const PROFILE_KEYS: &[&str] = &["max_steps", "loop_limit"];
 const LOOPS_KEYS: &[&str] = &["limit", "window", "ignore_tools"];
 const POLICY_KEYS: &[&str] = &["max_steps_ceiling", "allow_plugin_override"];
 const POLICY_PROVIDER_KEYS: &[&str] = &["max_steps_unit"];
-const RUN_KEYS: &[&str] = &["unrecognized_stream"];
+const RUN_KEYS: &[&str] = &["unrecognized_stream", "wrap_up"];
 const TELEMETRY_KEYS: &[&str] = &[
     "endpoint",
     "protocol",
@@ -443,6 +443,9 @@ pub fn merge(mut files: Vec<ParsedFile>) -> LoadedConfig {
         if m.unrecognized_stream.is_some() {
             model.unrecognized_stream.clone_from(&m.unrecognized_stream);
         }
+        if m.wrap_up.is_some() {
+            model.wrap_up.clone_from(&m.wrap_up);
+        }
         for (key, value) in &m.telemetry {
             model.telemetry.insert(key.clone(), value.clone());
         }
@@ -742,6 +745,17 @@ impl Parser<'_> {
                                 None => type_name(v).to_owned(),
                             }
                         ),
+                    ),
+                },
+                "wrap_up" => match v.as_bool() {
+                    Some(on) => {
+                        let origin = self.origin(&path);
+                        self.out.model.wrap_up = Some((on, origin));
+                    }
+                    None => self.diag(
+                        Severity::Error,
+                        &path,
+                        format!("expected true or false, found {}", type_name(v)),
                     ),
                 },
                 other => self.unknown_key(&path, other, RUN_KEYS),

@@ -732,3 +732,26 @@ fn validate_reports_bad_loop_values_and_load_refuses_them() {
         (Severity::Error, Some("loops.window"))
     );
 }
+
+#[test]
+fn run_table_turns_the_wrap_up_on_and_refuses_non_booleans() {
+    let f = parse("[run]\nwrap_up = true\n");
+    assert!(f.diagnostics.is_empty(), "{:?}", f.diagnostics);
+    let (on, origin) = f.model.wrap_up.as_ref().unwrap();
+    assert!(*on);
+    assert_eq!(origin.to_string(), "/p/stepguard.toml: run.wrap_up");
+    let bad = parse("[run]\nwrap_up = \"yes\"\nwrapup = true\n");
+    let msgs = messages(&bad.diagnostics);
+    assert!(
+        msgs.iter()
+            .any(|m| m.contains("run.wrap_up")
+                && m.contains("expected true or false, found a string")),
+        "{msgs:?}"
+    );
+    assert!(
+        msgs.iter()
+            .any(|m| m.contains("wrapup") && m.contains("wrap_up")),
+        "{msgs:?}"
+    );
+    assert!(bad.model.wrap_up.is_none());
+}

@@ -371,6 +371,9 @@ pub struct ConfigModel {
     /// `[run] unrecognized_stream`: `"stop"` (the default) or `"warn"`, for a stream none of
     /// which is recognised as the provider's.
     pub unrecognized_stream: Option<(String, Origin)>,
+    /// `[run] wrap_up`: whether runs go through the model gateway, which makes the budget's
+    /// last model call tool-less so the agent ends with a summary (`--wrap-up`).
+    pub wrap_up: Option<(bool, Origin)>,
     /// `[loops]` and the `loop_limit` keys of task types and profiles (resolved by
     /// [`crate::loop_settings::resolve`]).
     pub loops: crate::loop_settings::LoopConfig,

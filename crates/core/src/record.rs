@@ -70,7 +70,9 @@ pub struct RunRecord {
     pub child_exit_code: Option<i32>,
     /// The signal that ended the agent, when one did.
     pub child_signal: Option<i32>,
-    /// Who stopped the agent: `budget`, `timeout`, `signal`, `plugin`, or null (it ended itself).
+    /// Who ended the run: `budget`, `timeout`, `signal`, `plugin`, `unrecognized`, `loop`,
+    /// `idle`, `startup`, `upstream`, `wrap_up` (the agent ended by itself after the gateway
+    /// made its last model call tool-less), or null (it ended by itself).
     pub terminated_by: Option<String>,
     /// How the run's processes were contained: `cgroup` (a cgroup v2 of its own) or
     /// `process-walk` (process group, subreaper and `/proc`).
@@ -83,6 +85,12 @@ pub struct RunRecord {
     pub loops: Option<Vec<LoopFound>>,
     /// The human's decisions at the limit, in order: `stop`, `allow:N`, `continue`.
     pub on_limit_decisions: Vec<String>,
+    /// The model's final text when the run wrapped up (`--wrap-up`): its account of what was
+    /// done and what is left; null otherwise.
+    pub final_report: Option<String>,
+    /// Model calls that offered tools and were forwarded upstream by the model gateway; null
+    /// when the run had no gateway.
+    pub model_calls: Option<u64>,
     /// Steps stepguard counted from the stream.
     pub num_steps_computed: Option<u64>,
     /// Steps the provider itself reported.
@@ -149,6 +157,8 @@ impl RunRecord {
             breached_at_step: None,
             loops: None,
             on_limit_decisions: Vec::new(),
+            final_report: None,
+            model_calls: None,
             num_steps_computed: None,
             num_steps_reported: None,
             num_turns_computed: None,
@@ -265,11 +275,27 @@ mod tests {
     fn every_field_is_present_in_json_even_when_unknown() {
         let json = serde_json::to_value(RunRecord::new("codex", Outcome::Success)).unwrap();
         let object = json.as_object().unwrap();
-        assert_eq!(object.len(), 38);
+        assert_eq!(object.len(), 40);
         assert_eq!(object["schema_version"], RECORD_SCHEMA_VERSION);
         assert!(object["id"].is_null());
         assert_eq!(object["on_limit_decisions"], serde_json::json!([]));
         assert!(object["loops"].is_null());
+        assert!(object["final_report"].is_null());
+        assert!(object["model_calls"].is_null());
+    }
+
+    #[test]
+    fn gateway_fields_serialize_and_read_back() {
+        let mut record = RunRecord::new("codex", Outcome::Success);
+        record.terminated_by = Some("wrap_up".into());
+        record.final_report = Some("Done: the parser.\nLeft: the docs.".into());
+        record.model_calls = Some(0);
+        let json = serde_json::to_value(&record).unwrap();
+        assert_eq!(json["final_report"], "Done: the parser.\nLeft: the docs.");
+        // Zero calls is a figure, not unknown.
+        assert_eq!(json["model_calls"], 0);
+        let back: RunRecord = serde_json::from_value(json).unwrap();
+        assert_eq!(back, record);
     }
 
     #[test]

@@ -27,6 +27,11 @@ pub enum TerminatedBy {
     Idle,
     /// The agent produced no recognised event within the startup timeout.
     Startup,
+    /// The agent ended by itself after the model gateway made its last model call tool-less
+    /// (`--wrap-up`): the budget ended the run, gracefully.
+    WrapUp,
+    /// The model gateway could not reach the model upstream.
+    Upstream,
 }
 
 impl TerminatedBy {
@@ -41,6 +46,8 @@ impl TerminatedBy {
             TerminatedBy::Loop => "loop",
             TerminatedBy::Idle => "idle",
             TerminatedBy::Startup => "startup",
+            TerminatedBy::WrapUp => "wrap_up",
+            TerminatedBy::Upstream => "upstream",
         }
     }
 }
@@ -117,6 +124,13 @@ pub fn classify(
         }
         Some(TerminatedBy::Startup) => {
             return Verdict::failed(FailureSlug::StartupHang, ExitCode::Timeout);
+        }
+        // The budget ended it as surely as a stop would; the agent only got to say goodbye.
+        Some(TerminatedBy::WrapUp) => {
+            return Verdict::failed(FailureSlug::MaxSteps, ExitCode::BudgetExceeded);
+        }
+        Some(TerminatedBy::Upstream) => {
+            return Verdict::failed(FailureSlug::ProviderError, ExitCode::AgentFailed);
         }
         None => {}
     }
@@ -201,6 +215,8 @@ mod tests {
             (TerminatedBy::Loop, FailureSlug::LoopDetected, 3),
             (TerminatedBy::Idle, FailureSlug::Stalled, 124),
             (TerminatedBy::Startup, FailureSlug::StartupHang, 124),
+            (TerminatedBy::WrapUp, FailureSlug::MaxSteps, 3),
+            (TerminatedBy::Upstream, FailureSlug::ProviderError, 1),
         ] {
             let v = classify(Some(by), ok(), Some(ChildExit::Signal(15)));
             assert_eq!(

@@ -114,7 +114,13 @@ pub fn check_protocol(plugin_protocol: &str) -> Result<(), LoadError> {
 pub struct Provider {
     manifest: Manifest,
     object: ProviderBox,
+    /// Whether the `request` unit was added by the host (the plugin does not count it).
+    request_unit: bool,
 }
+
+/// The unit of providers with a model endpoint: one model call that offers tools is one step.
+/// The model gateway counts it; the stream still tells turns, tool calls and the outcome.
+pub const REQUEST_UNIT: &str = "request";
 
 impl std::fmt::Debug for Provider {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -147,7 +153,24 @@ impl Provider {
                 manifest.name
             )));
         }
-        Ok(Provider { manifest, object })
+        let mut manifest = manifest;
+        let synthesized = manifest.model_endpoint.is_some()
+            && !manifest.units.iter().any(|u| u.name == REQUEST_UNIT);
+        if synthesized {
+            // Every provider whose CLI can be pointed at the gateway can count model calls.
+            let mut unit = crate::UnitInfo::new(
+                REQUEST_UNIT,
+                "model calls that offer tools, counted by the model gateway (needs `run --wrap-up`)",
+                false,
+            );
+            unit.reply_cost = Some(1);
+            manifest.units.push(unit);
+        }
+        Ok(Provider {
+            manifest,
+            object,
+            request_unit: synthesized,
+        })
     }
 
     /// Returns the provider's manifest.
@@ -171,12 +194,21 @@ impl Provider {
     }
 
     /// Opens a counter.
+    ///
+    /// For the host's `request` unit the plugin counts its default unit, and the counter
+    /// reports no steps: the model gateway counts them ([`Counter::counts_model_calls`]).
     pub fn open_counter(&self, request: &CounterRequest) -> Result<Counter, CallError> {
-        let json = serde_json::to_string(request).map_err(|e| self.error(e.to_string()))?;
+        let model_calls = self.request_unit && request.unit == REQUEST_UNIT;
+        let mut request = request.clone();
+        if model_calls {
+            request.unit = self.manifest.default_unit().unwrap_or_default().to_owned();
+        }
+        let json = serde_json::to_string(&request).map_err(|e| self.error(e.to_string()))?;
         match self.object.open_counter(RStr::from(json.as_str())) {
             RResult::ROk(object) => Ok(Counter {
                 provider: self.manifest.name.clone(),
                 object,
+                model_calls,
             }),
             RResult::RErr(e) => Err(self.error(e.into_string())),
         }
@@ -194,6 +226,8 @@ impl Provider {
 pub struct Counter {
     provider: String,
     object: CounterBox,
+    /// Counting the `request` unit: the stream's steps are not steps.
+    model_calls: bool,
 }
 
 impl Counter {
@@ -201,6 +235,7 @@ impl Counter {
     #[inline]
     pub fn feed(&mut self, line: &[u8]) -> Result<LineReport, CallError> {
         match self.object.feed(RSlice::from_slice(line)) {
+            RResult::ROk(r) if self.model_calls => Ok(no_steps(r)),
             RResult::ROk(r) => Ok(r),
             RResult::RErr(e) => Err(CallError {
                 provider: self.provider.clone(),
@@ -217,10 +252,16 @@ impl Counter {
         chunk: &[u8],
         step_allowance: u64,
     ) -> Result<ChunkReport, CallError> {
-        match self
-            .object
-            .feed_chunk(RSlice::from_slice(chunk), step_allowance)
-        {
+        let allowance = if self.model_calls {
+            u64::MAX
+        } else {
+            step_allowance
+        };
+        match self.object.feed_chunk(RSlice::from_slice(chunk), allowance) {
+            RResult::ROk(mut r) if self.model_calls => {
+                r.sum = no_steps(r.sum);
+                Ok(r)
+            }
             RResult::ROk(r) => Ok(r),
             RResult::RErr(e) => Err(CallError {
                 provider: self.provider.clone(),
@@ -252,11 +293,31 @@ impl Counter {
         };
         match self.object.finish() {
             RResult::ROk(json) => {
-                serde_json::from_str(json.as_str()).map_err(|e| err(format!("invalid stats: {e}")))
+                let mut stats: crate::CounterStats = serde_json::from_str(json.as_str())
+                    .map_err(|e| err(format!("invalid stats: {e}")))?;
+                if self.model_calls {
+                    // Model calls are counted by the gateway, not in the stream.
+                    stats.num_steps_computed = 0;
+                    stats.num_steps_reported = None;
+                }
+                Ok(stats)
             }
             RResult::RErr(e) => Err(err(e.into_string())),
         }
     }
+
+    /// Whether this counter counts the `request` unit, whose steps the model gateway counts:
+    /// its reports and stats carry no steps.
+    pub fn counts_model_calls(&self) -> bool {
+        self.model_calls
+    }
+}
+
+/// A report with its steps taken out (turns, flags and sub-agent steps stay).
+fn no_steps(mut r: LineReport) -> LineReport {
+    r.steps_begun = 0;
+    r.steps_completed = 0;
+    r
 }
 
 /// Loads a plugin file: pre-flight with `libloading` (ABI generation), then abi_stable's layout

@@ -39,8 +39,9 @@ use rustc_hash::FxHashSet as HashSet;
 
 use stepguard_jsonl::{RawValue, scan};
 use stepguard_plugin_api::{
-    CounterRequest, CounterStats, LineReport, Manifest, NativeLimit, PreflightRule, ProviderBox,
-    ProviderPlugin, StepCounter, Terminal, Tokens, ToolCall, slug_for_error_text,
+    BaseUrlRule, CounterRequest, CounterStats, LineReport, Manifest, ModelEndpoint, NativeLimit,
+    PreflightRule, ProviderBox, ProviderPlugin, StepCounter, Terminal, Tokens, ToolCall,
+    slug_for_error_text,
 };
 
 /// The Claude Code provider plugin.
@@ -59,15 +60,24 @@ impl ProviderPlugin for ClaudePlugin {
     fn manifest(&self) -> Manifest {
         Manifest::new("claude", env!("CARGO_PKG_VERSION"))
             .description("Claude Code (`claude -p --output-format stream-json --verbose`)")
-            .unit(
+            .unit_costing(
                 "message",
                 "top-level assistant messages (API rounds), deduplicated by message.id",
                 true,
+                1,
             )
-            .unit(
+            .unit_costing(
                 "tool_use",
                 "top-level tool_use blocks, deduplicated by id",
                 false,
+                0,
+            )
+            .model_endpoint(
+                ModelEndpoint::new("anthropic-messages", "https://api.anthropic.com").base_url(
+                    BaseUrlRule::Env {
+                        name: "ANTHROPIC_BASE_URL".into(),
+                    },
+                ),
             )
             .expects("JSONL events of `claude -p --output-format stream-json --verbose` (`system`, `assistant`, `user`, `result`)")
             .preflight(PreflightRule::new(

@@ -39,8 +39,8 @@ use rustc_hash::FxHashSet as HashSet;
 use serde_json::{Value, json};
 use stepguard_jsonl::{RawValue, scan, scan_prefix};
 use stepguard_plugin_api::{
-    CounterRequest, CounterStats, LineReport, Manifest, PreflightRule, ProviderBox, ProviderPlugin,
-    StepCounter, Terminal, Tokens, ToolCall, slug_for_error_text,
+    BaseUrlRule, CounterRequest, CounterStats, LineReport, Manifest, ModelEndpoint, PreflightRule,
+    ProviderBox, ProviderPlugin, StepCounter, Terminal, Tokens, ToolCall, slug_for_error_text,
 };
 
 /// The Codex provider plugin.
@@ -86,10 +86,23 @@ impl ProviderPlugin for CodexPlugin {
     fn manifest(&self) -> Manifest {
         Manifest::new("codex", env!("CARGO_PKG_VERSION"))
             .description("OpenAI Codex CLI (`codex exec --json`); no native limit, so stepguard's is the only one")
-            .unit("item", "every item, begun at item.started (or item.completed without a start)", true)
-            .unit("actionable", "agent_message and command_execution items", false)
-            .unit("tool", "command_execution, file_change, mcp_tool_call, web_search and collab_tool_call items", false)
-            .unit("message", "agent_message items", false)
+            .unit_costing("item", "every item, begun at item.started (or item.completed without a start)", true, 1)
+            .unit_costing("actionable", "agent_message and command_execution items", false, 1)
+            .unit_costing("tool", "command_execution, file_change, mcp_tool_call, web_search and collab_tool_call items", false, 0)
+            .unit_costing("message", "agent_message items", false, 1)
+            // A provider chosen with `-c model_provider=NAME` has its base URL in
+            // `model_providers.NAME`; the built-in one reads OPENAI_BASE_URL.
+            .model_endpoint(
+                ModelEndpoint::new("openai-responses", "https://api.openai.com/v1")
+                    .base_url(BaseUrlRule::ConfigFlag {
+                        flag: "-c".into(),
+                        selector: "model_provider".into(),
+                        key: "model_providers.{}.base_url".into(),
+                    })
+                    .base_url(BaseUrlRule::Env {
+                        name: "OPENAI_BASE_URL".into(),
+                    }),
+            )
             .expects("JSONL events of `codex exec --json` (`thread.started`, `turn.started`, `item.completed`, …)")
             .preflight(PreflightRule::new(
                 "codex",

@@ -29,8 +29,8 @@ use rustc_hash::FxHashSet as HashSet;
 
 use stepguard_jsonl::{RawValue, scan};
 use stepguard_plugin_api::{
-    CounterRequest, CounterStats, LineReport, Manifest, PreflightRule, ProviderBox, ProviderPlugin,
-    StepCounter, Terminal, Tokens, ToolCall, slug_for_error_text,
+    BaseUrlRule, CounterRequest, CounterStats, LineReport, Manifest, ModelEndpoint, PreflightRule,
+    ProviderBox, ProviderPlugin, StepCounter, Terminal, Tokens, ToolCall, slug_for_error_text,
 };
 
 /// The Gemini CLI provider plugin.
@@ -49,11 +49,19 @@ impl ProviderPlugin for GeminiPlugin {
     fn manifest(&self) -> Manifest {
         Manifest::new("gemini", env!("CARGO_PKG_VERSION"))
             .description("Google Gemini CLI (`gemini -p … --output-format stream-json`)")
-            .unit("tool_use", "tool_use events, deduplicated by tool_id", true)
-            .unit(
+            .unit_costing("tool_use", "tool_use events, deduplicated by tool_id", true, 0)
+            .unit_costing(
                 "turn",
                 "model turns inferred from tool_result boundaries (the unit of maxSessionTurns)",
                 false,
+                1,
+            )
+            .model_endpoint(
+                ModelEndpoint::new("gemini", "https://generativelanguage.googleapis.com").base_url(
+                    BaseUrlRule::Env {
+                        name: "GOOGLE_GEMINI_BASE_URL".into(),
+                    },
+                ),
             )
             .expects("JSONL events of `gemini --output-format stream-json` (`init`, `message`, `tool_use`, `tool_result`, `result`)")
             .preflight(PreflightRule::new(

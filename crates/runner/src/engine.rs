@@ -10,14 +10,15 @@ use rustix::process::Signal;
 use stepguard_core::loops::{LoopFound, LoopKind};
 use stepguard_core::verdict::TerminatedBy;
 use stepguard_core::{StepLedger, StepLimit};
+use stepguard_gateway::{Dialect, Gateway, GatewayConfig, GatewayEvent, Pace};
 use stepguard_supervisor::guard::{self, Guardian};
 use stepguard_supervisor::{ExitStatus, Reaper, RunCgroup, StopReport, Tree};
 
 use crate::reader::{ReaderEnd, Resume, StreamReader, StreamWatch};
-use crate::report::{Ending, RunReport};
+use crate::report::{Ending, GatewayEnd, RunReport};
 use crate::spec::{
     Breach, Containment, LimitDecision, LimitPolicy, OnUnrecognized, Progress, Question,
-    RunObserver, RunSpec, RunStarted, StdinMode,
+    RunObserver, RunSpec, RunStarted, StdinMode, WrapUp,
 };
 use crate::stream::{LoopWatch, Recognition};
 
@@ -46,6 +47,8 @@ pub(crate) enum Event {
     Decided(LimitDecision, Box<dyn LimitPolicy>),
     /// The agent's tool calls went round a loop.
     Loop(LoopFound),
+    /// The model gateway forwarded, refused or failed a model call.
+    Gateway(GatewayEvent),
 }
 
 /// Stops a run from another thread as a signal to stepguard would (slug `interrupted`).
@@ -119,6 +122,7 @@ impl Runner {
             idle_timeout,
             startup_timeout,
             env,
+            wrap_up,
         } = spec;
         let plugin_timeout_ms = u64::try_from(plugin_timeout.as_millis()).unwrap_or(u64::MAX);
         let spec = Labels {
@@ -152,6 +156,49 @@ impl Runner {
                 }
             },
         };
+        let steps = Arc::new(AtomicU64::new(0));
+        let counts_requests = counter.counts_model_calls();
+        // The gateway comes up before the agent, which is pointed at it.
+        let mut command = spec.command.clone();
+        let mut env = env;
+        let gateway = match wrap_up {
+            Some(w) => {
+                let limit = spec.budget.get().map(u64::from);
+                // Where the CLI would have gone is found first: the gateway forwards there.
+                let started = point_at(&w, &command, &env, "http://127.0.0.1:1/probe")
+                    .map_err(std::io::Error::other)
+                    .and_then(|p| {
+                        start_gateway(&w, p.upstream, limit, &steps, counts_requests, &events_tx)
+                    });
+                match started {
+                    Ok(gw) => match point_at(&w, &command, &env, gw.url()) {
+                        Ok(pointing) => {
+                            tracing::info!(
+                                gateway = %gw.addr(),
+                                upstream = %pointing.upstream,
+                                from = %pointing.upstream_source,
+                                "model gateway started"
+                            );
+                            command = pointing.command;
+                            env.extend(pointing.env.into_iter().map(|(k, v)| (k.into(), v.into())));
+                            Some(gw)
+                        }
+                        Err(e) => {
+                            let e = std::io::Error::other(e);
+                            return finish(
+                                spec,
+                                Ending::not_started(e, start, started_at),
+                                observers,
+                            );
+                        }
+                    },
+                    Err(e) => {
+                        return finish(spec, Ending::not_started(e, start, started_at), observers);
+                    }
+                }
+            }
+            None => None,
+        };
         let mut cmd = match &trampoline {
             // The trampoline joins the cgroup and asks for SIGKILL on our death before it
             // becomes the agent: nothing the agent forks can start outside.
@@ -163,13 +210,13 @@ impl Runner {
                 cmd.args(guard::exec_args(
                     std::process::id(),
                     cgroup.as_ref().map(RunCgroup::path),
-                    &spec.command,
+                    &command,
                 ));
                 cmd
             }
             None => {
                 let mut cmd = Command::new(program);
-                cmd.args(&spec.command[1..]);
+                cmd.args(&command[1..]);
                 cmd
             }
         };
@@ -234,7 +281,6 @@ impl Runner {
         };
         let watch = Arc::new(StreamWatch::default());
         let (resume_tx, resume) = mpsc::channel();
-        let steps = Arc::new(AtomicU64::new(0));
         let feeding_since = Arc::new(AtomicU64::new(0));
         let reaper = Reaper::start(pgid, events_tx.clone(), Event::ChildExited);
         let signals = forward_signals
@@ -320,6 +366,10 @@ impl Runner {
         let mut drain_until: Option<Instant> = None;
         let mut abandoned = false;
         let mut unrecognised_told = false;
+        // The loop ladder with a gateway: a notice at the first loop, the wrap-up at the second.
+        let mut loops_noticed = 0u32;
+        let mut loop_wrapping = false;
+        let model_calls = AtomicU64::new(0);
         while child_exit.is_none() || reader_end.is_none() {
             if run.stop.is_some() {
                 // Stopped: the agent's exit and the reader's end have this long to arrive.
@@ -413,11 +463,53 @@ impl Runner {
                 Ok(Event::Loop(found)) => {
                     if run.terminated_by.is_none() {
                         let why = loop_message(&found);
-                        tracing::info!("{why}");
-                        run.why.get_or_insert(why);
-                        run.stop(TerminatedBy::Loop, Signal::TERM);
+                        match &gateway {
+                            // First rung: the model is told, once, on its next call.
+                            Some(gw) if loops_noticed == 0 => {
+                                loops_noticed += 1;
+                                tracing::info!("{why}; telling the model");
+                                gw.push_notice(&loop_notice(&found));
+                            }
+                            // Second rung: its next call is its last, without tools.
+                            Some(gw) if !loop_wrapping => {
+                                loop_wrapping = true;
+                                tracing::info!("{why}; the next model call is the last");
+                                run.why.get_or_insert(
+                                    why.replace("stopped as a loop", "wrapped up as a loop"),
+                                );
+                                gw.force_last();
+                            }
+                            _ => {
+                                tracing::info!("{why}");
+                                run.why.get_or_insert(why);
+                                run.stop(TerminatedBy::Loop, Signal::TERM);
+                            }
+                        }
                     }
                 }
+                Ok(Event::Gateway(event)) => match event {
+                    GatewayEvent::Forwarded { number, .. } => {
+                        model_calls.store(number, Ordering::Relaxed);
+                    }
+                    // A call past the last one: the agent did not end by itself. Counting
+                    // model calls, it is step N+1; counting the stream, a second one means the
+                    // stream's backstop did not come.
+                    GatewayEvent::Refused { count } => {
+                        if loop_wrapping {
+                            run.stop(TerminatedBy::Loop, Signal::TERM);
+                        } else if counts_requests || count >= 2 {
+                            let step = model_calls.load(Ordering::Relaxed) + count;
+                            run.breached_at.get_or_insert(step);
+                            run.decide(LimitDecision::Stop, step);
+                        }
+                    }
+                    GatewayEvent::UpstreamFailed { error } => {
+                        if run.terminated_by.is_none() {
+                            run.why.get_or_insert(error);
+                            run.stop(TerminatedBy::Upstream, Signal::TERM);
+                        }
+                    }
+                },
                 Ok(Event::Unrecognized { lines }) => {
                     if !unrecognised_told {
                         unrecognised_told = true;
@@ -507,7 +599,11 @@ impl Runner {
                         run.stop(TerminatedBy::Plugin, Signal::TERM);
                     }
                     let progress = Progress {
-                        steps: steps.load(Ordering::Relaxed),
+                        steps: if counts_requests {
+                            model_calls.load(Ordering::Relaxed)
+                        } else {
+                            steps.load(Ordering::Relaxed)
+                        },
                         limit: run.limit,
                         elapsed: start.elapsed(),
                     };
@@ -562,6 +658,25 @@ impl Runner {
                 OnUnrecognized::Warn => tracing::warn!("{why}"),
             }
         }
+        // The gateway's account: an agent that ended by itself after its last call went out
+        // tool-less was ended by the budget (or the loop), gracefully.
+        let gateway = gateway.map(|gw| {
+            let wrapped = gw.wrapped_up();
+            if wrapped && run.terminated_by.is_none() {
+                run.terminated_by = Some(if loop_wrapping {
+                    TerminatedBy::Loop
+                } else {
+                    TerminatedBy::WrapUp
+                });
+            }
+            let end = GatewayEnd {
+                model_calls: gw.forwarded(),
+                final_report: gw.final_text().filter(|_| wrapped),
+                counts_steps: counts_requests,
+            };
+            gw.stop();
+            end
+        });
         let containment_used = tree.mechanism();
         let ending = Ending {
             started_at,
@@ -578,6 +693,7 @@ impl Runner {
             containment: Some(containment_used.as_str()),
             why: run.why,
             unrecognized: on_unrecognized,
+            gateway,
         };
         // Removes the run's cgroup (empty by now).
         drop(tree);
@@ -681,6 +797,65 @@ fn finish(spec: Labels, ending: Ending, observers: &mut [&mut dyn RunObserver]) 
         o.finished(&mut report);
     }
     report
+}
+
+/// The first rung of the loop ladder: what the model is told on its next call.
+fn loop_notice(found: &LoopFound) -> String {
+    format!(
+        "system notice: you have called {} with the same arguments {} times; change approach or \
+         summarise and stop",
+        found.tool, found.count
+    )
+}
+
+/// Starts the run's model gateway; its events reach the engine's channel.
+fn start_gateway(
+    w: &WrapUp,
+    upstream: String,
+    limit: Option<u64>,
+    steps: &Arc<AtomicU64>,
+    counts_requests: bool,
+    events: &Sender<Event>,
+) -> std::io::Result<Gateway> {
+    let dialect: Dialect = w.endpoint.dialect.parse().map_err(std::io::Error::other)?;
+    let events = Mutex::new(events.clone());
+    let config = GatewayConfig {
+        dialect,
+        upstream,
+        pace: Pace {
+            limit,
+            steps: Arc::clone(steps),
+            reply_cost: w.reply_cost,
+            count_requests: counts_requests,
+        },
+        notices: w.notices,
+        record_requests: w.record_requests.clone(),
+        on_event: Box::new(move |e| {
+            let events = events.lock().unwrap_or_else(|p| p.into_inner());
+            let _ = events.send(Event::Gateway(e));
+        }),
+        connect_timeout: Duration::from_secs(10),
+    };
+    Gateway::start(config).map_err(std::io::Error::other)
+}
+
+/// Points the agent's command at `url` as the provider declares; the agent's environment is
+/// the spec's additions over stepguard's own.
+fn point_at(
+    w: &WrapUp,
+    command: &[String],
+    env: &[(std::ffi::OsString, std::ffi::OsString)],
+    url: &str,
+) -> Result<stepguard_gateway::Pointing, stepguard_gateway::PointError> {
+    let lookup = |name: &str| {
+        env.iter()
+            .rev()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.to_string_lossy().into_owned())
+            .or_else(|| std::env::var(name).ok())
+    };
+    let cwd = std::env::current_dir().unwrap_or_default();
+    stepguard_gateway::point(&w.endpoint, command, &lookup, &cwd, url)
 }
 
 /// Says what loop stopped the run, e.g. "the agent called `shell` with the same arguments 3

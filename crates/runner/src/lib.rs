@@ -10,7 +10,11 @@
 //!   whose step exceeds the budget (SIGTERMing the group at once when nobody is to be asked);
 //! * a reaper collects exits (stepguard is a child subreaper, so orphans come back to it);
 //! * a signal listener turns SIGINT, SIGTERM and SIGHUP into a stop of the tree;
-//! * the calling thread owns every decision: stop the tree, ask the [`LimitPolicy`], time out.
+//! * the calling thread owns every decision: stop the tree, ask the [`LimitPolicy`], time out;
+//! * with [`RunSpec::wrap_up`], a model gateway ([`stepguard_gateway`]) sits between the agent
+//!   and its model: it makes the budget's last model call tool-less so the agent ends by itself
+//!   with a summary, and never forwards a call past the budget. The process-tree stop stays the
+//!   backstop.
 //!
 //! What varies around a run plugs in through two small interfaces: [`RunObserver`]s see the
 //! start, progress ticks and the end (a terminal status line, a history recorder, a summary file,
@@ -50,7 +54,7 @@ pub use engine::{Interrupter, Runner};
 pub use report::RunReport;
 pub use spec::{
     Breach, Containment, LimitDecision, LimitPolicy, OnUnrecognized, Progress, Question,
-    RecognitionWindow, RunMeta, RunObserver, RunSpec, RunStarted, StdinMode, StopAtLimit,
+    RecognitionWindow, RunMeta, RunObserver, RunSpec, RunStarted, StdinMode, StopAtLimit, WrapUp,
 };
 pub use stepguard_supervisor::{ExitStatus, Mechanism, StopReport};
 pub use stream::{

@@ -35,6 +35,19 @@ pub(crate) struct Ending {
     pub why: Option<String>,
     /// What an unrecognised stream means for the verdict.
     pub unrecognized: OnUnrecognized,
+    /// What the model gateway saw, when the run had one.
+    pub gateway: Option<GatewayEnd>,
+}
+
+/// The model gateway's account of a run.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct GatewayEnd {
+    /// Model calls that offered tools, forwarded upstream.
+    pub model_calls: u64,
+    /// The last call's reply text, when the last call was made tool-less.
+    pub final_report: Option<String>,
+    /// Whether the unit is `request`: the model calls are the steps.
+    pub counts_steps: bool,
 }
 
 impl Ending {
@@ -58,6 +71,7 @@ impl Ending {
             steps_seen: 0,
             containment: None,
             why: None,
+            gateway: None,
             unrecognized: OnUnrecognized::Stop,
         }
     }
@@ -129,6 +143,11 @@ impl RunReport {
                     ending.pid.map(|_| ending.steps_seen),
                 ),
             };
+        // Counting model calls: the gateway's count is the step count.
+        let steps = match &ending.gateway {
+            Some(g) if g.counts_steps => Some(g.model_calls),
+            _ => steps,
+        };
         let mut counter_stats = counter_stats;
         counter_stats.noise_lines += oversized_lines;
         let (stats, exit_code) = match &ending.spawn_error {
@@ -191,6 +210,10 @@ impl RunReport {
         record.containment = ending.containment.map(str::to_owned);
         record.breached_at_step = ending.breached_at;
         record.on_limit_decisions = ending.decisions.iter().map(|d| d.label()).collect();
+        if let Some(g) = &ending.gateway {
+            record.model_calls = Some(g.model_calls);
+            record.final_report.clone_from(&g.final_report);
+        }
         if let Some(e) = &ending.spawn_error {
             record.message = Some(spawn_message(&spec.command, e));
             // Nothing ran, so nothing was counted.
@@ -230,6 +253,13 @@ impl RunReport {
             (self.breached_at_step, self.terminated_by)
         {
             let _ = write!(line, " | stopped at step {step} of {}", self.budget);
+        }
+        if self.terminated_by == Some(TerminatedBy::WrapUp) {
+            let _ = write!(
+                line,
+                " | wrapped up: the last of {} model calls had no tools",
+                self.record.model_calls.unwrap_or_default()
+            );
         }
         line
     }

@@ -147,6 +147,22 @@ pub struct RunSpec {
     /// Variables added to the agent's environment (e.g. `TRACEPARENT`, so that the agent's
     /// own traces nest under the run's span).
     pub env: Vec<(std::ffi::OsString, std::ffi::OsString)>,
+    /// The model gateway (`--wrap-up`): when set, the agent's model calls go through a gateway
+    /// on 127.0.0.1 that makes the budget's last call tool-less and refuses calls past it.
+    pub wrap_up: Option<WrapUp>,
+}
+
+/// How a run's model gateway is set up.
+#[derive(Clone, Debug)]
+pub struct WrapUp {
+    /// How the provider's CLI reaches its model (the plugin manifest's `model_endpoint`).
+    pub endpoint: stepguard_plugin_api::ModelEndpoint,
+    /// What a tool-less reply costs in the counted unit (the unit's `reply_cost`; 1 if unset).
+    pub reply_cost: u64,
+    /// Whether every forwarded model call carries `system notice: this is step X of Y`.
+    pub notices: bool,
+    /// Where to write every model request, without credentials; `None` stores nothing.
+    pub record_requests: Option<std::path::PathBuf>,
 }
 
 impl RunSpec {
@@ -179,6 +195,7 @@ impl RunSpec {
             idle_timeout: None,
             startup_timeout: None,
             env: Vec::new(),
+            wrap_up: None,
         }
     }
 }

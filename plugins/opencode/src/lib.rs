@@ -23,8 +23,8 @@
 use std::collections::HashSet;
 
 use stepguard_plugin_api::{
-    CounterRequest, CounterStats, LineReport, Manifest, PreflightRule, ProviderPlugin, StepCounter,
-    Terminal, Tokens, ToolCall, slug_for_error_text,
+    BaseUrlRule, CounterRequest, CounterStats, LineReport, Manifest, ModelEndpoint, PreflightRule,
+    ProviderPlugin, StepCounter, Terminal, Tokens, ToolCall, slug_for_error_text,
 };
 
 /// The OpenCode provider plugin.
@@ -39,8 +39,20 @@ impl ProviderPlugin for OpenCodePlugin {
             .description(
                 "OpenCode (`opencode run --format json`); its own `steps` limit only warns",
             )
-            .unit("step", "model steps, begun at step_start", true)
-            .unit("tool_use", "tool_use events, deduplicated by callID", false)
+            .unit_costing("step", "model steps, begun at step_start", true, 1)
+            .unit_costing("tool_use", "tool_use events, deduplicated by callID", false, 0)
+            // OpenAI-compatible providers (`@ai-sdk/openai-compatible`), configured in
+            // `opencode.json`; OPENCODE_CONFIG_CONTENT is merged over it.
+            .model_endpoint(
+                ModelEndpoint::new("openai-chat", "https://api.openai.com/v1").base_url(
+                    BaseUrlRule::JsonConfig {
+                        file: "opencode.json".into(),
+                        env: "OPENCODE_CONFIG_CONTENT".into(),
+                        model_flags: vec!["-m".into(), "--model".into()],
+                        key: "provider.{}.options.baseURL".into(),
+                    },
+                ),
+            )
             .expects("JSONL events of `opencode run --format json` (`step_start`, `tool_use`, `step_finish`, …)")
             .preflight(PreflightRule::new(
                 "opencode",

@@ -27,6 +27,15 @@ pub fn run(cli: &Cli, args: &CountArgs) -> anyhow::Result<ExitCode> {
         args.unit.as_deref(),
         Some(&config),
     )?;
+    if selection.request.unit == stepguard_plugin_api::host::REQUEST_UNIT {
+        return Err(crate::exit::UsageError(format!(
+            "unit `{}` counts model calls, which only the model gateway of `run --wrap-up` \
+             sees; a recorded stream has none: count another unit of {}",
+            selection.request.unit,
+            selection.provider.manifest().unit_names()
+        ))
+        .into());
+    }
     // No task type or profile flags here: `STEPGUARD_PROFILE` and the config's `profile` apply.
     let loops = settings::resolve_loops(
         args.loops.loop_limit.as_deref(),

@@ -7,6 +7,7 @@ use std::io::{self, IsTerminal as _};
 use stepguard_core::{ExitCode, budget};
 use stepguard_runner::{
     Containment, LimitPolicy, OnUnrecognized, RunMeta, RunObserver, RunSpec, Runner, StopAtLimit,
+    WrapUp,
 };
 
 use crate::args::{Cli, ContainmentArg, OnLimit, RunArgs, StdinMode, Unrecognized};
@@ -76,6 +77,7 @@ pub fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
         command.extend(extra);
     }
     let unit = &selection.request.unit;
+    let wrap_up = wrap_up_spec(args, &config, &manifest, unit, &command)?;
     tracing::info!(
         max_steps = %resolved.max_steps,
         source = %resolved.source,
@@ -93,8 +95,10 @@ pub fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
     let cwd = std::env::current_dir().unwrap_or_default();
     let mut status = StatusLine::new(!args.quiet, &manifest.name, unit);
     // Without a terminal to ask on, `ask` behaves like `stop`.
-    let ask =
-        args.on_limit == OnLimit::Ask && io::stdin().is_terminal() && io::stderr().is_terminal();
+    let ask = args.on_limit == OnLimit::Ask
+        && !wrap_up_on(args, &config)
+        && io::stdin().is_terminal()
+        && io::stderr().is_terminal();
     let on_limit: Box<dyn LimitPolicy> = if ask {
         let ceiling = config
             .model
@@ -131,6 +135,7 @@ pub fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
     spec.output = status.passthrough();
     spec.stderr = status.agent_stderr();
     spec.expects = manifest.expects.clone();
+    spec.wrap_up = wrap_up;
     // The flag beats `[run] unrecognized_stream`; stopping is the default (fail closed).
     let warn = match args.unrecognized {
         Some(what) => what == Unrecognized::Warn,
@@ -202,4 +207,79 @@ pub fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
         super::history::loops_brief(report.record.loops.as_deref().unwrap_or_default())
     ));
     Ok(report.exit_code)
+}
+
+/// Whether the run has a model gateway: `--no-wrap-up`, else `--wrap-up`, else the config.
+fn wrap_up_on(args: &RunArgs, config: &stepguard_config::LoadedConfig) -> bool {
+    if args.no_wrap_up {
+        false
+    } else if args.wrap_up {
+        true
+    } else {
+        config.model.wrap_up.as_ref().is_some_and(|(on, _)| *on)
+    }
+}
+
+/// The model gateway of the run, checked before anything starts: the provider must declare
+/// how its CLI reaches its model, and the command must say where (a usage error names the fix).
+fn wrap_up_spec(
+    args: &RunArgs,
+    config: &stepguard_config::LoadedConfig,
+    manifest: &stepguard_plugin_api::Manifest,
+    unit: &str,
+    command: &[String],
+) -> anyhow::Result<Option<WrapUp>> {
+    let on = wrap_up_on(args, config);
+    if !on {
+        if args.notices || args.record_requests.is_some() {
+            return Err(UsageError(
+                "`--notices` and `--record-requests` need the model gateway: add `--wrap-up`"
+                    .into(),
+            )
+            .into());
+        }
+        if unit == stepguard_plugin_api::host::REQUEST_UNIT {
+            return Err(UsageError(format!(
+                "unit `{unit}` counts model calls at the model gateway: add `--wrap-up`"
+            ))
+            .into());
+        }
+        return Ok(None);
+    }
+    let Some(endpoint) = manifest.model_endpoint.clone() else {
+        return Err(UsageError(format!(
+            "provider {} declares no model endpoint (its plugin speaks protocol < 1.4), so \
+             `--wrap-up` cannot point its CLI at a gateway; run without `--wrap-up`",
+            manifest.name
+        ))
+        .into());
+    };
+    if let Err(e) = endpoint.dialect.parse::<stepguard_gateway::Dialect>() {
+        return Err(UsageError(format!("provider {}: {e}", manifest.name)).into());
+    }
+    if args.on_limit == OnLimit::Ask {
+        return Err(UsageError(
+            "`--wrap-up` and `--on-limit ask` do not go together: with the gateway the agent \
+             wraps up by itself at the limit"
+                .into(),
+        )
+        .into());
+    }
+    // Where the CLI would have gone must be known now, not after the agent started.
+    let cwd = std::env::current_dir().unwrap_or_default();
+    let env = |name: &str| std::env::var(name).ok();
+    stepguard_gateway::point(&endpoint, command, &env, &cwd, "http://127.0.0.1:1/probe")
+        .map_err(|e| UsageError(format!("--wrap-up with provider {}: {e}", manifest.name)))?;
+    let reply_cost = manifest
+        .units
+        .iter()
+        .find(|u| u.name == unit)
+        .and_then(|u| u.reply_cost)
+        .unwrap_or(1);
+    Ok(Some(WrapUp {
+        endpoint,
+        reply_cost,
+        notices: args.notices,
+        record_requests: args.record_requests.clone(),
+    }))
 }

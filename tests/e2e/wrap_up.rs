@@ -1,0 +1,346 @@
+//! `stepguard run --wrap-up`: the real CLIs, offline, through the model gateway. The budget's
+//! last model call goes out without tools and with one `system notice:`, the CLI ends by
+//! itself, and no model call past the budget reaches the model server.
+
+use serde_json::Value;
+use stepguard_modelserver::{ModelServer, RecordedRequest, Reply, Script};
+
+use crate::agents::{Agent, AgentRun, Cli};
+use crate::harness::Sandbox;
+
+const FINAL: &str = "Summary: ran 4 of the 12 rounds asked for; 8 are left. Continue from round 5.";
+
+/// Twelve tool rounds on offer, a final answer that reads as a status summary.
+fn twelve_rounds() -> Script {
+    Script::tool_rounds(12).final_answer(FINAL)
+}
+
+/// The main requests (those offering tools) the server saw.
+fn main_requests(agent: &Agent) -> Vec<RecordedRequest> {
+    agent.server.main_requests()
+}
+
+/// `--wrap-up --max-steps 5` with 12 rounds on offer: exactly `calls` main requests reached the
+/// server, the last with tools disabled and one notice, the others untouched; the CLI exited by
+/// itself; exit 3, `max_steps`, `terminated_by` `wrap_up`, the final text in the record, and
+/// the history row agrees.
+fn wraps_up(cli: Cli, args: &[&str], calls: usize, steps: u64) -> (Agent, AgentRun, Value) {
+    let agent = Agent::start(cli, twelve_rounds());
+    let mut all = vec!["--wrap-up", "--max-steps", "5"];
+    all.extend_from_slice(args);
+    let run = agent.run(&all);
+    run.assert_exit(3);
+    let main = main_requests(&agent);
+    assert_eq!(
+        main.len(),
+        calls,
+        "main requests: {:?}",
+        main.iter()
+            .map(|r| (r.seq, r.tools_disabled, r.notices))
+            .collect::<Vec<_>>()
+    );
+    let (last, before) = main.split_last().unwrap();
+    assert!(last.tools_disabled, "the last call had tools disabled");
+    assert_eq!(last.notices, 1, "one notice on the last call");
+    for r in before {
+        assert!(
+            !r.tools_disabled && r.notices == 0,
+            "request {} was rewritten",
+            r.seq
+        );
+    }
+    assert!(
+        matches!(last.reply, Reply::ToolsDisabled { .. }),
+        "the model answered the last call in text: {:?}",
+        last.reply
+    );
+    let rec = agent.last_record();
+    assert_eq!(rec["error_type"], "max_steps", "{rec}");
+    assert_eq!(rec["terminated_by"], "wrap_up", "{rec}");
+    assert_eq!(rec["exit_code"], 3, "{rec}");
+    assert_eq!(rec["final_report"], FINAL, "{rec}");
+    assert_eq!(rec["model_calls"], calls as u64, "{rec}");
+    assert_eq!(rec["num_steps_computed"], steps, "{rec}");
+    // The CLI ended by itself: an exit code, no signal, nothing stopped.
+    assert!(rec["child_exit_code"].is_i64(), "{rec}");
+    assert_eq!(rec["child_signal"], Value::Null, "{rec}");
+    assert_eq!(rec["breached_at_step"], Value::Null, "{rec}");
+    assert!(
+        run.run.stderr.contains("wrapped up"),
+        "the summary says so: {}",
+        run.run.stderr
+    );
+    // The history row agrees.
+    let history = agent.history_rows();
+    let row = history.last().unwrap();
+    for key in [
+        "error_type",
+        "terminated_by",
+        "model_calls",
+        "num_steps_computed",
+    ] {
+        assert_eq!(row[key], rec[key], "{key}: {row}");
+    }
+    (agent, run, rec)
+}
+
+#[test]
+#[ignore = "runs the real agent CLIs: .ci/install-agent-clis, then --run-ignored all"]
+fn claude_wraps_up_at_the_budgets_last_message() {
+    // Unit `message`: one per model call; the native --max-turns 5 stays as a second line.
+    wraps_up(Cli::Claude, &[], 5, 5);
+}
+
+#[test]
+#[ignore = "runs the real agent CLIs: .ci/install-agent-clis, then --run-ignored all"]
+fn codex_wraps_up_at_the_budgets_last_item() {
+    // Unit `item`: one command per round, then the agent message of the last call.
+    wraps_up(Cli::Codex, &[], 5, 5);
+}
+
+#[test]
+#[ignore = "runs the real agent CLIs: .ci/install-agent-clis, then --run-ignored all"]
+fn gemini_wraps_up_at_the_budgets_last_request() {
+    // Unit `request`: the gateway counts model calls; the router's side call does not count.
+    wraps_up(Cli::Gemini, &["--unit", "request"], 5, 5);
+}
+
+#[test]
+#[ignore = "runs the real agent CLIs: .ci/install-agent-clis, then --run-ignored all"]
+fn gemini_tool_use_unit_wraps_up_after_the_budgets_last_tool() {
+    // Unit `tool_use` costs nothing for a text reply: five tools run, the sixth call is the
+    // tool-less last one.
+    wraps_up(Cli::Gemini, &[], 6, 5);
+}
+
+#[test]
+#[ignore = "runs the real agent CLIs: .ci/install-agent-clis, then --run-ignored all"]
+fn opencode_wraps_up_at_the_budgets_last_step() {
+    // Unit `step`: one per model call. OpenCode's tool-less title request does not count.
+    let (agent, _, _) = wraps_up(Cli::OpenCode, &[], 5, 5);
+    assert!(
+        agent.server.model_requests().len() > 5,
+        "the title request went through the gateway too"
+    );
+}
+
+#[test]
+#[ignore = "runs the real agent CLIs: .ci/install-agent-clis, then --run-ignored all"]
+fn a_model_that_calls_a_tool_on_the_last_step_is_stopped_by_the_backstop() {
+    let agent = Agent::start(Cli::Claude, twelve_rounds().ignore_tool_choice());
+    let run = agent.run(&["--wrap-up", "--max-steps", "5", "--no-native-limit"]);
+    run.assert_exit(3);
+    let main = main_requests(&agent);
+    assert!(
+        main.len() <= 5,
+        "the upstream saw {} main requests",
+        main.len()
+    );
+    assert!(main[4].tools_disabled, "the 5th call was the tool-less one");
+    let rec = agent.last_record();
+    assert_eq!(rec["error_type"], "max_steps", "{rec}");
+    assert_eq!(
+        rec["terminated_by"], "budget",
+        "the tree was stopped: {rec}"
+    );
+    assert_eq!(rec["breached_at_step"], 6, "{rec}");
+    assert_eq!(rec["model_calls"], 5, "{rec}");
+}
+
+#[test]
+#[ignore = "runs the real agent CLIs: .ci/install-agent-clis, then --run-ignored all"]
+fn the_gateway_forwards_to_a_tls_upstream_trusted_through_ssl_cert_file() {
+    let server = ModelServer::start_tls(twelve_rounds()).expect("a TLS model server");
+    let ca = server.ca_pem().expect("its CA");
+    let agent = Agent::with_server(Cli::Claude, server);
+    let ca_file = agent.work().with_file_name("ca.pem");
+    std::fs::write(&ca_file, ca).unwrap();
+    let ca_path = ca_file.display().to_string();
+    let run = agent.run_env(
+        &["--wrap-up", "--max-steps", "3"],
+        &[("SSL_CERT_FILE", &ca_path)],
+    );
+    run.assert_exit(3);
+    let main = main_requests(&agent);
+    assert_eq!(main.len(), 3);
+    assert!(main[2].tools_disabled);
+    assert_eq!(agent.last_record()["final_report"], FINAL);
+    // Without the CA, the upstream's certificate is not trusted: a prompt provider error.
+    let started = std::time::Instant::now();
+    let run = agent.run(&["--wrap-up", "--max-steps", "3"]);
+    run.assert_exit(1);
+    assert!(started.elapsed() < std::time::Duration::from_secs(60));
+    let rec = agent.last_record();
+    assert_eq!(rec["error_type"], "provider_error", "{rec}");
+    assert_eq!(rec["terminated_by"], "upstream", "{rec}");
+    assert!(
+        rec["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("cannot reach the model upstream https://127.0.0.1:"),
+        "{rec}"
+    );
+    assert_eq!(
+        main_requests(&agent).len(),
+        3,
+        "nothing more reached the server"
+    );
+}
+
+#[test]
+#[ignore = "runs the real agent CLIs: .ci/install-agent-clis, then --run-ignored all"]
+fn an_upstream_that_is_down_is_a_prompt_provider_error() {
+    let agent = Agent::start(Cli::Claude, twelve_rounds());
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let down = format!("http://127.0.0.1:{port}");
+    let started = std::time::Instant::now();
+    let run = agent.run_env(
+        &["--wrap-up", "--max-steps", "5"],
+        &[("ANTHROPIC_BASE_URL", &down)],
+    );
+    run.assert_exit(1);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(30),
+        "took {:?}",
+        started.elapsed()
+    );
+    let rec = agent.last_record();
+    assert_eq!(rec["error_type"], "provider_error", "{rec}");
+    assert_eq!(rec["terminated_by"], "upstream", "{rec}");
+    assert!(agent.server.requests().is_empty());
+}
+
+#[test]
+#[ignore = "runs the real agent CLIs: .ci/install-agent-clis, then --run-ignored all"]
+fn step_notices_and_recorded_requests() {
+    let agent = Agent::start(Cli::Claude, twelve_rounds());
+    let dir = agent.work().with_file_name("requests");
+    let dir_arg = dir.display().to_string();
+    let run = agent.run(&[
+        "--wrap-up",
+        "--notices",
+        "--max-steps",
+        "3",
+        "--record-requests",
+        &dir_arg,
+    ]);
+    run.assert_exit(3);
+    let main = main_requests(&agent);
+    assert_eq!(main.len(), 3);
+    for (i, r) in main.iter().enumerate() {
+        assert_eq!(r.notices, 1, "request {i}");
+        let text = r.body.to_string();
+        if i < 2 {
+            assert!(
+                text.contains(&format!("system notice: this is step {} of 3", i + 1)),
+                "{text}"
+            );
+        }
+    }
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    assert!(files.len() >= 3, "{files:?}");
+    for f in &files {
+        let text = std::fs::read_to_string(f).unwrap();
+        assert!(
+            !text.contains("dummy"),
+            "credentials were recorded in {}",
+            f.display()
+        );
+    }
+    let names: Vec<String> = files
+        .iter()
+        .map(|f| f.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        names.iter().filter(|n| n.ends_with("-last.json")).count(),
+        1,
+        "{names:?}"
+    );
+}
+
+#[test]
+fn wrap_up_flags_are_checked_before_anything_starts() {
+    let env = Sandbox::new();
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &[
+                "run",
+                "-p",
+                "codex",
+                "--notices",
+                "--",
+                "codex",
+                "exec",
+                "--json",
+                "x",
+            ],
+            "need the model gateway: add `--wrap-up`",
+        ),
+        (
+            &[
+                "run", "-p", "codex", "--unit", "request", "--", "codex", "exec", "--json", "x",
+            ],
+            "unit `request` counts model calls at the model gateway",
+        ),
+        (
+            &[
+                "run",
+                "-p",
+                "codex",
+                "--wrap-up",
+                "--",
+                "codex",
+                "exec",
+                "--json",
+                "-c",
+                "model_provider=mine",
+                "x",
+            ],
+            "model_providers.mine.base_url",
+        ),
+        (
+            &[
+                "run",
+                "-p",
+                "claude",
+                "--wrap-up",
+                "--on-limit",
+                "ask",
+                "--",
+                "claude",
+                "-p",
+                "x",
+                "--output-format",
+                "stream-json",
+            ],
+            "`--wrap-up` and `--on-limit ask` do not go together",
+        ),
+    ];
+    for (args, needle) in cases {
+        let run = env.run(args);
+        assert_eq!(run.code, Some(2), "{args:?}: {}", run.stderr);
+        assert!(run.stderr.contains(needle), "{args:?}: {}", run.stderr);
+    }
+    let run = env.run(&[
+        "count",
+        "-p",
+        "claude",
+        "--unit",
+        "request",
+        &crate::harness::fixture("streams/claude/error_api_midrun.jsonl"),
+    ]);
+    assert_eq!(run.code, Some(2), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("only the model gateway"),
+        "{}",
+        run.stderr
+    );
+}
