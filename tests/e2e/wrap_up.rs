@@ -344,3 +344,76 @@ fn wrap_up_flags_are_checked_before_anything_starts() {
         run.stderr
     );
 }
+
+/// The loop ladder with the gateway on (#16): at the first loop the model is told once, on its
+/// next call; at the second its next call is its last, without tools; the run ends as a loop.
+fn loop_ladder(cli: Cli, tool: &str) {
+    // The command takes a moment, so the loop is seen before the next model call goes out.
+    let agent = Agent::start(
+        cli,
+        Script::same_call(30, "sleep 0.3; cat status.txt").final_answer(FINAL),
+    );
+    std::fs::write(agent.work().join("status.txt"), "still running\n").unwrap();
+    let run = agent.run(&["--wrap-up", "--max-steps", "30", "--loop-limit", "3"]);
+    run.assert_exit(3);
+    let main = main_requests(&agent);
+    let told: Vec<&RecordedRequest> = main
+        .iter()
+        .filter(|r| {
+            r.body
+                .to_string()
+                .contains("system notice: you have called")
+        })
+        .collect();
+    assert_eq!(told.len(), 1, "the loop notice reached the model once");
+    assert!(
+        told[0]
+            .body
+            .to_string()
+            .contains("with the same arguments 3 times"),
+        "{}",
+        told[0].body
+    );
+    let (last, before) = main.split_last().unwrap();
+    assert!(
+        last.tools_disabled && last.notices == 1,
+        "the last call was the wrap-up"
+    );
+    assert!(before.iter().all(|r| !r.tools_disabled));
+    assert!(
+        main.len() <= 8,
+        "{} model calls for two loops of 3",
+        main.len()
+    );
+    let rec = agent.last_record();
+    assert_eq!(rec["error_type"], "loop_detected", "{rec}");
+    assert_eq!(rec["terminated_by"], "loop", "{rec}");
+    assert_eq!(rec["final_report"], FINAL, "{rec}");
+    assert_eq!(
+        rec["child_signal"],
+        Value::Null,
+        "the CLI ended by itself: {rec}"
+    );
+    let loops = rec["loops"].as_array().unwrap();
+    assert_eq!(loops.len(), 2, "{rec}");
+    assert_eq!(loops[0]["tool"], tool, "{rec}");
+    assert!(
+        rec["message"]
+            .as_str()
+            .unwrap()
+            .contains("wrapped up as a loop"),
+        "{rec}"
+    );
+}
+
+#[test]
+#[ignore = "runs the real agent CLIs: .ci/install-agent-clis, then --run-ignored all"]
+fn claude_loop_is_noticed_once_then_wrapped_up() {
+    loop_ladder(Cli::Claude, "Bash");
+}
+
+#[test]
+#[ignore = "runs the real agent CLIs: .ci/install-agent-clis, then --run-ignored all"]
+fn codex_loop_is_noticed_once_then_wrapped_up() {
+    loop_ladder(Cli::Codex, "shell");
+}
