@@ -348,7 +348,7 @@ fn validate_asks_plugins_about_provider_options_and_units() {
         run.stdout,
         format!(
             "error: {file}: claude.colour: unknown option `colour` for provider `claude`; accepted keys: max_steps_unit\n\
-             error: {file}: codex.max_steps_unit: unknown unit `tools` for provider `codex`; did you mean `tool`? valid units: item, actionable, tool, message\n\
+             error: {file}: codex.max_steps_unit: unknown unit `tools` for provider `codex`; did you mean `tool`? valid units: item, actionable, tool, message, request\n\
              warning: {file}: opencod.x: options for a provider that is not available: unknown provider `opencod`; available providers: claude, codex, gemini\n\
              1 file checked: 2 errors, 1 warning\n"
         )
@@ -673,7 +673,7 @@ fn invalid_policy_values_are_errors_naming_file_and_key() {
     );
     assert!(
         run.stdout.contains(&format!(
-            "error: {user}: policy.codex.max_steps_unit: unknown unit `tools` for provider `codex`; did you mean `tool`? valid units: item, actionable, tool, message"
+            "error: {user}: policy.codex.max_steps_unit: unknown unit `tools` for provider `codex`; did you mean `tool`? valid units: item, actionable, tool, message, request"
         )),
         "{}",
         run.stdout

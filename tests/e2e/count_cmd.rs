@@ -166,9 +166,9 @@ fn empty_file_counts_nothing() {
             "num_turns_computed": 0, "outcome": "incomplete", "error_type": null, "message": null,
             "exit_code": null, "child_exit_code": null, "child_signal": null,
             "terminated_by": null, "containment": null, "breached_at_step": null, "loops": [],
-            "on_limit_decisions": [],
+            "on_limit_decisions": [], "final_report": null, "model_calls": null,
             "noise_lines": 0, "unknown_events": 0, "oversized_lines": 0, "truncated_last_line": false,
-            "tokens": null, "cost_usd": null, "sub_agent_steps": {}, "loops": []
+            "tokens": null, "cost_usd": null, "sub_agent_steps": {}
         })
     );
 }
@@ -270,7 +270,7 @@ fn unknown_provider_or_unit_is_exit_2_with_valid_names() {
     assert_eq!(run.code, Some(2));
     assert_eq!(
         run.stderr.trim(),
-        "stepguard: error: unknown unit `message` for provider `gemini` (from --unit); valid units: tool_use, turn"
+        "stepguard: error: unknown unit `message` for provider `gemini` (from --unit); valid units: tool_use, turn, request"
     );
 }
 
@@ -300,7 +300,7 @@ fn unit_from_config_and_flag_precedence() {
     assert_eq!(run.code, Some(2));
     assert!(
         run.stderr.contains(
-            "codex.max_steps_unit: unknown unit `tools` for provider `codex`; did you mean `tool`? valid units: item, actionable, tool, message"
+            "codex.max_steps_unit: unknown unit `tools` for provider `codex`; did you mean `tool`? valid units: item, actionable, tool, message, request"
         ),
         "{}",
         run.stderr

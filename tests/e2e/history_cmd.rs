@@ -137,7 +137,75 @@ fn every_run_is_recorded_beside_the_config_with_counts_and_slugs() {
         "{}",
         show.stdout
     );
+    // No gateway, no wrap-up: neither figure is shown.
+    assert!(!show.stdout.contains("Model calls"), "{}", show.stdout);
+    assert!(!show.stdout.contains("Final report"), "{}", show.stdout);
     assert_eq!(sb.run(&["show", "9"]).code, Some(2));
+}
+
+/// A run the model gateway wrapped up, as the history stores it: its model calls and the
+/// model's final report reach `show`, `show --json`, `history --json` and `history export`.
+#[test]
+fn a_wrapped_up_runs_model_calls_and_final_report_are_shown_and_exported() {
+    let sb = Sandbox::new();
+    let ok = agent(
+        &sb,
+        "ok.sh",
+        &format!("cat {}", fixture("real/codex/tools3.jsonl")),
+    );
+    assert_eq!(sb.run(&["run", "-p", "codex", "--", &ok]).code, Some(0));
+    assert_eq!(sb.run(&["run", "-p", "codex", "--", &ok]).code, Some(0));
+    let report = "Done: the parser handles CRLF.\n\nLeft:\n- the CLI flag\n";
+    {
+        let db = sb.project().join(".stepguard/history.db");
+        let conn = rusqlite::Connection::open(db).unwrap();
+        conn.execute(
+            "UPDATE runs SET terminated_by = 'wrap_up', final_report = ?1, model_calls = 9
+             WHERE id = 2",
+            [report],
+        )
+        .unwrap();
+    }
+
+    let show = sb.run(&["show", "2"]);
+    assert_eq!(show.code, Some(0), "{}", show.stderr);
+    assert!(
+        show.stdout
+            .contains("  Terminated by: wrap_up\n  Model calls: 9\n"),
+        "{}",
+        show.stdout
+    );
+    // The report comes last, indented under its heading.
+    assert!(
+        show.stdout.ends_with(
+            "  Final report:\n    Done: the parser handles CRLF.\n\n    Left:\n    - the CLI flag\n"
+        ),
+        "{}",
+        show.stdout
+    );
+
+    let json = sb.run(&["show", "2", "--json"]).json();
+    assert_eq!(
+        (&json["final_report"], &json["model_calls"]),
+        (&Value::from(report), &Value::from(9))
+    );
+    let list = sb.run(&["history", "--json"]).json();
+    assert_eq!(list[0]["id"], 2);
+    assert_eq!(list[0], json);
+    assert_eq!(
+        (&list[1]["final_report"], &list[1]["model_calls"]),
+        (&Value::Null, &Value::Null)
+    );
+    let export = sb.run(&["history", "export"]);
+    assert_eq!(export.code, Some(0), "{}", export.stderr);
+    let lines: Vec<Value> = export
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2);
+    assert_eq!(lines[1], json, "oldest first");
+    assert!(lines[0]["final_report"].is_null() && lines[0]["model_calls"].is_null());
 }
 
 #[test]

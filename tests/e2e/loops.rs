@@ -520,11 +520,14 @@ fn plugins_say_whether_each_provider_reports_tool_calls() {
     assert_eq!(builtins.len(), 3, "{list}");
     for p in builtins {
         assert_eq!(p["tool_calls"], true, "{p}");
+        assert!(p["model_endpoint"]["dialect"].is_string(), "{p}");
     }
     let text = sb.run(&["plugins"]).stdout;
     assert!(
-        text.contains("codex 0.1.0 (protocol 1.3.0) from builtin\n")
-            && text.matches("  loop detection: yes\n").count() >= 3,
+        text.contains("codex 0.1.0 (protocol 1.4.0) from builtin\n")
+            && text.matches("  loop detection: yes\n").count() >= 3
+            && text.contains("  wrap-up: yes (openai-responses model calls, via the gateway)\n")
+            && text.contains("  unit request: model calls that offer tools"),
         "{text}"
     );
 }

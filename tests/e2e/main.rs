@@ -1,5 +1,7 @@
 //! End-to-end tests of the `stepguard` binary: one integration test binary, one module per area.
 
+// A whole run record in one `json!` literal needs more than the default recursion.
+#![recursion_limit = "256"]
 // Test helpers may panic on anything unexpected.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

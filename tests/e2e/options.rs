@@ -76,7 +76,7 @@ fn bad_unit_value_names_the_providers_units_in_every_command() {
     );
     let message = format!(
         "{}: codex.max_steps_unit: unknown unit `bogus` for provider `codex`; valid units: item, \
-         actionable, tool, message",
+         actionable, tool, message, request",
         project_file(&sb)
     );
     assert_same_error_everywhere(&sb, &message);
@@ -92,11 +92,11 @@ fn bad_unit_value_names_the_providers_units_in_every_command() {
         json!([
             format!(
                 "{file}: codex.max_steps_unit: unknown unit `tools` for provider `codex`; did you \
-                 mean `tool`? valid units: item, actionable, tool, message"
+                 mean `tool`? valid units: item, actionable, tool, message, request"
             ),
             format!(
                 "{file}: gemini.max_steps_unit: expected a unit name (a string) for provider \
-                 `gemini`, found 3; valid units: tool_use, turn"
+                 `gemini`, found 3; valid units: tool_use, turn, request"
             ),
         ])
     );

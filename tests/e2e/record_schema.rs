@@ -156,6 +156,19 @@ fn a_record_that_breaks_the_schema_is_caught() {
     assert!(!validator.is_valid(&record));
     record["outcome"] = Value::String("success".into());
     assert!(validator.is_valid(&record));
+    // The gateway's figures: a text and a count, or null.
+    record["final_report"] = Value::String("Done; nothing left.".into());
+    record["model_calls"] = serde_json::json!(12);
+    assert!(validator.is_valid(&record));
+    record["model_calls"] = serde_json::json!(-1);
+    assert!(!validator.is_valid(&record));
+    record["model_calls"] = Value::String("12".into());
+    assert!(!validator.is_valid(&record));
+    record["model_calls"] = Value::Null;
+    record["final_report"] = serde_json::json!(["Done"]);
+    assert!(!validator.is_valid(&record));
+    record["final_report"] = Value::Null;
+    assert!(validator.is_valid(&record));
     // Every key is always present, null when unknown.
     record.as_object_mut().unwrap().remove("id");
     assert!(!validator.is_valid(&record));

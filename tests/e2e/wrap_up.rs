@@ -417,3 +417,40 @@ fn claude_loop_is_noticed_once_then_wrapped_up() {
 fn codex_loop_is_noticed_once_then_wrapped_up() {
     loop_ladder(Cli::Codex, "shell");
 }
+
+#[test]
+fn an_agent_whose_model_calls_bypass_the_gateway_is_stopped_as_such() {
+    // A stand-in agent that prints a Claude stream without calling any model: its steps come
+    // from nowhere the gateway sees (as a CLI reading its URL from a config file would).
+    let sb = Sandbox::new();
+    let stream = crate::harness::fixture("streams/claude/success_multi_tool.jsonl");
+    let script = format!("cat '{stream}'; sleep 30");
+    let started = std::time::Instant::now();
+    let run = sb.run(&[
+        "run",
+        "-p",
+        "claude",
+        "--wrap-up",
+        "--max-steps",
+        "50",
+        "--no-native-limit",
+        "--quiet",
+        "--no-record",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    assert_eq!(run.code, Some(2), "{}", run.stderr);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(20),
+        "not waited out"
+    );
+    assert!(
+        run.stderr
+            .contains("no model call through the model gateway")
+            && run.stderr.contains("gateway_bypassed"),
+        "{}",
+        run.stderr
+    );
+}

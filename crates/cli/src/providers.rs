@@ -478,14 +478,14 @@ mod tests {
             codex_problems(&[("max_steps_unit", serde_json::json!("bogus"))]),
             [
                 "/p/stepguard.toml: codex.max_steps_unit: unknown unit `bogus` for provider \
-                 `codex`; valid units: item, actionable, tool, message"
+                 `codex`; valid units: item, actionable, tool, message, request"
             ]
         );
         assert_eq!(
             codex_problems(&[("max_steps_unit", serde_json::json!(["item"]))]),
             [
                 "/p/stepguard.toml: codex.max_steps_unit: expected a unit name (a string) for \
-                 provider `codex`, found [\"item\"]; valid units: item, actionable, tool, message"
+                 provider `codex`, found [\"item\"]; valid units: item, actionable, tool, message, request"
             ]
         );
     }

@@ -70,6 +70,9 @@ failure_slugs! {
     UnrecognizedStream => "unrecognized_stream", "UNRECOGNIZED_STREAM";
     /// The agent repeated a tool call (or a short cycle of calls) past the loop limit.
     LoopDetected => "loop_detected", "LOOP_DETECTED";
+    /// The run asked for the model gateway (`--wrap-up`) but the agent's model calls did not go
+    /// through it (the CLI takes its model URL from somewhere stepguard did not set).
+    GatewayBypassed => "gateway_bypassed", "GATEWAY_BYPASSED";
     /// The agent produced no output for the idle timeout.
     Stalled => "stalled", "STALLED";
     /// The agent produced no recognised event within the startup timeout.
@@ -190,6 +193,7 @@ mod tests {
             "plugin_error",
             "unrecognized_stream",
             "loop_detected",
+            "gateway_bypassed",
             "stalled",
             "startup_hang",
             "context_guard",

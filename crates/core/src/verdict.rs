@@ -32,6 +32,8 @@ pub enum TerminatedBy {
     WrapUp,
     /// The model gateway could not reach the model upstream.
     Upstream,
+    /// The agent made model calls that did not go through the model gateway.
+    Bypassed,
 }
 
 impl TerminatedBy {
@@ -48,6 +50,7 @@ impl TerminatedBy {
             TerminatedBy::Startup => "startup",
             TerminatedBy::WrapUp => "wrap_up",
             TerminatedBy::Upstream => "upstream",
+            TerminatedBy::Bypassed => "bypassed",
         }
     }
 }
@@ -131,6 +134,10 @@ pub fn classify(
         }
         Some(TerminatedBy::Upstream) => {
             return Verdict::failed(FailureSlug::ProviderError, ExitCode::AgentFailed);
+        }
+        // A setup problem, like a stream that cannot be counted: the fix is in the command.
+        Some(TerminatedBy::Bypassed) => {
+            return Verdict::failed(FailureSlug::GatewayBypassed, ExitCode::Usage);
         }
         None => {}
     }
@@ -217,6 +224,7 @@ mod tests {
             (TerminatedBy::Startup, FailureSlug::StartupHang, 124),
             (TerminatedBy::WrapUp, FailureSlug::MaxSteps, 3),
             (TerminatedBy::Upstream, FailureSlug::ProviderError, 1),
+            (TerminatedBy::Bypassed, FailureSlug::GatewayBypassed, 2),
         ] {
             let v = classify(Some(by), ok(), Some(ChildExit::Signal(15)));
             assert_eq!(

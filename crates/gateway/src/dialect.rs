@@ -79,6 +79,42 @@ impl Dialect {
         tools.unwrap_or(false)
     }
 
+    /// [`Dialect::offers_tools`] straight from the request bytes, without building a JSON value
+    /// (the hot path: most calls are forwarded as they came); `None` when the body is not JSON.
+    pub fn offers_tools_raw(self, body: &[u8]) -> Option<bool> {
+        use serde::de::IgnoredAny;
+        #[derive(serde::Deserialize)]
+        struct Probe {
+            #[serde(default)]
+            tools: Option<Vec<IgnoredAny>>,
+        }
+        #[derive(serde::Deserialize)]
+        struct GeminiTool {
+            #[serde(
+                default,
+                rename = "functionDeclarations",
+                alias = "function_declarations"
+            )]
+            declarations: Option<Vec<IgnoredAny>>,
+        }
+        #[derive(serde::Deserialize)]
+        struct GeminiProbe {
+            #[serde(default)]
+            tools: Option<Vec<GeminiTool>>,
+        }
+        match self {
+            Dialect::Gemini => serde_json::from_slice::<GeminiProbe>(body).ok().map(|p| {
+                p.tools
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|t| t.declarations.as_ref().is_some_and(|d| !d.is_empty()))
+            }),
+            _ => serde_json::from_slice::<Probe>(body)
+                .ok()
+                .map(|p| p.tools.is_some_and(|t| !t.is_empty())),
+        }
+    }
+
     /// Turns tool use off, keeping the tool definitions (the APIs need them beside tool history).
     pub fn disable_tools(self, body: &mut Value) {
         let Some(obj) = body.as_object_mut() else {
@@ -533,6 +569,27 @@ mod tests {
             assert!(!d.offers_tools(&side), "{d}");
         }
         assert!(!Dialect::Gemini.offers_tools(&json!({"tools": [{"googleSearch": {}}]})));
+        // The byte probe agrees with the value check, and says when a body is not JSON.
+        for (d, _, body) in bodies() {
+            assert_eq!(
+                d.offers_tools_raw(body.to_string().as_bytes()),
+                Some(true),
+                "{d}"
+            );
+            let mut side = body.clone();
+            side["tools"] = json!(null);
+            assert_eq!(
+                d.offers_tools_raw(side.to_string().as_bytes()),
+                Some(false),
+                "{d}"
+            );
+            assert_eq!(d.offers_tools_raw(b"{\"tools\": [1"), None, "{d}");
+        }
+        let search = json!({"tools": [{"googleSearch": {}}, {"function_declarations": []}]});
+        assert_eq!(
+            Dialect::Gemini.offers_tools_raw(search.to_string().as_bytes()),
+            Some(false)
+        );
         assert!(!Dialect::AnthropicMessages.is_model_path("/v1/models"));
     }
 

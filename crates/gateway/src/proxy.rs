@@ -221,18 +221,19 @@ async fn handle(ctx: &Ctx, req: Request<Incoming>) -> Response<GBody> {
             );
         }
     };
-    let parsed: Option<Value> = serde_json::from_slice(&bytes).ok();
-    let Some(mut json) = parsed.filter(|v| dialect.offers_tools(v)) else {
+    if dialect.offers_tools_raw(&bytes) != Some(true) {
         record(shared, &parts, &rest, "side", Some(&bytes));
         return forward(ctx, &parts, uri, full(bytes), false, None).await;
-    };
+    }
     let (plan, pending) = shared.plan();
     let pace = &shared.config.pace;
-    let (label, last) = match plan {
+    // Only a call that changes is parsed into a value; the others go out as they came.
+    let (label, last, notice) = match plan {
         Plan::Refuse => {
             let count = shared.tally().refused;
             (shared.config.on_event)(GatewayEvent::Refused { count });
             record(shared, &parts, &rest, "refused", Some(&bytes));
+            let json: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
             let (ctype, text) = dialect.final_reply(&rest, &json, REFUSAL_TEXT);
             let mut resp = Response::new(full(text));
             resp.headers_mut()
@@ -240,35 +241,41 @@ async fn handle(ctx: &Ctx, req: Request<Incoming>) -> Response<GBody> {
             return resp;
         }
         Plan::Last { number } => {
-            dialect.disable_tools(&mut json);
-            dialect.add_notice(&mut json, WRAP_UP_NOTICE);
             (shared.config.on_event)(GatewayEvent::Forwarded { number, last: true });
-            ("last", true)
+            ("last", true, Some(WRAP_UP_NOTICE.to_owned()))
         }
         Plan::Forward { number } => {
-            if let Some(text) = pending {
-                dialect.add_notice(&mut json, &text);
-            } else if shared.config.notices
-                && let Some(limit) = pace.limit
-            {
+            let notice = pending.or_else(|| {
+                let limit = pace.limit.filter(|_| shared.config.notices)?;
                 let step = if pace.count_requests {
                     number
                 } else {
                     pace.steps.load(std::sync::atomic::Ordering::Relaxed) + 1
                 };
-                dialect.add_notice(
-                    &mut json,
-                    &format!("system notice: this is step {step} of {limit}"),
-                );
-            }
+                Some(format!("system notice: this is step {step} of {limit}"))
+            });
             (shared.config.on_event)(GatewayEvent::Forwarded {
                 number,
                 last: false,
             });
-            ("forward", false)
+            ("forward", false, notice)
         }
     };
-    let body = Bytes::from(json.to_string());
+    let Some(notice) = notice else {
+        record(shared, &parts, &rest, label, Some(&bytes));
+        return forward(ctx, &parts, uri, full(bytes), false, None).await;
+    };
+    let body = match serde_json::from_slice::<Value>(&bytes) {
+        Ok(mut json) => {
+            if last {
+                dialect.disable_tools(&mut json);
+            }
+            dialect.add_notice(&mut json, &notice);
+            Bytes::from(json.to_string())
+        }
+        // The probe read it as JSON, so this cannot happen; forward it untouched if it does.
+        Err(_) => bytes,
+    };
     record(shared, &parts, &rest, label, Some(&body));
     forward(ctx, &parts, uri, full(body), true, last.then_some(dialect)).await
 }

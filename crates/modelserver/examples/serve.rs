@@ -26,13 +26,15 @@ fn main() {
         for r in server.requests().into_iter().skip(seen) {
             seen += 1;
             println!(
-                "#{} {} {} api={:?} stream={} tools={} results={} -> {:?}",
+                "#{} {} {} api={:?} stream={} tools={} disabled={} notices={} results={} -> {:?}",
                 r.seq,
                 r.method,
                 r.target,
                 r.api,
                 r.stream,
                 r.tools.len(),
+                r.tools_disabled,
+                r.notices,
                 r.tool_results,
                 r.reply
             );

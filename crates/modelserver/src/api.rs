@@ -2,7 +2,7 @@
 
 use serde_json::{Value, json};
 
-use crate::http::{Request, Response};
+use crate::http::{Padding, Request, Response};
 use crate::{Api, Call, FaultKind};
 
 /// Input and output tokens reported for every reply.
@@ -21,6 +21,35 @@ pub(crate) struct Inspection {
     pub(crate) tool_results: usize,
     /// The model the client asked for.
     pub(crate) model: String,
+    /// Tool use disabled in the dialect's own form (`tool_choice` none, Gemini mode `NONE`).
+    pub(crate) tools_disabled: bool,
+    /// Texts in the conversation that start with [`NOTICE`].
+    pub(crate) notices: usize,
+}
+
+/// How the text of a notice a gateway adds to a request starts.
+pub(crate) const NOTICE: &str = "system notice: ";
+
+fn is_notice(text: Option<&Value>) -> bool {
+    text.and_then(Value::as_str)
+        .is_some_and(|t| t.starts_with(NOTICE))
+}
+
+/// Notices in a message's `content`: the whole string, or its parts of type `part_type`.
+fn notices_in_content(content: Option<&Value>, part_type: &str) -> usize {
+    match content {
+        Some(Value::String(_)) => usize::from(is_notice(content)),
+        Some(Value::Array(parts)) => count_where(parts.iter(), |p| {
+            p.get("type").and_then(Value::as_str) == Some(part_type) && is_notice(p.get("text"))
+        }),
+        _ => 0,
+    }
+}
+
+/// Whether `v` is the string `none` (any case), the OpenAI and Gemini no-tools value.
+fn is_none_choice(v: Option<&Value>) -> bool {
+    v.and_then(Value::as_str)
+        .is_some_and(|c| c.eq_ignore_ascii_case("none"))
 }
 
 /// Which dialect a request speaks, from its method and path.
@@ -76,6 +105,10 @@ pub(crate) fn inspect(api: Api, request: &Request, body: &Value) -> Inspection {
                 |b| b.get("type").and_then(Value::as_str) == Some("tool_result"),
             ),
             model: str_of("model"),
+            tools_disabled: is_none_choice(body.get("tool_choice").and_then(|c| c.get("type"))),
+            notices: array(body.get("messages"))
+                .map(|m| notices_in_content(m.get("content"), "text"))
+                .sum(),
         },
         Api::OpenAiResponses => Inspection {
             stream: body.get("stream").and_then(Value::as_bool).unwrap_or(false),
@@ -88,6 +121,15 @@ pub(crate) fn inspect(api: Api, request: &Request, body: &Value) -> Inspection {
                     .is_some_and(|t| t.ends_with("_call_output"))
             }),
             model: str_of("model"),
+            tools_disabled: is_none_choice(body.get("tool_choice")),
+            notices: usize::from(is_notice(body.get("input")))
+                + array(body.get("input"))
+                    .filter(|item| match item.get("type").and_then(Value::as_str) {
+                        Some(t) => t == "message",
+                        None => item.get("role").is_some(),
+                    })
+                    .map(|item| notices_in_content(item.get("content"), "input_text"))
+                    .sum::<usize>(),
         },
         Api::Gemini => {
             let path = request.path();
@@ -109,6 +151,19 @@ pub(crate) fn inspect(api: Api, request: &Request, body: &Value) -> Inspection {
                     |p| p.get("functionResponse").is_some(),
                 ),
                 model,
+                tools_disabled: is_none_choice(
+                    body.get("toolConfig")
+                        .or_else(|| body.get("tool_config"))
+                        .and_then(|c| {
+                            c.get("functionCallingConfig")
+                                .or_else(|| c.get("function_calling_config"))
+                        })
+                        .and_then(|c| c.get("mode")),
+                ),
+                notices: count_where(
+                    array(body.get("contents")).flat_map(|c| array(c.get("parts"))),
+                    |p| is_notice(p.get("text")),
+                ),
             }
         }
         Api::ChatCompletions => Inspection {
@@ -120,6 +175,10 @@ pub(crate) fn inspect(api: Api, request: &Request, body: &Value) -> Inspection {
                 m.get("role").and_then(Value::as_str) == Some("tool")
             }),
             model: str_of("model"),
+            tools_disabled: is_none_choice(body.get("tool_choice")),
+            notices: array(body.get("messages"))
+                .map(|m| notices_in_content(m.get("content"), "text"))
+                .sum(),
         },
     }
 }
@@ -171,25 +230,42 @@ fn sse(event: Option<&str>, data: &Value) -> String {
     }
 }
 
-/// The reply to a served request, streamed or whole as the client asked.
-pub(crate) fn render(api: Api, insp: &Inspection, turn: &Turn, seq: usize, cut: bool) -> Response {
+/// The reply to a served request, streamed or whole as the client asked; a text reply to a
+/// request that asked for a stream carries `padding` more bytes of text in extra text deltas.
+pub(crate) fn render(
+    api: Api,
+    insp: &Inspection,
+    turn: &Turn,
+    seq: usize,
+    cut: bool,
+    padding: usize,
+) -> Response {
+    let padding = if insp.stream { padding } else { 0 };
     let events = match api {
         Api::AnthropicMessages => anthropic(insp, turn, seq),
-        Api::OpenAiResponses => responses(turn, seq),
+        Api::OpenAiResponses => responses(turn, seq, padding > 0),
         Api::Gemini => gemini(insp, turn),
         Api::ChatCompletions => chat(insp, turn, seq),
     };
     match events {
-        Rendered::Stream(events) => {
+        Rendered::Stream { events, pad } => {
             // Every dialect streams at least two events: the first arrives, the second breaks.
             let cut_after = cut.then_some(1);
-            Response::Sse { events, cut_after }
+            let padding = pad
+                .filter(|_| padding > 0 && !cut && matches!(turn, Turn::Text(_)))
+                .and_then(|pad| pad.padding(padding));
+            Response::Sse {
+                events,
+                padding,
+                cut_after,
+            }
         }
         Rendered::Whole(value) => {
             if cut {
                 // Promise a longer body than is sent.
                 Response::Sse {
                     events: vec![value.to_string()],
+                    padding: None,
                     cut_after: Some(0),
                 }
             } else {
@@ -200,8 +276,39 @@ pub(crate) fn render(api: Api, insp: &Inspection, turn: &Turn, seq: usize, cut: 
 }
 
 enum Rendered {
-    Stream(Vec<String>),
+    Stream {
+        events: Vec<String>,
+        /// Where and how a text reply's padding goes.
+        pad: Option<PadAt>,
+    },
     Whole(Value),
+}
+
+/// A text delta event with [`PAD_MARK`] as its text, to go after `after` events.
+struct PadAt {
+    after: usize,
+    event: String,
+}
+
+/// The stand-in for the filler text in [`PadAt::event`] (a JSON string, quotes included).
+const PAD_MARK: &str = "\u{1}padding\u{1}";
+
+impl PadAt {
+    fn new(after: usize, event: String) -> Self {
+        PadAt { after, event }
+    }
+
+    /// `bytes` of filler in events shaped like this one.
+    fn padding(self, bytes: usize) -> Option<Padding> {
+        let mark = Value::from(PAD_MARK).to_string();
+        let (prefix, suffix) = self.event.split_once(&mark)?;
+        Some(Padding {
+            after: self.after,
+            bytes,
+            prefix: prefix.to_owned(),
+            suffix: suffix.to_owned(),
+        })
+    }
 }
 
 fn anthropic(insp: &Inspection, turn: &Turn, seq: usize) -> Rendered {
@@ -272,10 +379,25 @@ fn anthropic(insp: &Inspection, turn: &Turn, seq: usize) -> Rendered {
                 "usage": {"output_tokens": OUTPUT_TOKENS}}),
     ));
     events.push(sse(Some("message_stop"), &json!({"type": "message_stop"})));
-    Rendered::Stream(events)
+    // A text reply's one block: start, delta, then the filler deltas before its stop.
+    let pad = PadAt::new(
+        3,
+        sse(
+            Some("content_block_delta"),
+            &json!({"type": "content_block_delta", "index": 0,
+                    "delta": {"type": "text_delta", "text": PAD_MARK}}),
+        ),
+    );
+    Rendered::Stream {
+        events,
+        pad: Some(pad),
+    }
 }
 
-fn responses(turn: &Turn, seq: usize) -> Rendered {
+/// An OpenAI Responses stream; `deltas` also streams a text reply's message as an added item
+/// and text deltas (the answer, then any filler) before the completed item, which holds the
+/// answer only.
+fn responses(turn: &Turn, seq: usize, deltas: bool) -> Rendered {
     let id = format!("resp_scripted_{seq}");
     let message = |text: &str, n: usize| {
         json!({"type": "message", "id": format!("msg_scripted_{seq}_{n}"), "role": "assistant",
@@ -303,6 +425,25 @@ fn responses(turn: &Turn, seq: usize) -> Rendered {
         &json!({"type": "response.created",
                 "response": {"id": id, "object": "response", "status": "in_progress", "output": []}}),
     )];
+    let item_id = format!("msg_scripted_{seq}_0");
+    let delta = |text: &str| {
+        sse(
+            Some("response.output_text.delta"),
+            &json!({"type": "response.output_text.delta", "item_id": item_id, "output_index": 0,
+                    "content_index": 0, "delta": text}),
+        )
+    };
+    let mut pad = None;
+    if let (true, Turn::Text(text)) = (deltas, turn) {
+        events.push(sse(
+            Some("response.output_item.added"),
+            &json!({"type": "response.output_item.added", "output_index": 0, "item":
+                    {"type": "message", "id": item_id, "role": "assistant",
+                     "status": "in_progress", "content": []}}),
+        ));
+        events.push(delta(text));
+        pad = Some(PadAt::new(events.len(), delta(PAD_MARK)));
+    }
     for (index, item) in items.iter().enumerate() {
         events.push(sse(
             Some("response.output_item.done"),
@@ -317,7 +458,7 @@ fn responses(turn: &Turn, seq: usize) -> Rendered {
                       "output_tokens": OUTPUT_TOKENS, "output_tokens_details": {"reasoning_tokens": 0},
                       "total_tokens": INPUT_TOKENS + OUTPUT_TOKENS}}}),
     ));
-    Rendered::Stream(events)
+    Rendered::Stream { events, pad }
 }
 
 fn gemini(insp: &Inspection, turn: &Turn) -> Rendered {
@@ -347,10 +488,18 @@ fn gemini(insp: &Inspection, turn: &Turn) -> Rendered {
             "candidates": [{"content": {"role": "model", "parts": [{"text": ""}]}, "index": 0}],
             "modelVersion": insp.model,
         });
-        Rendered::Stream(vec![
-            format!("data: {opening}\r\n\r\n"),
-            format!("data: {chunk}\r\n\r\n"),
-        ])
+        // Filler chunks go between the opening and the last chunk, which ends the turn.
+        let filler = json!({
+            "candidates": [{"content": {"role": "model", "parts": [{"text": PAD_MARK}]}, "index": 0}],
+            "modelVersion": insp.model,
+        });
+        Rendered::Stream {
+            events: vec![
+                format!("data: {opening}\r\n\r\n"),
+                format!("data: {chunk}\r\n\r\n"),
+            ],
+            pad: Some(PadAt::new(1, format!("data: {filler}\r\n\r\n"))),
+        }
     } else {
         Rendered::Whole(chunk)
     }
@@ -394,6 +543,10 @@ fn chat(insp: &Inspection, turn: &Turn, seq: usize) -> Rendered {
     if let Some(text) = text {
         events.push(sse(None, &chunk(json!({"content": text}), None)));
     }
+    let pad = PadAt::new(
+        events.len(),
+        sse(None, &chunk(json!({"content": PAD_MARK}), None)),
+    );
     for call in tool_calls {
         events.push(sse(None, &chunk(json!({"tool_calls": [call]}), None)));
     }
@@ -404,7 +557,10 @@ fn chat(insp: &Inspection, turn: &Turn, seq: usize) -> Rendered {
                 "choices": [], "usage": usage}),
     ));
     events.push("data: [DONE]\n\n".to_owned());
-    Rendered::Stream(events)
+    Rendered::Stream {
+        events,
+        pad: Some(pad),
+    }
 }
 
 /// An HTTP error in the dialect's own error shape.

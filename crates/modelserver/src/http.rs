@@ -1,19 +1,41 @@
-//! Just enough HTTP/1.1 for a test server: one request per connection, answered whole or as a
-//! chunked event stream that can be cut short on purpose.
+//! Just enough HTTP/1.1 for a test server: sequential requests on a kept-alive connection, each
+//! answered whole or as a chunked event stream that can be cut short on purpose, over any
+//! [`Conn`] (plain TCP or TLS).
 
-use std::io::{self, BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::io::{self, BufRead, Read, Write};
+use std::net::{Shutdown, TcpStream};
 
 /// The largest request head accepted (request line plus headers).
 const MAX_HEAD: usize = 256 * 1024;
 /// The largest request body accepted; agent requests carry whole conversations, so be generous.
 const MAX_BODY: usize = 64 * 1024 * 1024;
 
+/// A connection the server reads requests from and writes responses to, and can end cleanly or
+/// as a broken stream.
+pub(crate) trait Conn: Read + Write {
+    /// Ends the connection after the last response: `clean` for a proper end (with a TLS
+    /// `close_notify`), else abruptly, as a stream that broke off.
+    fn end(&mut self, clean: bool);
+}
+
+impl Conn for TcpStream {
+    fn end(&mut self, clean: bool) {
+        let how = if clean {
+            Shutdown::Write
+        } else {
+            Shutdown::Both
+        };
+        let _ = self.shutdown(how);
+    }
+}
+
 /// One HTTP request as read off the wire.
 #[derive(Debug)]
 pub(crate) struct Request {
     pub(crate) method: String,
     pub(crate) target: String,
+    /// The protocol of the request line, such as `HTTP/1.1`.
+    pub(crate) version: String,
     pub(crate) headers: Vec<(String, String)>,
     pub(crate) body: Vec<u8>,
 }
@@ -31,6 +53,20 @@ impl Request {
     pub(crate) fn path(&self) -> &str {
         self.target.split('?').next().unwrap_or("")
     }
+
+    /// Whether the client may send another request on this connection: HTTP/1.1 unless it
+    /// says `Connection: close`, HTTP/1.0 only if it says `Connection: keep-alive`.
+    pub(crate) fn keep_alive(&self) -> bool {
+        let has = |token: &str| {
+            self.header("connection")
+                .is_some_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
+        };
+        if self.version.eq_ignore_ascii_case("HTTP/1.0") {
+            has("keep-alive")
+        } else {
+            !has("close")
+        }
+    }
 }
 
 fn bad(msg: impl Into<String>) -> io::Error {
@@ -38,7 +74,7 @@ fn bad(msg: impl Into<String>) -> io::Error {
 }
 
 /// Reads one request; `Ok(None)` when the peer closed the connection before sending anything.
-pub(crate) fn read_request(stream: &mut BufReader<TcpStream>) -> io::Result<Option<Request>> {
+pub(crate) fn read_request(stream: &mut impl BufRead) -> io::Result<Option<Request>> {
     let mut head = Vec::new();
     loop {
         let before = head.len();
@@ -69,6 +105,7 @@ pub(crate) fn read_request(stream: &mut BufReader<TcpStream>) -> io::Result<Opti
     let (Some(method), Some(target)) = (parts.next(), parts.next()) else {
         return Err(bad(format!("malformed request line {request_line:?}")));
     };
+    let version = parts.next().unwrap_or("HTTP/1.0");
     let mut headers = Vec::new();
     for line in lines.filter(|l| !l.is_empty()) {
         let Some((k, v)) = line.split_once(':') else {
@@ -79,6 +116,7 @@ pub(crate) fn read_request(stream: &mut BufReader<TcpStream>) -> io::Result<Opti
     let mut request = Request {
         method: method.to_owned(),
         target: target.to_owned(),
+        version: version.to_owned(),
         headers,
         body: Vec::new(),
     };
@@ -100,7 +138,7 @@ pub(crate) fn read_request(stream: &mut BufReader<TcpStream>) -> io::Result<Opti
     Ok(Some(request))
 }
 
-fn read_chunked(stream: &mut BufReader<TcpStream>) -> io::Result<Vec<u8>> {
+fn read_chunked(stream: &mut impl BufRead) -> io::Result<Vec<u8>> {
     let mut body = Vec::new();
     loop {
         let mut size_line = String::new();
@@ -141,10 +179,68 @@ pub(crate) enum Response {
     /// `200` with a chunked `text/event-stream` body of these pre-formatted events.
     Sse {
         events: Vec<String>,
+        /// Filler events made while writing, if any.
+        padding: Option<Padding>,
         /// Send this many events, then half of the next one, then drop the connection without
         /// ending the chunked body: a broken stream as a client sees one.
         cut_after: Option<usize>,
     },
+}
+
+/// Filler text streamed as many events of about [`PAD_CHUNK`] bytes of text each, made one by
+/// one while writing so that a reply of any size takes constant memory.
+#[derive(Debug)]
+pub(crate) struct Padding {
+    /// The filler events go after this many of the response's events.
+    pub(crate) after: usize,
+    /// Bytes of filler text in all (before JSON escaping).
+    pub(crate) bytes: usize,
+    /// Each filler event is this, then its text as a JSON string, then [`Padding::suffix`].
+    pub(crate) prefix: String,
+    /// See [`Padding::prefix`].
+    pub(crate) suffix: String,
+}
+
+/// Bytes of filler text per filler event.
+pub(crate) const PAD_CHUNK: usize = 16 * 1024;
+
+/// [`PAD_CHUNK`] bytes of filler text: lines of 64 bytes, so that no client sees one huge line.
+fn pad_text() -> String {
+    const LINE: &str = "padding text streamed by the scripted model server, line #";
+    let mut text = String::with_capacity(PAD_CHUNK);
+    let mut n = 0;
+    while text.len() < PAD_CHUNK {
+        let line = format!("{LINE}{n:05}\n");
+        text.push_str(&line[..line.len().min(PAD_CHUNK - text.len())]);
+        n += 1;
+    }
+    text
+}
+
+impl Padding {
+    /// Writes the filler events as chunks, flushing after each.
+    fn write(&self, stream: &mut impl Write) -> io::Result<()> {
+        let text = pad_text();
+        let full = serde_json::Value::from(text.as_str()).to_string();
+        let mut left = self.bytes;
+        while left > 0 {
+            let n = left.min(PAD_CHUNK);
+            let json = if n == PAD_CHUNK {
+                full.clone()
+            } else {
+                serde_json::Value::from(&text[..n]).to_string()
+            };
+            let len = self.prefix.len() + json.len() + self.suffix.len();
+            write!(stream, "{len:x}\r\n")?;
+            stream.write_all(self.prefix.as_bytes())?;
+            stream.write_all(json.as_bytes())?;
+            stream.write_all(self.suffix.as_bytes())?;
+            stream.write_all(b"\r\n")?;
+            stream.flush()?;
+            left -= n;
+        }
+        Ok(())
+    }
 }
 
 impl Response {
@@ -172,18 +268,22 @@ fn reason(status: u16) -> &'static str {
         200 => "OK",
         400 => "Bad Request",
         404 => "Not Found",
+        415 => "Unsupported Media Type",
         429 => "Too Many Requests",
         500 => "Internal Server Error",
         _ => "Status",
     }
 }
 
-/// Writes `response`; the connection is closed afterwards in every case.
+/// Writes `response`, announcing whether the connection stays open (`keep_alive`); returns
+/// whether it may, which a stream cut short on purpose never does.
 pub(crate) fn write_response(
-    stream: &mut TcpStream,
+    stream: &mut impl Write,
     response: &Response,
     head_only: bool,
-) -> io::Result<()> {
+    keep_alive: bool,
+) -> io::Result<bool> {
+    let connection = |open: bool| if open { "keep-alive" } else { "close" };
     match response {
         Response::Full {
             status,
@@ -192,9 +292,10 @@ pub(crate) fn write_response(
             body,
         } => {
             let mut out = format!(
-                "HTTP/1.1 {status} {}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nconnection: close\r\n",
+                "HTTP/1.1 {status} {}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nconnection: {}\r\n",
                 reason(*status),
-                body.len()
+                body.len(),
+                connection(keep_alive),
             );
             for (k, v) in headers {
                 out.push_str(&format!("{k}: {v}\r\n"));
@@ -204,33 +305,92 @@ pub(crate) fn write_response(
             if !head_only {
                 stream.write_all(body)?;
             }
-            stream.flush()
+            stream.flush()?;
+            Ok(keep_alive)
         }
-        Response::Sse { events, cut_after } => {
-            stream.write_all(
-                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n",
+        Response::Sse {
+            events,
+            padding,
+            cut_after,
+        } => {
+            let keep_alive = keep_alive && cut_after.is_none();
+            write!(
+                stream,
+                "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\ntransfer-encoding: chunked\r\nconnection: {}\r\n\r\n",
+                connection(keep_alive),
             )?;
             for (i, event) in events.iter().enumerate() {
+                if let Some(padding) = padding.as_ref().filter(|p| p.after == i) {
+                    padding.write(stream)?;
+                }
                 if *cut_after == Some(i) {
                     let half = &event.as_bytes()[..event.len() / 2];
                     write_chunk(stream, half)?;
                     stream.flush()?;
-                    return stream.shutdown(std::net::Shutdown::Both);
+                    return Ok(false);
                 }
                 write_chunk(stream, event.as_bytes())?;
                 stream.flush()?;
             }
+            if let Some(padding) = padding.as_ref().filter(|p| p.after >= events.len()) {
+                padding.write(stream)?;
+            }
             stream.write_all(b"0\r\n\r\n")?;
-            stream.flush()
+            stream.flush()?;
+            Ok(keep_alive)
         }
     }
 }
 
-fn write_chunk(stream: &mut TcpStream, data: &[u8]) -> io::Result<()> {
+fn write_chunk(stream: &mut impl Write, data: &[u8]) -> io::Result<()> {
     if data.is_empty() {
         return Ok(());
     }
     write!(stream, "{:x}\r\n", data.len())?;
     stream.write_all(data)?;
     stream.write_all(b"\r\n")
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::io::BufReader;
+
+    use super::*;
+
+    fn request(head: &str) -> Request {
+        read_request(&mut BufReader::new(head.as_bytes()))
+            .unwrap()
+            .unwrap()
+    }
+
+    #[test]
+    fn keep_alive_follows_the_version_and_the_connection_header() {
+        assert!(request("GET / HTTP/1.1\r\n\r\n").keep_alive());
+        assert!(!request("GET / HTTP/1.1\r\nConnection: Close\r\n\r\n").keep_alive());
+        assert!(!request("GET / HTTP/1.0\r\n\r\n").keep_alive());
+        assert!(request("GET / HTTP/1.0\r\nconnection: keep-alive\r\n\r\n").keep_alive());
+    }
+
+    #[test]
+    fn padding_is_written_as_chunks_of_the_given_total() {
+        let padding = Padding {
+            after: 0,
+            bytes: 2 * PAD_CHUNK + 5,
+            prefix: "data: {\"t\":".to_owned(),
+            suffix: "}\n\n".to_owned(),
+        };
+        let mut out = Vec::new();
+        padding.write(&mut out).unwrap();
+        let out = String::from_utf8(out).unwrap();
+        let mut total = 0;
+        let mut chunks = 0;
+        for line in out.lines().filter(|l| l.starts_with("data: ")) {
+            let v: serde_json::Value = serde_json::from_str(&line[6..]).unwrap();
+            total += v["t"].as_str().unwrap().len();
+            chunks += 1;
+        }
+        assert_eq!((total, chunks), (2 * PAD_CHUNK + 5, 3));
+    }
 }

@@ -398,11 +398,11 @@ mod tests {
         assert_eq!(check_protocol(PROTOCOL_VERSION), Ok(()));
         assert_eq!(
             check_protocol("2.0.0").unwrap_err().to_string(),
-            "protocol 2.0 required, this host speaks 1.3"
+            "protocol 2.0 required, this host speaks 1.4"
         );
         assert_eq!(
             check_protocol("1.7.0").unwrap_err().to_string(),
-            "protocol 1.7 required, this host speaks 1.3"
+            "protocol 1.7 required, this host speaks 1.4"
         );
         assert!(matches!(check_protocol("one"), Err(LoadError::Manifest(_))));
     }

@@ -115,7 +115,10 @@
 //! 1.1 manifest `native_limit`, stats `sub_agent_steps`; 1.2 manifest `expects` and `preflight`
 //! (checks of the agent's command line); 1.3 manifest `tool_calls`, the line flag
 //! [`LineReport::TOOL_CALL`] and the counter method `tool_calls` ([`ToolCall`], for loop
-//! detection). New fields get `#[serde(default)]`, nothing uses
+//! detection); 1.4 manifest `model_endpoint` ([`ModelEndpoint`], [`BaseUrlRule`]: how the CLI
+//! reaches its model, for the model gateway of `run --wrap-up`) and units' `reply_cost` (what a
+//! tool-less model reply costs in the unit, [`Manifest::unit_costing`]); a host speaking 1.4 adds
+//! the unit `request` to every provider with a model endpoint. New fields get `#[serde(default)]`, nothing uses
 //! `deny_unknown_fields`, and fields are never removed or retyped within a protocol major
 //! version, so an older host reads a newer plugin's payloads and ignores what it does not know.
 //!
@@ -145,7 +148,8 @@
 //! rebuilding an unchanged plugin against a newer 1.y does not lock out hosts that speak an
 //! older protocol. The adapter works it out when it sends the manifest
 //! ([`Manifest::min_protocol`]): 1.0, raised to 1.1 by a `native_limit`, to 1.2 by `expects` or
-//! `preflight`, whichever way those fields were set. What the manifest cannot show, raise
+//! `preflight`, to 1.3 by `tool_calls`, to 1.4 by a `model_endpoint` or a unit's `reply_cost`,
+//! whichever way those fields were set. What the manifest cannot show, raise
 //! yourself with [`Manifest::requires_protocol`], e.g. `.requires_protocol("1.1")` for a
 //! counter that fills [`CounterStats::sub_agent_steps`]. A host refuses a plugin only when the
 //! declared protocol is newer than the one it speaks; an older host ignores fields newer than

@@ -756,7 +756,7 @@ mod tests {
     fn tool_calls_are_declared_and_taken_once() {
         let m = ClaudePlugin.manifest();
         assert!(m.tool_calls);
-        assert_eq!(m.min_protocol(), "1.3.0");
+        assert_eq!(m.min_protocol(), "1.4.0");
         let mut counter = ClaudePlugin
             .open_counter(&CounterRequest::new("message"))
             .unwrap();

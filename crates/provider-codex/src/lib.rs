@@ -953,6 +953,6 @@ mod tests {
     fn tool_calls_are_declared() {
         let m = CodexPlugin.manifest();
         assert!(m.tool_calls);
-        assert_eq!(m.min_protocol(), "1.3.0");
+        assert_eq!(m.min_protocol(), "1.4.0");
     }
 }

@@ -566,6 +566,6 @@ mod tests {
     fn tool_calls_are_declared() {
         let m = GeminiPlugin.manifest();
         assert!(m.tool_calls);
-        assert_eq!(m.min_protocol(), "1.3.0");
+        assert_eq!(m.min_protocol(), "1.4.0");
     }
 }

@@ -598,6 +598,27 @@ impl Runner {
                         run.why = Some(why);
                         run.stop(TerminatedBy::Plugin, Signal::TERM);
                     }
+                    // Steps in the stream and not one model call through the gateway: the CLI
+                    // reaches its model some other way, so nothing can wrap it up.
+                    if let Some(gw) = &gateway
+                        && !counts_requests
+                        && run.terminated_by.is_none()
+                        && steps.load(Ordering::Relaxed) >= 2
+                        && gw.forwarded() == 0
+                        && gw.refused() == 0
+                    {
+                        let why = format!(
+                            "{} steps and no model call through the model gateway: the {} CLI \
+                             takes its model URL from somewhere stepguard did not set (a config \
+                             file?); stopped. Give the model URL on the command line or in the \
+                             environment, or run without --wrap-up",
+                            steps.load(Ordering::Relaxed),
+                            spec.meta.provider
+                        );
+                        tracing::error!("{why}");
+                        run.why = Some(why);
+                        run.stop(TerminatedBy::Bypassed, Signal::TERM);
+                    }
                     let progress = Progress {
                         steps: if counts_requests {
                             model_calls.load(Ordering::Relaxed)

@@ -16,7 +16,10 @@
 //!   and token details, `sub_agent_steps`), NULL for older rows;
 //! * version 4: `plugin_source` and `containment`, NULL for older rows;
 //! * version 5: `loops`, the loops found as JSON (NULL for older rows, and for runs without loop
-//!   detection).
+//!   detection);
+//! * version 6: `final_report` (the model's final text when the run wrapped up) and
+//!   `model_calls` (model calls the gateway forwarded upstream), NULL for older rows, and for
+//!   runs that did not wrap up or had no gateway.
 //!
 //! Rows are read back as [`RunRecord`], the same shape every stepguard command emits.
 //!
@@ -94,6 +97,10 @@ pub const MIGRATIONS: &[&str] = &[
      ALTER TABLE runs ADD COLUMN containment TEXT;",
     // 5: the loops found, as the record's JSON array; NULL when detection was off.
     "ALTER TABLE runs ADD COLUMN loops TEXT;",
+    // 6: the model gateway's figures: the final report of a wrapped-up run, and the model calls
+    // forwarded upstream; NULL when the run did not wrap up or had no gateway.
+    "ALTER TABLE runs ADD COLUMN final_report TEXT;
+     ALTER TABLE runs ADD COLUMN model_calls INTEGER;",
 ];
 
 /// The newest schema version this stepguard knows.
@@ -349,7 +356,8 @@ impl Store {
                     message = ?17, child_signal = ?18, breached_at_step = ?19, noise_lines = ?20,
                     unknown_events = ?21, oversized_lines = ?22, truncated_last_line = ?23,
                     cached_input_tokens = ?24, reasoning_output_tokens = ?25, sub_agent_steps = ?26,
-                    plugin_source = ?27, containment = ?28, loops = ?29
+                    plugin_source = ?27, containment = ?28, loops = ?29, final_report = ?30,
+                    model_calls = ?31
                  WHERE id = ?1",
                 params![
                     id,
@@ -381,6 +389,8 @@ impl Store {
                     run.plugin_source,
                     run.containment,
                     loops,
+                    run.final_report,
+                    i(run.model_calls),
                 ],
             )
             .map_err(|e| self.err(e))?;
@@ -472,7 +482,8 @@ const COLUMNS: &str = "id, started_at, ended_at, provider, plugin_version, unit,
     duration_ms, num_steps_reported, num_steps_computed, num_turns_reported, num_turns_computed,
     input_tokens, output_tokens, cost_usd, on_limit_decision, message, child_signal, breached_at_step,
     noise_lines, unknown_events, oversized_lines, truncated_last_line, cached_input_tokens,
-    reasoning_output_tokens, sub_agent_steps, plugin_source, containment, loops";
+    reasoning_output_tokens, sub_agent_steps, plugin_source, containment, loops, final_report,
+    model_calls";
 
 /// Reads one row as a run record; counts stored as SQLite integers come back unsigned.
 fn record(r: &Row<'_>) -> rusqlite::Result<RunRecord> {
@@ -544,6 +555,8 @@ fn record(r: &Row<'_>) -> rusqlite::Result<RunRecord> {
     rec.loops = r
         .get::<_, Option<String>>(38)?
         .and_then(|s| serde_json::from_str(&s).ok());
+    rec.final_report = r.get(39)?;
+    rec.model_calls = n(40)?;
     Ok(rec)
 }
 

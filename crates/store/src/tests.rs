@@ -131,12 +131,31 @@ fn a_newer_database_is_refused_and_left_untouched() {
     assert!(matches!(err, StoreError::NewerSchema { found: 99, .. }));
     assert!(
         err.to_string().contains(
-            "has schema version 99, newer than this stepguard knows (5); refusing to modify it"
+            "has schema version 99, newer than this stepguard knows (6); refusing to modify it"
         ),
         "{err}"
     );
     assert_eq!(std::fs::read(&path).unwrap(), before);
     assert!(!path.with_extension("db-wal").exists());
+}
+
+#[test]
+fn a_database_one_version_ahead_is_refused_too() {
+    let (_dir, path) = db();
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    {
+        let conn = create_at_version(&path, SCHEMA_VERSION).unwrap();
+        conn.pragma_update(None, "user_version", SCHEMA_VERSION + 1)
+            .unwrap();
+    }
+    let before = std::fs::read(&path).unwrap();
+    let err = Store::open(&path).err().expect("must refuse");
+    assert!(
+        matches!(err, StoreError::NewerSchema { found, known, .. }
+            if found == SCHEMA_VERSION + 1 && known == SCHEMA_VERSION),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(&path).unwrap(), before);
 }
 
 #[test]
@@ -527,6 +546,9 @@ fn every_field_of_a_run_record_survives_the_round_trip() {
             first_step: 5,
         },
     ]);
+    fin.terminated_by = Some("wrap_up".into());
+    fin.final_report = Some("Done: fixed the parser.\nLeft: the CLI flag.\n".into());
+    fin.model_calls = Some(12);
     store.finish_run(id, &fin).unwrap();
 
     let back = store.get(id).unwrap().unwrap();
@@ -561,6 +583,117 @@ fn loops_are_null_when_unknown_and_an_empty_list_when_none_was_found() {
 }
 
 #[test]
+fn gateway_fields_are_null_when_unknown_and_kept_when_empty_or_zero() {
+    let (_dir, path) = db();
+    let store = Store::open(&path).unwrap();
+    for (final_report, model_calls) in [
+        (None, None),
+        (Some(String::new()), Some(0)),
+        (
+            Some("résumé — 完了".to_owned()),
+            Some(u64::from(u32::MAX) + 1),
+        ),
+    ] {
+        let id = store
+            .begin_run(&NewRun {
+                provider: "codex".into(),
+                ..NewRun::default()
+            })
+            .unwrap();
+        let running = store.get(id).unwrap().unwrap();
+        assert_eq!((running.final_report, running.model_calls), (None, None));
+        let mut fin = finished(Outcome::Success, None, Some(1), None);
+        fin.final_report = final_report.clone();
+        fin.model_calls = model_calls;
+        store.finish_run(id, &fin).unwrap();
+        let back = store.get(id).unwrap().unwrap();
+        assert_eq!(
+            (back.final_report, back.model_calls),
+            (final_report, model_calls)
+        );
+    }
+}
+
+#[test]
+fn a_version_5_database_with_rows_migrates_and_old_rows_read_null_gateway_fields() {
+    let (_dir, path) = db();
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    {
+        let conn = create_at_version(&path, 5).unwrap();
+        conn.execute(
+            "INSERT INTO runs (started_at, ended_at, provider, command, outcome, terminated_by,
+                num_steps_computed, containment, loops)
+             VALUES ('2026-01-01T00:00:00Z', '2026-01-01T00:00:05Z', 'codex', '[\"codex\"]',
+                'failed', 'loop', 7, 'cgroup',
+                '[{\"tool\":\"shell\",\"count\":3,\"kind\":\"repeat\",\"first_step\":2}]')",
+            [],
+        )
+        .unwrap();
+        let columns: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM pragma_table_info('runs') WHERE name IN ('final_report', 'model_calls')",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(columns, 0, "a version 5 database has no gateway columns");
+    }
+    let store = Store::open(&path).unwrap();
+    let v: i64 = store
+        .conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(v, SCHEMA_VERSION);
+    let old = store.get(1).unwrap().unwrap();
+    assert_eq!(
+        (
+            old.outcome.as_str(),
+            old.terminated_by.as_deref(),
+            old.num_steps_computed,
+            old.containment.as_deref()
+        ),
+        ("failed", Some("loop"), Some(7), Some("cgroup"))
+    );
+    assert_eq!(
+        old.loops,
+        Some(vec![LoopFound {
+            tool: "shell".into(),
+            count: 3,
+            kind: LoopKind::Repeat,
+            first_step: 2,
+        }])
+    );
+    assert_eq!((old.final_report, old.model_calls), (None, None));
+    // New rows in the migrated database carry the new columns.
+    let id = store
+        .begin_run(&NewRun {
+            provider: "codex".into(),
+            ..NewRun::default()
+        })
+        .unwrap();
+    let mut fin = finished(Outcome::Success, None, Some(3), None);
+    fin.terminated_by = Some("wrap_up".into());
+    fin.final_report = Some("all done".into());
+    fin.model_calls = Some(4);
+    store.finish_run(id, &fin).unwrap();
+    let new = store.get(id).unwrap().unwrap();
+    assert_eq!(
+        (new.final_report.as_deref(), new.model_calls),
+        (Some("all done"), Some(4))
+    );
+    // Opening again is a no-op.
+    drop(store);
+    assert_eq!(
+        Store::open(&path)
+            .unwrap()
+            .list(&Filter::default())
+            .unwrap()
+            .len(),
+        2
+    );
+}
+
+#[test]
 fn a_version_4_database_gains_the_loops_column_and_old_rows_read_null() {
     let (_dir, path) = db();
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
@@ -579,6 +712,7 @@ fn a_version_4_database_gains_the_loops_column_and_old_rows_read_null() {
         (old.containment.as_deref(), old.loops),
         (Some("cgroup"), None)
     );
+    assert_eq!((old.final_report, old.model_calls), (None, None));
 }
 
 #[test]

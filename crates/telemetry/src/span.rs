@@ -175,7 +175,7 @@ pub(crate) fn run_span(
     events.extend(loop_events(record, end));
     if let Some(by) = record.terminated_by.as_deref() {
         if by == "wrap_up" {
-            events.push(Event::new("wrap_up", end, Vec::new(), 0));
+            events.push(wrap_up_event(record, end));
         }
         events.push(Event::new(
             "stop",
@@ -265,6 +265,9 @@ fn span_attributes(record: &RunRecord) -> Vec<KeyValue> {
     if let Some(step) = record.breached_at_step {
         kv.push(KeyValue::new("stepguard.breached_at_step", int(step)));
     }
+    if let Some(calls) = record.model_calls {
+        kv.push(KeyValue::new("stepguard.model_calls", int(calls)));
+    }
     if let Some(cost) = record.cost_usd {
         kv.push(KeyValue::new("stepguard.cost_usd", cost));
     }
@@ -272,6 +275,21 @@ fn span_attributes(record: &RunRecord) -> Vec<KeyValue> {
         kv.push(KeyValue::new("stepguard.run_id", id));
     }
     kv
+}
+
+/// The `wrap_up` event of a run the gateway wrapped up: the final report's length in characters
+/// (`stepguard.final_report_chars`, when there is one), never its text, which may say anything
+/// about the code and data the agent worked on.
+fn wrap_up_event(record: &RunRecord, at: SystemTime) -> Event {
+    let fields = record
+        .final_report
+        .as_deref()
+        .map(|report| {
+            let chars = u64::try_from(report.chars().count()).unwrap_or(u64::MAX);
+            vec![KeyValue::new("stepguard.final_report_chars", int(chars))]
+        })
+        .unwrap_or_default();
+    Event::new("wrap_up", at, fields, 0)
 }
 
 /// Error when the run failed (or its supervisor died); unset otherwise, as the conventions
@@ -408,6 +426,63 @@ mod tests {
         assert_eq!(attribute(fields, "stepguard.loop.period"), None);
         assert!(loop_events_from(&serde_json::json!({"provider": "codex"}), at).is_empty());
         assert!(loop_events_from(&serde_json::json!({"loops": null}), at).is_empty());
+    }
+
+    #[test]
+    fn a_wrapped_up_run_has_a_wrap_up_event_with_the_reports_length_never_its_text() {
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+        let report = "Secret plan: rotate the key sk-live-1234. Left: tests — 完了";
+        let mut record = RunRecord::new("codex", Outcome::Success);
+        record.terminated_by = Some("wrap_up".into());
+        record.final_report = Some(report.into());
+        record.model_calls = Some(7);
+        let span = run_span(&record, &SpanIdentity::new(None), &StepLog::new(0), t0, t0);
+        assert_eq!(
+            attribute(&span.attributes, "stepguard.model_calls"),
+            Some(&Value::I64(7))
+        );
+        let names: Vec<&str> = span.events.events.iter().map(|e| &*e.name).collect();
+        assert_eq!(names, ["wrap_up", "stop"]);
+        let wrap_up = &span.events.events[0];
+        // Characters, not bytes: `—` and `完了` are one character each.
+        assert_eq!(report.chars().count(), 58);
+        assert_eq!(
+            wrap_up.attributes,
+            [KeyValue::new("stepguard.final_report_chars", 58_i64)]
+        );
+        // The text itself is nowhere in the span.
+        let everything = format!("{span:?}");
+        assert!(!everything.contains("sk-live-1234"), "{everything}");
+        assert!(!everything.contains("Secret plan"), "{everything}");
+
+        // Wrapped up without a report: the event, with nothing to measure.
+        record.final_report = None;
+        let span = run_span(&record, &SpanIdentity::new(None), &StepLog::new(0), t0, t0);
+        assert_eq!(span.events.events[0].name, "wrap_up");
+        assert!(span.events.events[0].attributes.is_empty());
+    }
+
+    #[test]
+    fn without_a_gateway_or_a_wrap_up_there_is_neither_attribute_nor_event() {
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+        let mut record = RunRecord::new("codex", Outcome::Failed);
+        record.terminated_by = Some("upstream".into());
+        // A report without a wrap-up is not announced as one.
+        record.final_report = Some("partial".into());
+        let span = run_span(&record, &SpanIdentity::new(None), &StepLog::new(0), t0, t0);
+        assert_eq!(attribute(&span.attributes, "stepguard.model_calls"), None);
+        assert!(span.events.events.iter().all(|e| e.name != "wrap_up"));
+        assert_eq!(
+            attribute(&span.attributes, "stepguard.terminated_by"),
+            Some(&Value::String("upstream".into()))
+        );
+        // Zero calls is a figure, reported as such.
+        record.model_calls = Some(0);
+        let span = run_span(&record, &SpanIdentity::new(None), &StepLog::new(0), t0, t0);
+        assert_eq!(
+            attribute(&span.attributes, "stepguard.model_calls"),
+            Some(&Value::I64(0))
+        );
     }
 
     #[test]

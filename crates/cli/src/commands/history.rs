@@ -280,6 +280,11 @@ pub fn show(cli: &Cli, args: &ShowArgs) -> anyhow::Result<ExitCode> {
             num(r.child_exit_code)
         ),
         format!("Terminated by: {}", opt(&r.terminated_by)),
+    ]);
+    if let Some(calls) = r.model_calls {
+        lines.push(format!("Model calls: {calls}"));
+    }
+    lines.extend([
         format!(
             "On-limit decisions: {}",
             if r.on_limit_decisions.is_empty() {
@@ -305,7 +310,42 @@ pub fn show(cli: &Cli, args: &ShowArgs) -> anyhow::Result<ExitCode> {
     for l in lines {
         output::line(format!("  {l}"))?;
     }
+    if let Some(report) = &r.final_report {
+        for l in final_report_block(report) {
+            output::line(l)?;
+        }
+    }
     Ok(ExitCode::Success)
+}
+
+/// Returns how `show` prints a run's final report: a heading, then the report indented under
+/// it. The text is the model's, so control characters (terminal escapes, lone carriage returns)
+/// are shown escaped rather than sent to the terminal; blank lines stay blank.
+fn final_report_block(report: &str) -> Vec<String> {
+    let text = report.trim_end().trim_start_matches(['\n', '\r']);
+    if text.trim().is_empty() {
+        return vec!["  Final report: (empty)".to_owned()];
+    }
+    let mut block = vec!["  Final report:".to_owned()];
+    for line in text.lines() {
+        let shown: String = line
+            .trim_end()
+            .chars()
+            .map(|c| {
+                if c.is_control() && c != '\t' {
+                    c.escape_default().to_string()
+                } else {
+                    c.to_string()
+                }
+            })
+            .collect();
+        block.push(if shown.is_empty() {
+            String::new()
+        } else {
+            format!("    {shown}")
+        });
+    }
+    block
 }
 
 /// Runs `stepguard stats`.
@@ -370,4 +410,41 @@ pub fn stats(cli: &Cli, args: &StatsArgs) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::Success)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::final_report_block;
+
+    #[test]
+    fn the_final_report_is_an_indented_block_under_a_heading() {
+        assert_eq!(
+            final_report_block("Done: the parser.\n\nLeft:\n- the docs\n"),
+            [
+                "  Final report:",
+                "    Done: the parser.",
+                "",
+                "    Left:",
+                "    - the docs",
+            ]
+        );
+        assert_eq!(
+            final_report_block("\n\nline one\r\nline two"),
+            ["  Final report:", "    line one", "    line two"]
+        );
+    }
+
+    #[test]
+    fn control_characters_in_the_report_are_shown_escaped() {
+        assert_eq!(
+            final_report_block("\u{1b}[2Jcleared\rover\tok"),
+            ["  Final report:", "    \\u{1b}[2Jcleared\\rover\tok"]
+        );
+    }
+
+    #[test]
+    fn an_empty_report_says_so() {
+        assert_eq!(final_report_block(""), ["  Final report: (empty)"]);
+        assert_eq!(final_report_block(" \n\n"), ["  Final report: (empty)"]);
+    }
 }

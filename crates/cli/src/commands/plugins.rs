@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 use stepguard_core::ExitCode;
-use stepguard_plugin_api::{Manifest, NativeLimit, OptionInfo, UnitInfo};
+use stepguard_plugin_api::{Manifest, ModelEndpoint, NativeLimit, OptionInfo, UnitInfo};
 
 use crate::args::{Cli, PluginsAction, PluginsArgs};
 use crate::{output, providers};
@@ -20,6 +20,8 @@ struct PluginReport<'a> {
     native_limit: Option<&'a NativeLimit>,
     /// Whether the provider reports tool calls, which loop detection needs (protocol 1.3).
     tool_calls: bool,
+    /// How its CLI reaches its model, which `--wrap-up` needs (protocol 1.4).
+    model_endpoint: Option<&'a ModelEndpoint>,
 }
 
 /// Runs `stepguard plugins`.
@@ -53,6 +55,7 @@ pub fn run(cli: &Cli, args: &PluginsArgs) -> anyhow::Result<ExitCode> {
                 options: &m.options,
                 native_limit: m.native_limit.as_ref(),
                 tool_calls: m.tool_calls,
+                model_endpoint: m.model_endpoint.as_ref(),
             }
         })
         .collect();
@@ -84,6 +87,7 @@ pub fn run(cli: &Cli, args: &PluginsArgs) -> anyhow::Result<ExitCode> {
             output::line(format!("  native limit: adds `{}`", limit.args.join(" ")))?;
         }
         output::line(format!("  loop detection: {}", loop_detection(r)))?;
+        output::line(format!("  wrap-up: {}", wrap_up(r)))?;
     }
     Ok(ExitCode::Success)
 }
@@ -93,13 +97,25 @@ fn loop_detection(r: &PluginReport<'_>) -> &'static str {
     if r.tool_calls {
         return "yes";
     }
-    let mut parts = r.protocol.split('.').map(|p| p.parse::<u64>().unwrap_or(0));
-    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
-    if (major, minor) < (1, 3) {
+    if protocol_below(r.protocol, (1, 3)) {
         "no (plugin protocol < 1.3)"
     } else {
         "no (the plugin does not report tool calls)"
     }
+}
+
+/// Says whether `--wrap-up` works with the provider: its dialect, or why not.
+fn wrap_up(r: &PluginReport<'_>) -> String {
+    match r.model_endpoint {
+        Some(e) => format!("yes ({} model calls, via the gateway)", e.dialect),
+        None if protocol_below(r.protocol, (1, 4)) => "no (plugin protocol < 1.4)".into(),
+        None => "no (the plugin declares no model endpoint)".into(),
+    }
+}
+
+fn protocol_below(protocol: &str, than: (u64, u64)) -> bool {
+    let mut parts = protocol.split('.').map(|p| p.parse::<u64>().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) < than
 }
 
 fn check(path: &std::path::Path) -> anyhow::Result<ExitCode> {

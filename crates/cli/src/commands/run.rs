@@ -77,7 +77,7 @@ pub fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
         command.extend(extra);
     }
     let unit = &selection.request.unit;
-    let wrap_up = wrap_up_spec(args, &config, &manifest, unit, &command)?;
+    let wrap_up = wrap_up_spec(args, &config, manifest, unit, &command)?;
     tracing::info!(
         max_steps = %resolved.max_steps,
         source = %resolved.source,
@@ -191,7 +191,13 @@ pub fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
     let report = Runner::new(spec).run(&mut observers);
 
     let failed_itself = report.spawn_error.is_some()
-        || report.terminated_by == Some(stepguard_core::verdict::TerminatedBy::Plugin)
+        || matches!(
+            report.terminated_by,
+            Some(
+                stepguard_core::verdict::TerminatedBy::Plugin
+                    | stepguard_core::verdict::TerminatedBy::Bypassed
+            )
+        )
         || report.stats.slug == Some(stepguard_core::FailureSlug::UnrecognizedStream);
     if failed_itself && let Some(message) = &report.record.message {
         output::diag("error", message);

@@ -19,7 +19,7 @@ use stepguard_telemetry::{
 };
 use tracing_subscriber::layer::SubscriberExt as _;
 
-use receiver::{Receiver, Silent, refused_endpoint};
+use receiver::{Receiver, Request, Silent, refused_endpoint};
 
 const PARENT_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const PARENT_SPAN: &str = "00f067aa0ba902b7";
@@ -747,6 +747,75 @@ fn past_records_replay_as_one_span_each_with_their_own_times() {
         "one series per provider and outcome"
     );
     assert_eq!(histogram_total(&metrics, "stepguard.run.steps"), (2, 9.0));
+}
+
+#[test]
+fn a_wrapped_up_run_exports_its_model_calls_and_the_reports_length_but_never_its_text() {
+    let receiver = Receiver::start();
+    let config = config(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", &receiver.endpoint()),
+        // JSON bodies, so that the text would be found verbatim if it were sent.
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"),
+    ])
+    .unwrap();
+    let report = "Done: rotated the key hunter2-SECRET. Left: the docs — 済";
+    let mut record = RunRecord::new("codex", Outcome::Success);
+    record.started_at = Some("2025-03-01T10:00:00.000Z".into());
+    record.duration_ms = Some(1000);
+    record.num_steps_computed = Some(4);
+    record.terminated_by = Some("wrap_up".into());
+    record.final_report = Some(report.into());
+    record.model_calls = Some(5);
+    // The same for a run's end and for a replay of its record.
+    TelemetryObserver::new(config.clone())
+        .export_run(&record)
+        .unwrap();
+    assert_eq!(export_records(&config, &[record]).unwrap(), 1);
+    let requests = receiver.wait_for(4);
+    for request in &requests {
+        let body = String::from_utf8_lossy(&request.body);
+        assert!(!body.contains("hunter2"), "{}: {body}", request.path);
+        assert!(
+            !body.contains("rotated the key"),
+            "{}: {body}",
+            request.path
+        );
+    }
+    let traces: Vec<&Request> = requests.iter().filter(|r| r.path == "/v1/traces").collect();
+    assert_eq!(traces.len(), 2);
+    for request in traces {
+        let body: serde_json::Value = serde_json::from_slice(&request.body).unwrap();
+        let span = &body["resourceSpans"][0]["scopeSpans"][0]["spans"][0];
+        let attribute = |list: &serde_json::Value, key: &str| {
+            list.as_array()
+                .unwrap()
+                .iter()
+                .find(|kv| kv["key"] == key)
+                .map(|kv| kv["value"].clone())
+        };
+        let calls = attribute(&span["attributes"], "stepguard.model_calls").unwrap();
+        assert_eq!(
+            calls["intValue"].to_string().trim_matches('"'),
+            "5",
+            "{span}"
+        );
+        // After the step events (at the end when no tick reported them): the wrap-up, then
+        // the stop.
+        let events: Vec<&serde_json::Value> = span["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["name"] != "step")
+            .collect();
+        let names: Vec<&str> = events.iter().map(|e| e["name"].as_str().unwrap()).collect();
+        assert_eq!(names, ["wrap_up", "stop"], "{span}");
+        let chars = attribute(&events[0]["attributes"], "stepguard.final_report_chars").unwrap();
+        assert_eq!(
+            chars["intValue"].to_string().trim_matches('"'),
+            report.chars().count().to_string(),
+            "{span}"
+        );
+    }
 }
 
 /// Returns a histogram's (count, sum) over all its data points.
