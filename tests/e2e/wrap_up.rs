@@ -454,3 +454,45 @@ fn an_agent_whose_model_calls_bypass_the_gateway_is_stopped_as_such() {
         run.stderr
     );
 }
+
+/// A model that calls a tool on its tool-less last call, counted in model calls: the CLI runs
+/// the tool and calls again; the gateway answers that call itself with a final text, the CLI
+/// ends cleanly on it, and the model never saw more calls than the budget.
+fn a_refused_call_ends_the_cli_cleanly(cli: Cli) {
+    let agent = Agent::start(cli, twelve_rounds().ignore_tool_choice());
+    let run = agent.run(&["--wrap-up", "--unit", "request", "--max-steps", "3"]);
+    run.assert_exit(3);
+    let main = main_requests(&agent);
+    assert_eq!(main.len(), 3, "the model saw the budget's calls only");
+    assert!(main[2].tools_disabled);
+    let rec = agent.last_record();
+    assert_eq!(rec["error_type"], "max_steps", "{rec}");
+    assert_eq!(rec["terminated_by"], "wrap_up", "ended by itself: {rec}");
+    assert_eq!(rec["child_signal"], Value::Null, "{rec}");
+    assert_eq!(rec["model_calls"], 3, "{rec}");
+    assert_eq!(rec["num_steps_computed"], 3, "{rec}");
+}
+
+#[test]
+#[ignore = "runs the real agent CLIs: .ci/install-agent-clis, then --run-ignored all"]
+fn claude_ends_cleanly_on_a_refused_call() {
+    a_refused_call_ends_the_cli_cleanly(Cli::Claude);
+}
+
+#[test]
+#[ignore = "runs the real agent CLIs: .ci/install-agent-clis, then --run-ignored all"]
+fn codex_ends_cleanly_on_a_refused_call() {
+    a_refused_call_ends_the_cli_cleanly(Cli::Codex);
+}
+
+#[test]
+#[ignore = "runs the real agent CLIs: .ci/install-agent-clis, then --run-ignored all"]
+fn gemini_ends_cleanly_on_a_refused_call() {
+    a_refused_call_ends_the_cli_cleanly(Cli::Gemini);
+}
+
+#[test]
+#[ignore = "runs the real agent CLIs: .ci/install-agent-clis, then --run-ignored all"]
+fn opencode_ends_cleanly_on_a_refused_call() {
+    a_refused_call_ends_the_cli_cleanly(Cli::OpenCode);
+}

@@ -491,13 +491,12 @@ impl Runner {
                     GatewayEvent::Forwarded { number, .. } => {
                         model_calls.store(number, Ordering::Relaxed);
                     }
-                    // A call past the last one: the agent did not end by itself. Counting
-                    // model calls, it is step N+1; counting the stream, a second one means the
-                    // stream's backstop did not come.
+                    // A call past the last one, answered by the gateway with a final text that
+                    // ends the CLI cleanly. A second one means it did not end: the backstop.
                     GatewayEvent::Refused { count } => {
                         if loop_wrapping {
                             run.stop(TerminatedBy::Loop, Signal::TERM);
-                        } else if counts_requests || count >= 2 {
+                        } else if count >= 2 {
                             let step = model_calls.load(Ordering::Relaxed) + count;
                             run.breached_at.get_or_insert(step);
                             run.decide(LimitDecision::Stop, step);
