@@ -496,3 +496,18 @@ fn gemini_ends_cleanly_on_a_refused_call() {
 fn opencode_ends_cleanly_on_a_refused_call() {
     a_refused_call_ends_the_cli_cleanly(Cli::OpenCode);
 }
+
+#[test]
+#[ignore = "runs the real agent CLIs: .ci/install-agent-clis, then --run-ignored all"]
+fn a_proxy_setting_does_not_divert_calls_meant_for_the_gateway() {
+    // HTTP(S)_PROXY point at a closed port; NO_PROXY no longer lists loopback: stepguard adds
+    // 127.0.0.1 for the agent, so its calls still reach the gateway directly.
+    let agent = Agent::start(Cli::Claude, twelve_rounds());
+    let run = agent.run_env(
+        &["--wrap-up", "--max-steps", "3"],
+        &[("NO_PROXY", ""), ("no_proxy", "example.com")],
+    );
+    run.assert_exit(3);
+    assert_eq!(main_requests(&agent).len(), 3);
+    assert_eq!(agent.last_record()["terminated_by"], "wrap_up");
+}

@@ -180,7 +180,9 @@ impl Runner {
                                 "model gateway started"
                             );
                             command = pointing.command;
+                            let bypass = no_proxy_for_loopback(&env);
                             env.extend(pointing.env.into_iter().map(|(k, v)| (k.into(), v.into())));
+                            env.extend(bypass);
                             Some(gw)
                         }
                         Err(e) => {
@@ -857,6 +859,34 @@ fn start_gateway(
         connect_timeout: Duration::from_secs(10),
     };
     Gateway::start(config).map_err(std::io::Error::other)
+}
+
+/// `NO_PROXY` and `no_proxy` with 127.0.0.1 added, so that an agent CLI honouring a proxy
+/// setting still calls the gateway on loopback directly.
+fn no_proxy_for_loopback(
+    env: &[(std::ffi::OsString, std::ffi::OsString)],
+) -> Vec<(std::ffi::OsString, std::ffi::OsString)> {
+    let current = |name: &str| {
+        env.iter()
+            .rev()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.to_string_lossy().into_owned())
+            .or_else(|| std::env::var(name).ok())
+            .unwrap_or_default()
+    };
+    ["NO_PROXY", "no_proxy"]
+        .into_iter()
+        .map(|name| {
+            let value = current(name);
+            let listed = value.split(',').any(|h| h.trim() == "127.0.0.1");
+            let value = match (value.trim().is_empty(), listed) {
+                (true, _) => "127.0.0.1".to_owned(),
+                (false, true) => value,
+                (false, false) => format!("{value},127.0.0.1"),
+            };
+            (name.into(), value.into())
+        })
+        .collect()
 }
 
 /// Points the agent's command at `url` as the provider declares; the agent's environment is
