@@ -26,5 +26,6 @@ mod plugins;
 mod record_schema;
 mod run_cmd;
 mod simulate_cmd;
+mod spend;
 mod telemetry;
 mod wrap_up;

@@ -91,6 +91,17 @@ pub struct RunRecord {
     /// Model calls that offered tools and were forwarded upstream by the model gateway; null
     /// when the run had no gateway.
     pub model_calls: Option<u64>,
+    /// The token budget (input + output tokens, cached input included) and where it came from;
+    /// null when there was none.
+    pub max_tokens: Option<u64>,
+    /// Where the token budget came from (e.g. `--max-tokens`).
+    pub max_tokens_source: Option<String>,
+    /// The cost budget in US dollars; null when there was none.
+    pub max_cost_usd: Option<f64>,
+    /// Where the cost budget came from (e.g. `--max-cost-usd`).
+    pub max_cost_usd_source: Option<String>,
+    /// Token usage per sub-agent (Claude's Task tool), already included in `tokens`.
+    pub sub_agent_tokens: Option<BTreeMap<String, TokenUsage>>,
     /// Steps stepguard counted from the stream.
     pub num_steps_computed: Option<u64>,
     /// Steps the provider itself reported.
@@ -159,6 +170,11 @@ impl RunRecord {
             on_limit_decisions: Vec::new(),
             final_report: None,
             model_calls: None,
+            max_tokens: None,
+            max_tokens_source: None,
+            max_cost_usd: None,
+            max_cost_usd_source: None,
+            sub_agent_tokens: None,
             num_steps_computed: None,
             num_steps_reported: None,
             num_turns_computed: None,

@@ -51,6 +51,10 @@ macro_rules! failure_slugs {
 failure_slugs! {
     /// The step budget was exceeded (by stepguard's count or the provider's own limit).
     MaxSteps => "max_steps", "MAX_STEPS";
+    /// The token budget (`--max-tokens`) was spent, by stepguard or the provider's own budget.
+    MaxTokens => "max_tokens", "MAX_TOKENS";
+    /// The cost budget (`--max-cost-usd`) was spent, by stepguard or the provider's own budget.
+    MaxCost => "max_cost", "MAX_COST";
     /// The run's wall-clock timeout fired.
     Timeout => "timeout", "TIMEOUT";
     /// The provider reported an error (API error, failed turn, crash).
@@ -122,7 +126,11 @@ impl FailureSlug {
     pub const fn is_budget_failure(self) -> bool {
         matches!(
             self,
-            FailureSlug::MaxSteps | FailureSlug::Timeout | FailureSlug::ToolLimit
+            FailureSlug::MaxSteps
+                | FailureSlug::MaxTokens
+                | FailureSlug::MaxCost
+                | FailureSlug::Timeout
+                | FailureSlug::ToolLimit
         )
     }
 }
@@ -194,6 +202,8 @@ mod tests {
             "unrecognized_stream",
             "loop_detected",
             "gateway_bypassed",
+            "max_tokens",
+            "max_cost",
             "stalled",
             "startup_hang",
             "context_guard",

@@ -34,6 +34,10 @@ pub enum TerminatedBy {
     Upstream,
     /// The agent made model calls that did not go through the model gateway.
     Bypassed,
+    /// The token budget was exceeded.
+    Tokens,
+    /// The cost budget was exceeded.
+    Cost,
 }
 
 impl TerminatedBy {
@@ -51,6 +55,8 @@ impl TerminatedBy {
             TerminatedBy::WrapUp => "wrap_up",
             TerminatedBy::Upstream => "upstream",
             TerminatedBy::Bypassed => "bypassed",
+            TerminatedBy::Tokens => "tokens",
+            TerminatedBy::Cost => "cost",
         }
     }
 }
@@ -139,6 +145,12 @@ pub fn classify(
         Some(TerminatedBy::Bypassed) => {
             return Verdict::failed(FailureSlug::GatewayBypassed, ExitCode::Usage);
         }
+        Some(TerminatedBy::Tokens) => {
+            return Verdict::failed(FailureSlug::MaxTokens, ExitCode::BudgetExceeded);
+        }
+        Some(TerminatedBy::Cost) => {
+            return Verdict::failed(FailureSlug::MaxCost, ExitCode::BudgetExceeded);
+        }
         None => {}
     }
     match (stream, child) {
@@ -163,7 +175,10 @@ pub fn classify(
         ) => {
             let slug = slug.unwrap_or(FailureSlug::ProviderError);
             // The provider's own limit fired: still a budget outcome.
-            let code = if slug == FailureSlug::MaxSteps {
+            let code = if matches!(
+                slug,
+                FailureSlug::MaxSteps | FailureSlug::MaxTokens | FailureSlug::MaxCost
+            ) {
                 ExitCode::BudgetExceeded
             } else {
                 ExitCode::AgentFailed
@@ -225,6 +240,8 @@ mod tests {
             (TerminatedBy::WrapUp, FailureSlug::MaxSteps, 3),
             (TerminatedBy::Upstream, FailureSlug::ProviderError, 1),
             (TerminatedBy::Bypassed, FailureSlug::GatewayBypassed, 2),
+            (TerminatedBy::Tokens, FailureSlug::MaxTokens, 3),
+            (TerminatedBy::Cost, FailureSlug::MaxCost, 3),
         ] {
             let v = classify(Some(by), ok(), Some(ChildExit::Signal(15)));
             assert_eq!(

@@ -582,6 +582,8 @@ impl Terminal {
 /// warning. The list may grow in a minor release; it never shrinks within 1.x.
 pub const TERMINAL_SLUGS: &[&str] = &[
     "max_steps",
+    "max_tokens",
+    "max_cost",
     "timeout",
     "provider_error",
     "rate_limited",
