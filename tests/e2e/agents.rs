@@ -370,6 +370,15 @@ impl Agent {
 
     /// [`Agent::run`] with more variables in stepguard's (and so the agent's) environment.
     pub fn run_env(&self, args: &[&str], extra: &[(&str, &str)]) -> AgentRun {
+        self.run_full(args, extra, &[])
+    }
+
+    /// [`Agent::run`] with more arguments for the agent CLI itself (after its own).
+    pub fn run_agent_args(&self, args: &[&str], agent_args: &[&str]) -> AgentRun {
+        self.run_full(args, &[], agent_args)
+    }
+
+    fn run_full(&self, args: &[&str], extra: &[(&str, &str)], agent_args: &[&str]) -> AgentRun {
         let mut cmd = Command::new(STEPGUARD);
         cmd.env_clear()
             .envs(self.env())
@@ -391,7 +400,7 @@ impl Agent {
             cmd.arg("--plugin-dir")
                 .arg(&crate::harness::plugin_dirs().opencode);
         }
-        cmd.args(args).arg("--").args(self.argv());
+        cmd.args(args).arg("--").args(self.argv()).args(agent_args);
         let output = cmd.output().expect("spawn stepguard");
         AgentRun {
             run: output.into(),

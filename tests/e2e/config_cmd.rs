@@ -82,11 +82,15 @@ fn config_precedence_flag_env_file_default() {
         v,
         json!({
             "max_steps": 50, "source": "default", "source_file": null, "profile": null,
+            "max_tokens": null, "max_tokens_source": "default", "max_tokens_source_file": null,
+            "max_cost_usd": null, "max_cost_usd_source": "default",
+            "max_cost_usd_source_file": null,
             "loop_limit": 5, "loop_limit_source": "default", "loop_limit_source_file": null,
             "loop_window": 20, "loop_ignore_tools": [],
             "task_type": null, "provider": null, "config_files": [], "provider_options": {},
             "policy": {
-                "files": [], "max_steps_ceiling": null, "units": {},
+                "files": [], "max_steps_ceiling": null, "max_tokens_ceiling": null,
+                "max_cost_usd_ceiling": null, "units": {},
                 "allow_plugin_override": {"value": false, "source_file": null, "key": null}
             },
             "errors": [],
@@ -731,4 +735,485 @@ fn a_policy_unit_and_ceiling_hold_for_run_and_count() {
     assert_eq!(record["max_steps"], 3);
     assert_eq!(record["unit"], "item");
     assert_eq!(record["breached_at_step"], 4);
+}
+
+/// The token and cost budgets (`max_tokens`, `max_cost_usd`) of `config --json`, each with its
+/// source and source file.
+fn spend(v: &serde_json::Value) -> [serde_json::Value; 6] {
+    [
+        v["max_tokens"].clone(),
+        v["max_tokens_source"].clone(),
+        v["max_tokens_source_file"].clone(),
+        v["max_cost_usd"].clone(),
+        v["max_cost_usd_source"].clone(),
+        v["max_cost_usd_source_file"].clone(),
+    ]
+}
+
+const SPEND_PROJECT: &str = r#"
+max_tokens = 500000
+[defaults]
+max_cost_usd = 20
+[task_types.review]
+max_tokens = 200000
+max_cost_usd = 2.5
+[profiles.cheap]
+max_steps = 30
+max_tokens = 100000
+max_cost_usd = "0.75"
+"#;
+
+#[test]
+fn config_token_and_cost_budgets_flag_env_task_type_global_and_default() {
+    let sb = Sandbox::new();
+    sb.write("project/stepguard.toml", SPEND_PROJECT);
+    let file = sb.project().join("stepguard.toml").display().to_string();
+    let env = [
+        ("STEPGUARD_MAX_TOKENS", "300000"),
+        ("STEPGUARD_MAX_COST_USD", "4.25"),
+    ];
+    // Flags beat the environment.
+    let run = sb.run_env(
+        &[
+            "config",
+            "--json",
+            "--task-type",
+            "review",
+            "--max-tokens",
+            "1000",
+            "--max-cost-usd",
+            "0.5",
+        ],
+        &env,
+    );
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert_eq!(
+        spend(&run.json()),
+        [
+            json!(1000),
+            json!("--max-tokens"),
+            json!(null),
+            json!(0.5),
+            json!("--max-cost-usd"),
+            json!(null)
+        ]
+    );
+    // The environment beats the files.
+    let v = sb
+        .run_env(&["config", "--json", "--task-type", "review"], &env)
+        .json();
+    assert_eq!(
+        spend(&v),
+        [
+            json!(300_000),
+            json!("env STEPGUARD_MAX_TOKENS"),
+            json!(null),
+            json!(4.25),
+            json!("env STEPGUARD_MAX_COST_USD"),
+            json!(null)
+        ]
+    );
+    // The task type beats the global level.
+    let v = sb
+        .run(&["config", "--json", "--task-type", "review"])
+        .json();
+    assert_eq!(
+        spend(&v),
+        [
+            json!(200_000),
+            json!("task_types.review.max_tokens"),
+            json!(file),
+            json!(2.5),
+            json!("task_types.review.max_cost_usd"),
+            json!(file)
+        ]
+    );
+    assert_eq!(v["warnings"], json!([]));
+    // The global level: top-level keys and [defaults] alike.
+    let v = sb.run(&["config", "--json"]).json();
+    assert_eq!(
+        spend(&v),
+        [
+            json!(500_000),
+            json!("max_tokens"),
+            json!(file),
+            json!(20.0),
+            json!("defaults.max_cost_usd"),
+            json!(file)
+        ]
+    );
+    // `unlimited` on the command line lifts a file's budget; nothing at all is no budget.
+    let v = sb
+        .run(&["config", "--json", "--max-tokens", "unlimited"])
+        .json();
+    assert_eq!(
+        (v["max_tokens"].clone(), v["max_tokens_source"].clone()),
+        (json!(null), json!("--max-tokens"))
+    );
+    let v = Sandbox::new().run(&["config", "--json"]).json();
+    assert_eq!(
+        spend(&v),
+        [
+            json!(null),
+            json!("default"),
+            json!(null),
+            json!(null),
+            json!("default"),
+            json!(null)
+        ]
+    );
+    // The text form says the same, after the loop settings.
+    let run = sb.run(&["config", "--task-type", "review"]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert!(
+        run.stdout.contains(&format!(
+            "max_tokens: 200000 (from task_types.review.max_tokens in {file})\n\
+             max_cost_usd: 2.5 (from task_types.review.max_cost_usd in {file})\n"
+        )),
+        "{}",
+        run.stdout
+    );
+    let run = Sandbox::new().run(&["config", "--max-cost-usd", "3"]);
+    assert!(
+        run.stdout
+            .contains("max_tokens: none (from default)\nmax_cost_usd: 3 (from --max-cost-usd)\n"),
+        "{}",
+        run.stdout
+    );
+}
+
+#[test]
+fn config_a_profile_bounds_explicit_token_and_cost_budgets() {
+    let sb = Sandbox::new();
+    sb.write("project/stepguard.toml", SPEND_PROJECT);
+    let file = sb.project().join("stepguard.toml").display().to_string();
+    // The global 500000 tokens and $20 are above cheap's 100000 and $0.75.
+    let v = sb.run(&["config", "--json", "--profile", "cheap"]).json();
+    assert_eq!(
+        spend(&v),
+        [
+            json!(100_000),
+            json!("profiles.cheap.max_tokens"),
+            json!(file),
+            json!(0.75),
+            json!("profiles.cheap.max_cost_usd"),
+            json!(file)
+        ]
+    );
+    // A tighter explicit budget stands; `unlimited` cannot loosen the profile's.
+    let v = sb
+        .run_env(
+            &[
+                "config",
+                "--json",
+                "--max-tokens",
+                "unlimited",
+                "--max-cost-usd",
+                "0.5",
+            ],
+            &[("STEPGUARD_PROFILE", "cheap")],
+        )
+        .json();
+    assert_eq!(
+        spend(&v)[..2],
+        [json!(100_000), json!("profiles.cheap.max_tokens")]
+    );
+    assert_eq!(spend(&v)[3..5], [json!(0.5), json!("--max-cost-usd")]);
+    // Built-in profiles set neither budget.
+    let v = sb
+        .run(&[
+            "config",
+            "--json",
+            "--profile",
+            "strict",
+            "--task-type",
+            "none",
+        ])
+        .json();
+    assert_eq!(
+        (v["max_tokens"].clone(), v["max_tokens_source"].clone()),
+        (json!(500_000), json!("max_tokens"))
+    );
+    // The text form says when the profile lowered an explicit budget.
+    let run = sb.run(&["config", "--profile", "cheap", "--max-tokens", "400000"]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert!(
+        run.stdout.contains(&format!(
+            "max_tokens: 100000 (from profiles.cheap.max_tokens in {file})\n  explicit token \
+             budget 400000 lowered to 100000 by profile cheap\n"
+        )),
+        "{}",
+        run.stdout
+    );
+}
+
+#[test]
+fn policy_ceilings_bound_token_and_cost_budgets_from_every_level() {
+    let sb = Sandbox::new();
+    sb.write("project/stepguard.toml", SPEND_PROJECT);
+    sb.write(
+        "xdg-config/stepguard/stepguard.toml",
+        "[policy]\nmax_tokens_ceiling = 250000\nmax_cost_usd_ceiling = 5\n",
+    );
+    let (_, env) = policy_env(&sb);
+    let user = sb.user_config().display().to_string();
+    let project = sb.project().join("stepguard.toml").display().to_string();
+    let tokens_source = format!("policy max_tokens_ceiling ({user})");
+    let cost_source = format!("policy max_cost_usd_ceiling ({user})");
+
+    // The project's 500000 tokens are lowered; its $20 too.
+    let run = run_with(&sb, &["config", "--json"], &env);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let v = run.json();
+    assert_eq!(
+        spend(&v),
+        [
+            json!(250_000),
+            json!(tokens_source),
+            json!(user),
+            json!(5.0),
+            json!(cost_source),
+            json!(user)
+        ]
+    );
+    assert_eq!(
+        v["warnings"],
+        json!([
+            format!(
+                "{project}: max_tokens asks for 500000 tokens, above the policy ceiling of 250000 \
+                 set in {user}: policy.max_tokens_ceiling; using 250000"
+            ),
+            format!(
+                "{project}: defaults.max_cost_usd asks for $20.00, above the policy ceiling of \
+                 $5.00 set in {user}: policy.max_cost_usd_ceiling; using $5.00"
+            ),
+        ])
+    );
+    assert_eq!(
+        v["policy"]["max_tokens_ceiling"],
+        json!({"value": 250_000, "source_file": user, "key": "policy.max_tokens_ceiling"})
+    );
+    assert_eq!(
+        v["policy"]["max_cost_usd_ceiling"],
+        json!({"value": 5.0, "source_file": user, "key": "policy.max_cost_usd_ceiling"})
+    );
+    assert_eq!(v["policy"]["files"], json!([user]));
+
+    // Flags, the environment and `unlimited` cannot raise it; budgets under it stand.
+    let mut high = env.clone();
+    high.push(("STEPGUARD_MAX_COST_USD", "unlimited".to_owned()));
+    let v = run_with(&sb, &["config", "--json", "--max-tokens", "900000"], &high).json();
+    assert_eq!(spend(&v)[..2], [json!(250_000), json!(tokens_source)]);
+    assert_eq!(spend(&v)[3..5], [json!(5.0), json!(cost_source)]);
+    let warnings = v["warnings"].to_string();
+    assert!(
+        warnings.contains("--max-tokens asks for 900000 tokens")
+            && warnings.contains("env STEPGUARD_MAX_COST_USD asks for an unlimited cost"),
+        "{warnings}"
+    );
+    let v = run_with(&sb, &["config", "--json", "--task-type", "review"], &env).json();
+    assert_eq!(
+        spend(&v)[..2],
+        [json!(200_000), json!("task_types.review.max_tokens")]
+    );
+    assert_eq!(v["warnings"], json!([]));
+
+    // With no budget anywhere, the ceiling is the budget, silently.
+    sb.write("project/stepguard.toml", "");
+    let run = run_with(&sb, &["config"], &env);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert!(
+        run.stdout.contains(&format!(
+            "max_tokens: 250000 (from {tokens_source})\nmax_cost_usd: 5 (from {cost_source})\n"
+        )),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        run.stdout.contains(&format!(
+            "  max_tokens_ceiling = 250000 (from {user}: policy.max_tokens_ceiling)\n  \
+             max_cost_usd_ceiling = 5 (from {user}: policy.max_cost_usd_ceiling)\n"
+        )),
+        "{}",
+        run.stdout
+    );
+    assert!(run.stderr.is_empty(), "{}", run.stderr);
+
+    // A policy ceiling in a project file is ignored, like max_steps_ceiling.
+    sb.write(
+        "project/stepguard.toml",
+        "max_tokens = 900000\n[policy]\nmax_tokens_ceiling = 10\n",
+    );
+    let v = run_with(&sb, &["config", "--json"], &env).json();
+    assert_eq!(v["max_tokens"], 250_000);
+}
+
+#[test]
+fn config_invalid_token_and_cost_budgets_exit_2_naming_the_source() {
+    const TOKENS: &str = "use a whole number of tokens from 1 to 1000000000000, or \"unlimited\"";
+    const COST: &str = "use a number of US dollars above 0 and at most 1000000 with at most 4 \
+                        decimals (e.g. 2.50), or \"unlimited\"";
+    let sb = Sandbox::new();
+    for (args, env, needle) in [
+        (
+            vec!["config", "--max-tokens", "0"],
+            vec![],
+            format!("invalid token budget at --max-tokens: 0 is not a valid budget; {TOKENS}"),
+        ),
+        (
+            vec!["config", "--max-tokens", "2.5"],
+            vec![],
+            format!(
+                "invalid token budget at --max-tokens: \"2.5\" is not a whole number; {TOKENS}"
+            ),
+        ),
+        (
+            vec!["config", "--max-tokens", "2000000000000"],
+            vec![],
+            format!(
+                "invalid token budget at --max-tokens: 2000000000000 is above the maximum of \
+                 1000000000000; {TOKENS}"
+            ),
+        ),
+        (
+            vec!["config"],
+            vec![("STEPGUARD_MAX_TOKENS", "lots")],
+            format!(
+                "invalid token budget at env STEPGUARD_MAX_TOKENS: \"lots\" is not a number; \
+                 {TOKENS}"
+            ),
+        ),
+        (
+            vec!["config", "--max-cost-usd", "-1"],
+            vec![],
+            format!("invalid cost budget at --max-cost-usd: -1 is negative; {COST}"),
+        ),
+        (
+            vec!["config", "--max-cost-usd", "$2"],
+            vec![],
+            format!("invalid cost budget at --max-cost-usd: \"$2\" is not a number; {COST}"),
+        ),
+        (
+            vec!["config", "--json"],
+            vec![("STEPGUARD_MAX_COST_USD", "0.12345")],
+            format!(
+                "invalid cost budget at env STEPGUARD_MAX_COST_USD: 0.12345 has more than 4 \
+                 decimals; {COST}"
+            ),
+        ),
+        (
+            vec!["config"],
+            vec![("STEPGUARD_MAX_COST_USD", "2000000")],
+            format!(
+                "invalid cost budget at env STEPGUARD_MAX_COST_USD: 2000000 is above the maximum \
+                 of 1000000; {COST}"
+            ),
+        ),
+    ] {
+        let run = sb.run_env(&args, &env);
+        assert_eq!(run.code, Some(2), "{args:?}: {}", run.stderr);
+        let shown = if args.contains(&"--json") {
+            assert!(run.stderr.is_empty(), "{}", run.stderr);
+            run.json()["error"]["message"].as_str().unwrap().to_owned()
+        } else {
+            assert!(run.stdout.is_empty(), "{}", run.stdout);
+            run.stderr
+        };
+        assert!(shown.contains(&needle), "{args:?} {env:?}: {shown}");
+    }
+    // A bad flag is an error even when the environment would be fine, and the other way round.
+    let run = sb.run_env(
+        &["config", "--max-tokens", "100"],
+        &[("STEPGUARD_MAX_TOKENS", "-5")],
+    );
+    assert_eq!(run.code, Some(2));
+    assert!(
+        run.stderr
+            .contains("invalid token budget at env STEPGUARD_MAX_TOKENS: -5 is negative"),
+        "{}",
+        run.stderr
+    );
+}
+
+#[test]
+fn invalid_token_and_cost_budgets_in_files_are_errors_naming_file_and_key() {
+    let sb = Sandbox::new();
+    let (_, env) = policy_env(&sb);
+    let project = sb.project().join("stepguard.toml").display().to_string();
+    let user = sb.user_config().display().to_string();
+    for (rel, text, file, key, message) in [
+        (
+            "project/stepguard.toml",
+            "max_tokens = 1.5\n",
+            &project,
+            "max_tokens",
+            "1.5 is not a whole number; use a whole number of tokens from 1 to 1000000000000, or \
+             \"unlimited\"",
+        ),
+        (
+            "project/stepguard.toml",
+            "[defaults]\nmax_cost_usd = 0\n",
+            &project,
+            "defaults.max_cost_usd",
+            "0 is not a valid budget; use a number of US dollars above 0 and at most 1000000 with \
+             at most 4 decimals (e.g. 2.50), or \"unlimited\"",
+        ),
+        (
+            "project/stepguard.toml",
+            "[task_types.review]\nmax_cost_usd = \"cheap\"\n",
+            &project,
+            "task_types.review.max_cost_usd",
+            "\"cheap\" is not a number; use a number of US dollars above 0 and at most 1000000 \
+             with at most 4 decimals (e.g. 2.50), or \"unlimited\"",
+        ),
+        (
+            "project/stepguard.toml",
+            "[profiles.cheap]\nmax_steps = 5\nmax_tokens = -100\n",
+            &project,
+            "profiles.cheap.max_tokens",
+            "-100 is negative; use a whole number of tokens from 1 to 1000000000000, or \
+             \"unlimited\"",
+        ),
+        (
+            "xdg-config/stepguard/stepguard.toml",
+            "[policy]\nmax_tokens_ceiling = \"unlimited\"\n",
+            &user,
+            "policy.max_tokens_ceiling",
+            "\"unlimited\" is not a valid ceiling; use a whole number of tokens from 1 to \
+             1000000000000",
+        ),
+        (
+            "xdg-config/stepguard/stepguard.toml",
+            "[policy]\nmax_cost_usd_ceiling = 0.00001\n",
+            &user,
+            "policy.max_cost_usd_ceiling",
+            "0.00001 is not a valid ceiling; use a number of US dollars above 0 and at most \
+             1000000 with at most 4 decimals",
+        ),
+    ] {
+        sb.write("project/stepguard.toml", "");
+        sb.write("xdg-config/stepguard/stepguard.toml", "");
+        sb.write(rel, text);
+        let expected = format!("{file}: {key}: {message}");
+        // Every budget decision stops, whatever the flags say.
+        let run = run_with(
+            &sb,
+            &["config", "--max-tokens", "5", "--max-cost-usd", "1"],
+            &env,
+        );
+        assert_eq!(run.code, Some(2), "{text}: {}", run.stderr);
+        assert!(run.stderr.contains(&expected), "{text}: {}", run.stderr);
+        assert!(run.stdout.is_empty(), "{}", run.stdout);
+        let run = run_with(&sb, &["config", "--json"], &env);
+        assert_eq!(run.code, Some(2));
+        assert_eq!(run.json()["error"]["kind"], "config");
+        // `validate` says the same at the key.
+        let run = run_with(&sb, &["validate"], &env);
+        assert_eq!(run.code, Some(2), "{}", run.stdout);
+        assert!(
+            run.stdout.contains(&format!("error: {expected}\n")),
+            "{text}: {}",
+            run.stdout
+        );
+    }
 }

@@ -208,6 +208,248 @@ fn a_wrapped_up_runs_model_calls_and_final_report_are_shown_and_exported() {
     assert!(lines[0]["final_report"].is_null() && lines[0]["model_calls"].is_null());
 }
 
+/// Four Claude review runs with token and cost budgets, written through the store as `run`
+/// writes them: a success with sub-agents, a token-budget stop, a cost-budget stop, and a
+/// success without budgets. Returns the database path.
+fn budgeted_runs(sb: &Sandbox) -> String {
+    use stepguard_core::{Outcome, RunRecord, TokenUsage};
+    use stepguard_store::{NewRun, Store};
+
+    let db = sb.root().join("budgets.db");
+    let store = Store::open(&db).unwrap();
+    let usage = |input, cached, output, reasoning| TokenUsage {
+        input_tokens: input,
+        output_tokens: output,
+        cached_input_tokens: cached,
+        reasoning_output_tokens: reasoning,
+    };
+    type Run = (
+        Outcome,
+        Option<&'static str>,
+        u64,
+        TokenUsage,
+        f64,
+        Option<(u64, &'static str)>,
+        Option<(f64, &'static str)>,
+    );
+    let runs: [Run; 4] = [
+        (
+            Outcome::Success,
+            None,
+            5,
+            usage(1000, Some(600), 200, Some(50)),
+            0.05,
+            Some((5000, "--max-tokens")),
+            Some((0.5, "profiles.ci.max_cost_usd")),
+        ),
+        (
+            Outcome::Failed,
+            Some("max_tokens"),
+            8,
+            usage(4800, None, 300, None),
+            0.2,
+            Some((5000, "--max-tokens")),
+            None,
+        ),
+        (
+            Outcome::Failed,
+            Some("max_cost"),
+            6,
+            usage(2000, None, 100, None),
+            0.525,
+            None,
+            Some((0.5, "--max-cost-usd")),
+        ),
+        (
+            Outcome::Success,
+            None,
+            3,
+            usage(3000, None, 400, None),
+            0.125,
+            None,
+            None,
+        ),
+    ];
+    for (outcome, slug, steps, tokens, cost, max_tokens, max_cost) in runs {
+        let id = store
+            .begin_run(&NewRun {
+                provider: "claude".into(),
+                unit: Some("tool_use".into()),
+                task_type: Some("review".into()),
+                command: vec!["claude".into(), "-p".into()],
+                ..NewRun::default()
+            })
+            .unwrap();
+        let mut fin = RunRecord::new("claude", outcome);
+        fin.error_type = slug.map(Into::into);
+        fin.exit_code = Some(if slug.is_some() { 3 } else { 0 });
+        fin.terminated_by = slug.map(|s| if s == "max_tokens" { "tokens" } else { "cost" }.into());
+        fin.duration_ms = Some(1000);
+        fin.num_steps_computed = Some(steps);
+        fin.tokens = Some(tokens);
+        fin.cost_usd = Some(cost);
+        fin.max_tokens = max_tokens.map(|(n, _)| n);
+        fin.max_tokens_source = max_tokens.map(|(_, s)| s.into());
+        fin.max_cost_usd = max_cost.map(|(usd, _)| usd);
+        fin.max_cost_usd_source = max_cost.map(|(_, s)| s.into());
+        if id == 1 {
+            fin.sub_agent_tokens = Some(
+                [
+                    ("task-1".to_owned(), usage(300, Some(100), 40, None)),
+                    ("task-2".to_owned(), usage(50, None, 5, None)),
+                ]
+                .into(),
+            );
+        }
+        store.finish_run(id, &fin).unwrap();
+    }
+    db.display().to_string()
+}
+
+#[test]
+fn show_prints_token_and_cost_budgets_usage_and_sub_agents() {
+    let sb = Sandbox::new();
+    let db = budgeted_runs(&sb);
+    let show = |id: &str| {
+        let run = sb.run(&["--db", &db, "show", id]);
+        assert_eq!(run.code, Some(0), "{}", run.stderr);
+        run.stdout
+    };
+
+    let first = show("1");
+    assert!(
+        first.contains(
+            "  Budget: unlimited (from -)\n  Token budget: 5000 (from --max-tokens)\n  Cost budget: $0.50 (from profiles.ci.max_cost_usd)\n"
+        ),
+        "{first}"
+    );
+    assert!(
+        first.contains(
+            "  Tokens: 1000 in (600 cached) / 200 out (50 reasoning), 1200 total, cost $0.0500\n  Sub-agent task-1: 300 in (100 cached) / 40 out\n  Sub-agent task-2: 50 in / 5 out\n  Message: -\n"
+        ),
+        "{first}"
+    );
+    assert!(!first.contains("Limit:"), "{first}");
+
+    let tokens = show("2");
+    assert!(
+        tokens.contains("  Failure: max_tokens\n  Token Limit: 5100 / 5000\n"),
+        "{tokens}"
+    );
+    assert!(
+        tokens.contains("  Token budget: 5000 (from --max-tokens)\n  Steps:"),
+        "{tokens}"
+    );
+    assert!(tokens.contains("  Terminated by: tokens\n"), "{tokens}");
+    assert!(!tokens.contains("Step Limit"), "{tokens}");
+
+    let cost = show("3");
+    assert!(
+        cost.contains("  Failure: max_cost\n  Cost Limit: $0.5250 / $0.50\n"),
+        "{cost}"
+    );
+    assert!(
+        cost.contains("  Cost budget: $0.50 (from --max-cost-usd)\n"),
+        "{cost}"
+    );
+    assert!(!cost.contains("Token budget"), "{cost}");
+
+    // No budget, no sub-agents: only the usage line.
+    let plain = show("4");
+    for absent in ["Token budget", "Cost budget", "Sub-agent", "Limit:"] {
+        assert!(!plain.contains(absent), "{absent}: {plain}");
+    }
+    assert!(
+        plain.contains("  Tokens: 3000 in / 400 out, 3400 total, cost $0.1250\n"),
+        "{plain}"
+    );
+
+    // The JSON carries the same, and `history --json` reads the same record.
+    let json = sb.run(&["--db", &db, "show", "1", "--json"]).json();
+    assert_eq!(
+        (
+            &json["max_tokens"],
+            &json["max_tokens_source"],
+            &json["max_cost_usd"],
+            &json["max_cost_usd_source"]
+        ),
+        (
+            &Value::from(5000),
+            &Value::from("--max-tokens"),
+            &Value::from(0.5),
+            &Value::from("profiles.ci.max_cost_usd")
+        )
+    );
+    assert_eq!(
+        json["sub_agent_tokens"],
+        serde_json::json!({
+            "task-1": {"input_tokens": 300, "output_tokens": 40, "cached_input_tokens": 100},
+            "task-2": {"input_tokens": 50, "output_tokens": 5},
+        })
+    );
+    assert_eq!(
+        json["tokens"],
+        serde_json::json!({"input_tokens": 1000, "output_tokens": 200,
+            "cached_input_tokens": 600, "reasoning_output_tokens": 50})
+    );
+    let list = sb.run(&["--db", &db, "history", "--json"]).json();
+    assert_eq!(list[3], json);
+    let plain = &list[0];
+    for key in [
+        "max_tokens",
+        "max_tokens_source",
+        "max_cost_usd",
+        "max_cost_usd_source",
+        "sub_agent_tokens",
+    ] {
+        assert!(plain[key].is_null(), "{key}: {plain}");
+    }
+
+    // The list keeps its one line per run; the slug names the budget that ran out.
+    let history = sb.run(&["--db", &db, "history"]);
+    let lines: Vec<&str> = history.stdout.lines().collect();
+    assert_eq!(lines.len(), 4, "{}", history.stdout);
+    assert!(
+        lines[2].ends_with(
+            " claude/tool_use review: Steps: 8 | failed: max_tokens | 1.0s | tokens: 4800 in / 300 out | cost: $0.2000"
+        ),
+        "{}",
+        lines[2]
+    );
+}
+
+#[test]
+fn stats_give_token_and_cost_percentiles_and_budget_suggestions() {
+    let sb = Sandbox::new();
+    let db = budgeted_runs(&sb);
+    let run = sb.run(&["--db", &db, "stats"]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    // Tokens 1200, 5100, 2100, 3400; cost $0.05, $0.20, $0.525, $0.125. The suggestions are the
+    // successful runs' p95 (nearest rank): steps 3 and 5, tokens 1200 and 3400, cost $0.05 and
+    // $0.125.
+    assert_eq!(
+        run.stdout,
+        "claude / review: 4 runs, 50.0% success\n  failures: max_cost 1, max_tokens 1\n  steps per run: mean 5.5, p50 5, p95 8, max 8 (4 runs)\n  tokens per run: mean 2950.0, p50 2100, p95 5100, max 5100 (4 runs)\n  cost per run: mean $0.2250, p50 $0.1250, p95 $0.5250, max $0.5250 (4 runs)\n  suggestion: max_steps = 5 would have covered 95% of the 2 successful runs\n  suggestion: max_tokens = 3400 would have covered 95% of the 2 successful runs\n  suggestion: max_cost_usd = 0.125 would have covered 95% of the 2 successful runs\n"
+    );
+    let json = sb.run(&["--db", &db, "stats", "--json"]).json();
+    let group = &json["groups"][0];
+    assert_eq!(
+        group["failure_slugs"],
+        serde_json::json!({"max_cost": 1, "max_tokens": 1})
+    );
+    assert_eq!(
+        group["tokens"],
+        serde_json::json!({"runs": 4, "mean": 2950.0, "p50": 2100, "p95": 5100, "max": 5100})
+    );
+    assert_eq!(
+        group["cost_usd"],
+        serde_json::json!({"runs": 4, "mean": 0.225, "p50": 0.125, "p95": 0.525, "max": 0.525})
+    );
+    assert_eq!(group["suggested_max_tokens"], 3400);
+    assert_eq!(group["suggested_max_cost_usd"], 0.125);
+    assert_eq!(group["suggested_max_steps"], 5);
+}
+
 #[test]
 fn json_outputs_are_snapshotted() {
     let sb = Sandbox::new();
@@ -231,7 +473,7 @@ fn stats_text_has_rates_spreads_and_a_suggestion() {
     assert_eq!(
         run.stdout,
         "codex / (no task type): 1 run, 0.0% success\n  failures: rate_limited 1\n  steps per run: mean 1.0, p50 1, p95 1, max 1 (1 run)\n  turns per run: mean 1.0, p50 1, p95 1, max 1 (1 run)\n\
-         codex / review: 2 runs, 50.0% success\n  failures: max_steps 1\n  steps per run: mean 7.5, p50 4, p95 11, max 11 (2 runs)\n  turns per run: mean 1.0, p50 1, p95 1, max 1 (2 runs)\n  suggestion: max_steps = 4 would have covered 95% of the 1 successful run\n"
+         codex / review: 2 runs, 50.0% success\n  failures: max_steps 1\n  steps per run: mean 7.5, p50 4, p95 11, max 11 (2 runs)\n  turns per run: mean 1.0, p50 1, p95 1, max 1 (2 runs)\n  tokens per run: mean 480.0, p50 480, p95 480, max 480 (1 run)\n  suggestion: max_steps = 4 would have covered 95% of the 1 successful run\n  suggestion: max_tokens = 480 would have covered 95% of the 1 successful run\n"
     );
 }
 
@@ -376,7 +618,7 @@ fn a_newer_database_is_refused_and_the_run_still_enforces() {
     assert!(
         history
             .stderr
-            .contains("has schema version 7, newer than this stepguard knows"),
+            .contains("has schema version 8, newer than this stepguard knows"),
         "{}",
         history.stderr
     );
@@ -406,8 +648,9 @@ fn a_newer_database_is_refused_and_the_run_still_enforces() {
     assert_eq!(std::fs::read(&db).unwrap(), before);
 }
 
-/// Makes a SQLite file with `user_version = 7` using the sqlite3 file format directly: a valid
-/// empty database whose header says version 7 (bytes 60..64, big endian).
+/// Makes a SQLite file with `user_version = 8` using the sqlite3 file format directly: a valid
+/// empty database whose header says version 8 (bytes 60..64, big endian), one past the newest
+/// this stepguard knows (7).
 fn rusqlite_free_newer_db(path: &std::path::Path) -> std::fs::File {
     // An empty database made by SQLite is 4096 bytes of header + empty schema page; build it by
     // asking stepguard's store to create one, then patch the version field.
@@ -429,7 +672,7 @@ fn rusqlite_free_newer_db(path: &std::path::Path) -> std::fs::File {
     conn.pragma_update(None, "journal_mode", "DELETE").unwrap();
     drop(conn);
     let mut bytes = std::fs::read(&fresh).unwrap();
-    bytes[60..64].copy_from_slice(&7u32.to_be_bytes());
+    bytes[60..64].copy_from_slice(&8u32.to_be_bytes());
     std::fs::write(path, &bytes).unwrap();
     std::fs::File::open(path).unwrap()
 }

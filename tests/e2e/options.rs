@@ -361,3 +361,89 @@ fn profile_line_only_when_the_profile_lowered_the_budget() {
         run.stdout
     );
 }
+
+#[test]
+fn bad_token_or_cost_budget_in_a_file_stops_every_command_naming_file_and_key() {
+    let sb = Sandbox::new();
+    sb.write(
+        "project/stepguard.toml",
+        "[task_types.review]\nmax_cost_usd = 2.12345\n",
+    );
+    let message = format!(
+        "{}: task_types.review.max_cost_usd: 2.12345 has more than 4 decimals; use a number of \
+         US dollars above 0 and at most 1000000 with at most 4 decimals (e.g. 2.50), or \
+         \"unlimited\"",
+        project_file(&sb)
+    );
+    // Even for runs of another task type: a typo never lies in wait.
+    for (name, run) in every_command(&sb) {
+        assert_eq!(run.code, Some(2), "{name}: {}{}", run.stdout, run.stderr);
+        let shown = if name == "validate" {
+            &run.stdout
+        } else {
+            &run.stderr
+        };
+        assert!(
+            shown.lines().any(|l| l.ends_with(&message)),
+            "{name} does not say {message:?}:\n{}{}",
+            run.stdout,
+            run.stderr
+        );
+    }
+}
+
+#[test]
+fn misspelled_token_and_cost_keys_are_warnings_with_did_you_mean() {
+    let sb = Sandbox::new();
+    sb.write(
+        "project/stepguard.toml",
+        "max_token = 5000\n[task_types.review]\nmax_cost = 2\n",
+    );
+    let file = project_file(&sb);
+    let run = sb.run(&["config", "--json"]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let v = run.json();
+    assert_eq!(v["max_tokens"], json!(null));
+    assert_eq!(
+        v["warnings"],
+        json!([
+            format!(
+                "warning: {file}: max_token: unknown key `max_token`; did you mean `max_tokens`?"
+            ),
+            format!(
+                "warning: {file}: task_types.review.max_cost: unknown key `max_cost`; did you \
+                 mean `max_cost_usd`?"
+            ),
+        ])
+    );
+    let run = sb.run(&["validate", "--strict"]);
+    assert_eq!(run.code, Some(2), "{}", run.stdout);
+    assert!(
+        run.stdout.contains("2 errors, 0 warnings"),
+        "{}",
+        run.stdout
+    );
+}
+
+#[test]
+fn run_and_config_take_the_token_and_cost_flags() {
+    let sb = Sandbox::new();
+    for command in ["run", "config"] {
+        let run = sb.run(&[command, "--help"]);
+        assert_eq!(run.code, Some(0), "{}", run.stderr);
+        assert!(
+            run.stdout.contains("--max-tokens <N>") && run.stdout.contains("--max-cost-usd <USD>"),
+            "{command}: {}",
+            run.stdout
+        );
+    }
+    // Negative values reach the parser, which says why they are refused.
+    let run = sb.run(&["config", "--max-cost-usd", "-0.5"]);
+    assert_eq!(run.code, Some(2));
+    assert!(
+        run.stderr
+            .contains("invalid cost budget at --max-cost-usd: -0.5 is negative"),
+        "{}",
+        run.stderr
+    );
+}

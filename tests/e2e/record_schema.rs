@@ -169,6 +169,30 @@ fn a_record_that_breaks_the_schema_is_caught() {
     assert!(!validator.is_valid(&record));
     record["final_report"] = Value::Null;
     assert!(validator.is_valid(&record));
+    // The token and cost budgets: a count and an amount with their sources, or null; usage per
+    // sub-agent in the shape of `tokens`.
+    record["max_tokens"] = serde_json::json!(200_000);
+    record["max_tokens_source"] = Value::String("--max-tokens".into());
+    record["max_cost_usd"] = serde_json::json!(0.5);
+    record["max_cost_usd_source"] = Value::String("--max-cost-usd".into());
+    record["sub_agent_tokens"] = serde_json::json!({
+        "task-1": {"input_tokens": 300, "output_tokens": 40, "cached_input_tokens": 100}
+    });
+    assert!(validator.is_valid(&record));
+    record["max_tokens"] = serde_json::json!(-1);
+    assert!(!validator.is_valid(&record));
+    record["max_tokens"] = serde_json::json!(0.5);
+    assert!(!validator.is_valid(&record));
+    record["max_tokens"] = Value::Null;
+    record["max_cost_usd"] = Value::String("0.5".into());
+    assert!(!validator.is_valid(&record));
+    record["max_cost_usd"] = Value::Null;
+    record["sub_agent_tokens"] = serde_json::json!({"task-1": 340});
+    assert!(!validator.is_valid(&record));
+    record["sub_agent_tokens"] = serde_json::json!({"task-1": {"input_tokens": 300}});
+    assert!(!validator.is_valid(&record));
+    record["sub_agent_tokens"] = Value::Null;
+    assert!(validator.is_valid(&record));
     // Every key is always present, null when unknown.
     record.as_object_mut().unwrap().remove("id");
     assert!(!validator.is_valid(&record));

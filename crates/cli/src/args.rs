@@ -43,6 +43,8 @@ pub struct Cli {
 
 /// The subcommands.
 #[derive(Debug, Subcommand)]
+// Parsed once per process: the size of `run`'s arguments costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 pub enum Command {
     /// Show the effective budget, where it came from, provider options and warnings.
     Config(ConfigArgs),
@@ -64,6 +66,9 @@ pub enum Command {
     /// Run the agent-loop governor against a scripted scenario and print the JSON transcript
     /// (exit 0 when its expectations are met, 1 when not).
     Simulate(SimulateArgs),
+    /// Print the model price table `--max-cost-usd` uses (the shipped one, as a template for a
+    /// `--prices` file; with `--prices FILE`, the merged one as JSON under `--json`).
+    Prices(PricesArgs),
     /// Print a shell completion script on stdout (bash, zsh, fish, elvish, powershell).
     Completions(CompletionsArgs),
     /// Print the man page (roff) on stdout, or write one page per command into a directory.
@@ -80,6 +85,7 @@ impl Command {
             Command::Show(a) => a.json,
             Command::Stats(a) => a.json,
             Command::Plugins(a) => a.json,
+            Command::Prices(a) => a.json,
             Command::Completions(_) | Command::Man(_) => false,
             Command::Validate(a) => a.json,
             Command::Run(_) | Command::Simulate(_) => false,
@@ -172,6 +178,10 @@ pub struct RunArgs {
     /// With the gateway: every model call carries `system notice: this is step X of Y`.
     #[arg(long)]
     pub notices: bool,
+    /// A price file (TOML, like the shipped table: `stepguard prices`) whose models override
+    /// the shipped prices, for `--max-cost-usd` (also `STEPGUARD_PRICES`).
+    #[arg(long, value_name = "FILE", env = "STEPGUARD_PRICES")]
+    pub prices: Option<PathBuf>,
     /// With the gateway: write every model request to DIR as JSON, credentials removed (for
     /// debugging; nothing is stored otherwise).
     #[arg(long, value_name = "DIR")]
@@ -342,6 +352,14 @@ pub struct BudgetArgs {
     /// Deprecated spelling of --max-steps.
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub max_turns: Option<String>,
+    /// Token budget for this run: input + output tokens, cached input included; a whole number,
+    /// or `unlimited` (beats STEPGUARD_MAX_TOKENS and config; default: none).
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub max_tokens: Option<String>,
+    /// Cost budget for this run in US dollars, e.g. 2.50 (at most 4 decimals), or `unlimited`
+    /// (beats STEPGUARD_MAX_COST_USD and config; default: none).
+    #[arg(long, value_name = "USD", allow_negative_numbers = true)]
+    pub max_cost_usd: Option<String>,
     /// Task type whose `[task_types.T]` budget applies.
     #[arg(long, value_name = "T", env = "STEPGUARD_TASK_TYPE")]
     pub task_type: Option<String>,
@@ -396,6 +414,17 @@ pub struct ValidateArgs {
     pub strict: bool,
     /// Print one JSON object on stdout: `valid`, `files`, `errors` and `warnings` (each problem
     /// with `file`, `key`, `message`).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Arguments of `stepguard prices`.
+#[derive(Debug, Args)]
+pub struct PricesArgs {
+    /// A price file to merge over the shipped table (also `STEPGUARD_PRICES`).
+    #[arg(long, value_name = "FILE", env = "STEPGUARD_PRICES")]
+    pub prices: Option<PathBuf>,
+    /// Every model with its prices, source and origin, as JSON.
     #[arg(long)]
     pub json: bool,
 }

@@ -79,6 +79,7 @@ where
         Command::Stats(a) => commands::history::stats(&cli, a),
         Command::Plugins(a) => commands::plugins::run(&cli, a),
         Command::Simulate(a) => commands::simulate::run(a),
+        Command::Prices(a) => commands::prices::run(a),
         Command::Completions(a) => commands::completions::completions(a),
         Command::Man(a) => commands::completions::man(a),
     };

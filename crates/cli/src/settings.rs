@@ -1,11 +1,12 @@
-//! Turns global flags, the environment and config files into the inputs of budget and
-//! loop-settings resolution.
+//! Turns global flags, the environment and config files into the inputs of budget, token and
+//! cost budget, and loop-settings resolution.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 use stepguard_config::{ConfigError, ConfigSource, LoadedConfig, SearchPaths};
 use stepguard_core::loop_settings::{self, LoopRequest, ResolvedLoops};
+use stepguard_core::spend::{self, ResolvedSpend, SpendRequest};
 use stepguard_core::{BudgetRequest, ConfigModel, LevelSettings, Origin, Setting};
 
 use crate::args::BudgetArgs;
@@ -14,6 +15,10 @@ use crate::args::BudgetArgs;
 pub const ENV_MAX_STEPS: &str = "STEPGUARD_MAX_STEPS";
 /// Deprecated environment spelling of [`ENV_MAX_STEPS`].
 pub const ENV_MAX_TURNS: &str = "STEPGUARD_MAX_TURNS";
+/// Environment variable holding the per-run token budget (below `--max-tokens`).
+pub const ENV_MAX_TOKENS: &str = "STEPGUARD_MAX_TOKENS";
+/// Environment variable holding the per-run cost budget in US dollars (below `--max-cost-usd`).
+pub const ENV_MAX_COST_USD: &str = "STEPGUARD_MAX_COST_USD";
 /// Environment variable selecting a profile (below `--profile`).
 pub const ENV_PROFILE: &str = "STEPGUARD_PROFILE";
 /// Environment variable holding the loop limit (below `--loop-limit`).
@@ -121,26 +126,61 @@ pub fn resolve_loops(
     Ok(loop_settings::resolve(&request)?)
 }
 
-/// Builds the budget request for a run from its flags, the environment and the config.
-pub fn budget_request<'a>(args: &'a BudgetArgs, config: &'a ConfigModel) -> BudgetRequest<'a> {
+/// Returns the budget flags of a command (`--max-steps`, `--max-turns`, `--max-tokens`,
+/// `--max-cost-usd`) as one level of settings.
+fn flag_level(args: &BudgetArgs) -> LevelSettings {
     let flag = |v: &Option<String>, name: &str| {
         v.as_ref()
             .map(|v| Setting::text(v.clone(), Origin::Flag(name.to_owned())))
     };
-    let profile = profile_choice(args);
+    LevelSettings {
+        max_steps: flag(&args.max_steps, "--max-steps"),
+        max_turns: flag(&args.max_turns, "--max-turns"),
+        max_tokens: flag(&args.max_tokens, "--max-tokens"),
+        max_cost_usd: flag(&args.max_cost_usd, "--max-cost-usd"),
+    }
+}
+
+/// Returns the budget variables of the environment (`STEPGUARD_MAX_STEPS`,
+/// `STEPGUARD_MAX_TURNS`, `STEPGUARD_MAX_TOKENS`, `STEPGUARD_MAX_COST_USD`) as one level.
+fn env_level() -> LevelSettings {
+    LevelSettings {
+        max_steps: env_setting(ENV_MAX_STEPS),
+        max_turns: env_setting(ENV_MAX_TURNS),
+        max_tokens: env_setting(ENV_MAX_TOKENS),
+        max_cost_usd: env_setting(ENV_MAX_COST_USD),
+    }
+}
+
+/// Builds the budget request for a run from its flags, the environment and the config.
+pub fn budget_request<'a>(args: &'a BudgetArgs, config: &'a ConfigModel) -> BudgetRequest<'a> {
     BudgetRequest {
-        flags: LevelSettings {
-            max_steps: flag(&args.max_steps, "--max-steps"),
-            max_turns: flag(&args.max_turns, "--max-turns"),
-        },
-        env: LevelSettings {
-            max_steps: env_setting(ENV_MAX_STEPS),
-            max_turns: env_setting(ENV_MAX_TURNS),
-        },
-        profile,
+        flags: flag_level(args),
+        env: env_level(),
+        profile: profile_choice(args),
         task_type: args.task_type.as_deref(),
         config,
     }
+}
+
+/// Builds the token and cost budget request for a run from its flags, the environment and the
+/// config.
+pub fn spend_request<'a>(args: &'a BudgetArgs, model: &'a ConfigModel) -> SpendRequest<'a> {
+    SpendRequest {
+        flags: flag_level(args),
+        env: env_level(),
+        profile: profile_choice(args),
+        task_type: args.task_type.as_deref(),
+        config: model,
+    }
+}
+
+/// Resolves the token and cost budgets of a command: `--max-tokens` / `--max-cost-usd`,
+/// `STEPGUARD_MAX_TOKENS` / `STEPGUARD_MAX_COST_USD`, then the config for the task type and
+/// profile of `args`, bounded by the policy's ceilings (see [`stepguard_core::spend`]). A bad
+/// value is an error naming where it was set (exit 2).
+pub fn resolve_spend(args: &BudgetArgs, model: &ConfigModel) -> anyhow::Result<ResolvedSpend> {
+    Ok(spend::resolve(&spend_request(args, model))?)
 }
 
 /// Returns the `[telemetry]` table of the config files in effect as the exporter's settings

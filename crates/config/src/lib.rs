@@ -19,6 +19,12 @@
 //! `[task_types.T]` and `[profiles.NAME]` are validated as they are parsed (a bad value is an
 //! error naming its key) and resolved by [`stepguard_core::loop_settings::resolve`].
 //!
+//! Token and cost budgets: `max_tokens` and `max_cost_usd` are read wherever `max_steps` is
+//! (top level, `[defaults]`, `[task_types.T]`, `[profiles.NAME]`), and `[policy]` may set
+//! `max_tokens_ceiling` and `max_cost_usd_ceiling` (the lowest of the policy files wins). Each
+//! is validated as it is parsed (a bad value is an error naming its key) and resolved by
+//! [`stepguard_core::spend::resolve`].
+//!
 //! Parsing reports problems as [`Diagnostic`]s that name the file and the key (and line and column
 //! for syntax errors). Unknown keys are warnings with a "did you mean" when a known key is close.
 //! Any top-level table that is not a stepguard key holds options of the provider it names, e.g.
@@ -37,6 +43,7 @@ use std::path::{Path, PathBuf};
 
 use stepguard_core::budget::{self, ProfileSettings};
 use stepguard_core::loop_settings::{self, LoopLimit};
+use stepguard_core::spend::{self, SpendKind};
 use stepguard_core::{
     BudgetError, BudgetRequest, Ceiling, ConfigModel, LevelSettings, Origin, PolicySettings,
     RawValue, Setting, StepLimit,
@@ -65,6 +72,8 @@ pub const BUILTIN_PROVIDERS: &[&str] = &["claude", "codex", "gemini"];
 const TOP_LEVEL_KEYS: &[&str] = &[
     "max_steps",
     "max_turns",
+    "max_tokens",
+    "max_cost_usd",
     "profile",
     "defaults",
     "task_types",
@@ -74,11 +83,22 @@ const TOP_LEVEL_KEYS: &[&str] = &[
     "loops",
     "telemetry",
 ];
-const LEVEL_KEYS: &[&str] = &["max_steps", "max_turns"];
-const TASK_TYPE_KEYS: &[&str] = &["max_steps", "max_turns", "loop_limit"];
-const PROFILE_KEYS: &[&str] = &["max_steps", "loop_limit"];
+const LEVEL_KEYS: &[&str] = &["max_steps", "max_turns", "max_tokens", "max_cost_usd"];
+const TASK_TYPE_KEYS: &[&str] = &[
+    "max_steps",
+    "max_turns",
+    "max_tokens",
+    "max_cost_usd",
+    "loop_limit",
+];
+const PROFILE_KEYS: &[&str] = &["max_steps", "max_tokens", "max_cost_usd", "loop_limit"];
 const LOOPS_KEYS: &[&str] = &["limit", "window", "ignore_tools"];
-const POLICY_KEYS: &[&str] = &["max_steps_ceiling", "allow_plugin_override"];
+const POLICY_KEYS: &[&str] = &[
+    "max_steps_ceiling",
+    "max_tokens_ceiling",
+    "max_cost_usd_ceiling",
+    "allow_plugin_override",
+];
 const POLICY_PROVIDER_KEYS: &[&str] = &["max_steps_unit"];
 const RUN_KEYS: &[&str] = &["unrecognized_stream", "wrap_up"];
 const TELEMETRY_KEYS: &[&str] = &[
@@ -436,6 +456,12 @@ pub fn merge(mut files: Vec<ParsedFile>) -> LoadedConfig {
             if profile.max_steps.is_some() {
                 entry.max_steps.clone_from(&profile.max_steps);
             }
+            if profile.max_tokens.is_some() {
+                entry.max_tokens.clone_from(&profile.max_tokens);
+            }
+            if profile.max_cost_usd.is_some() {
+                entry.max_cost_usd.clone_from(&profile.max_cost_usd);
+            }
         }
         if m.profile.is_some() {
             model.profile.clone_from(&m.profile);
@@ -472,6 +498,24 @@ fn merge_policy(files: &mut [ParsedFile]) -> PolicySettings {
                 .is_none_or(|c| ceiling.max_steps < c.max_steps)
         {
             policy.max_steps_ceiling = Some(ceiling.clone());
+        }
+        if let Some((ceiling, _)) = &p.max_tokens_ceiling
+            && policy
+                .max_tokens_ceiling
+                .as_ref()
+                .is_none_or(|(c, _)| ceiling < c)
+        {
+            policy.max_tokens_ceiling.clone_from(&p.max_tokens_ceiling);
+        }
+        if let Some((ceiling, _)) = &p.max_cost_usd_ceiling
+            && policy
+                .max_cost_usd_ceiling
+                .as_ref()
+                .is_none_or(|(c, _)| ceiling < c)
+        {
+            policy
+                .max_cost_usd_ceiling
+                .clone_from(&p.max_cost_usd_ceiling);
         }
         for (provider, (unit, origin)) in &p.units {
             match policy.units.get(provider) {
@@ -535,6 +579,12 @@ fn overlay_level(into: &mut LevelSettings, from: &LevelSettings) {
     }
     if from.max_turns.is_some() {
         into.max_turns.clone_from(&from.max_turns);
+    }
+    if from.max_tokens.is_some() {
+        into.max_tokens.clone_from(&from.max_tokens);
+    }
+    if from.max_cost_usd.is_some() {
+        into.max_cost_usd.clone_from(&from.max_cost_usd);
     }
 }
 
@@ -629,6 +679,12 @@ impl Parser<'_> {
             match key.as_str() {
                 "max_steps" => self.out.model.global.max_steps = Some(self.setting(key, value)),
                 "max_turns" => self.out.model.global.max_turns = Some(self.setting(key, value)),
+                "max_tokens" => {
+                    self.out.model.global.max_tokens = self.spend(SpendKind::Tokens, key, value);
+                }
+                "max_cost_usd" => {
+                    self.out.model.global.max_cost_usd = self.spend(SpendKind::Cost, key, value);
+                }
                 "profile" => match value.as_str() {
                     Some(name) => {
                         let origin = Origin::File {
@@ -772,6 +828,8 @@ impl Parser<'_> {
         for (slot, new) in [
             (&mut global.max_steps, level.max_steps),
             (&mut global.max_turns, level.max_turns),
+            (&mut global.max_tokens, level.max_tokens),
+            (&mut global.max_cost_usd, level.max_cost_usd),
         ] {
             // Top-level keys and [defaults] are one level: the top-level one wins and the other
             // is kept for validate's checks.
@@ -819,6 +877,22 @@ impl Parser<'_> {
                     }
                     Err(other) => self.diag(Severity::Error, &path, other.to_string()),
                 },
+                "max_tokens_ceiling" => match spend::parse_max_tokens_ceiling(&raw_value(value)) {
+                    Ok(ceiling) => {
+                        let origin = self.origin(&path);
+                        self.out.model.policy.max_tokens_ceiling = Some((ceiling, origin));
+                    }
+                    Err(reason) => self.diag(Severity::Error, &path, reason.to_string()),
+                },
+                "max_cost_usd_ceiling" => {
+                    match spend::parse_max_cost_usd_ceiling(&raw_value(value)) {
+                        Ok(ceiling) => {
+                            let origin = self.origin(&path);
+                            self.out.model.policy.max_cost_usd_ceiling = Some((ceiling, origin));
+                        }
+                        Err(reason) => self.diag(Severity::Error, &path, reason.to_string()),
+                    }
+                }
                 "allow_plugin_override" => match value.as_bool() {
                     Some(allow) => {
                         let origin = self.origin(&path);
@@ -903,6 +977,10 @@ impl Parser<'_> {
             match (key.as_str(), task_type) {
                 ("max_steps", _) => level.max_steps = Some(self.setting(&path, value)),
                 ("max_turns", _) => level.max_turns = Some(self.setting(&path, value)),
+                ("max_tokens", _) => level.max_tokens = self.spend(SpendKind::Tokens, &path, value),
+                ("max_cost_usd", _) => {
+                    level.max_cost_usd = self.spend(SpendKind::Cost, &path, value);
+                }
                 ("loop_limit", Some(name)) => {
                     if let Some(limit) = self.loop_limit(&path, value) {
                         self.out
@@ -926,6 +1004,8 @@ impl Parser<'_> {
             let path = format!("{prefix}.{key}");
             match key.as_str() {
                 "max_steps" => profile.max_steps = Some(self.setting(&path, value)),
+                "max_tokens" => profile.max_tokens = self.spend(SpendKind::Tokens, &path, value),
+                "max_cost_usd" => profile.max_cost_usd = self.spend(SpendKind::Cost, &path, value),
                 "loop_limit" => {
                     if let Some(limit) = self.loop_limit(&path, value) {
                         self.out.model.loops.profiles.insert(name.to_owned(), limit);
@@ -935,6 +1015,19 @@ impl Parser<'_> {
             }
         }
         profile
+    }
+
+    /// Validates a token or cost budget at `path`; a bad one is an error diagnostic naming the
+    /// key (and is left out of the model).
+    fn spend(&mut self, kind: SpendKind, path: &str, value: &toml::Value) -> Option<Setting> {
+        let setting = self.setting(path, value);
+        match kind.check(&setting.value) {
+            Ok(()) => Some(setting),
+            Err(reason) => {
+                self.diag(Severity::Error, path, reason.to_string());
+                None
+            }
+        }
     }
 
     /// Validates a loop limit at `path`; a bad one is an error diagnostic naming the key.
@@ -1085,7 +1178,8 @@ pub fn validate(loaded: &LoadedConfig, strict: bool) -> Vec<Diagnostic> {
             .iter()
             .flat_map(|l| l.max_steps.iter().chain(l.max_turns.iter()))
             .chain(profile_settings)
-            .chain(file.shadowed.iter());
+            // Token and cost budgets are validated as they are parsed.
+            .chain(file.shadowed.iter().filter(|s| !is_spend_setting(s)));
         for setting in all_settings {
             if let Err(reason) = StepLimit::from_raw(&setting.value) {
                 out.push(at(Severity::Error, &setting.origin, reason.to_string()));
@@ -1155,6 +1249,16 @@ pub fn validate(loaded: &LoadedConfig, strict: bool) -> Vec<Diagnostic> {
         }
     }
     out
+}
+
+/// Returns true for a `max_tokens` or `max_cost_usd` setting.
+fn is_spend_setting(setting: &Setting) -> bool {
+    match &setting.origin {
+        Origin::File { key, .. } => [SpendKind::Tokens, SpendKind::Cost]
+            .iter()
+            .any(|k| key.rsplit('.').next() == Some(k.key())),
+        _ => false,
+    }
 }
 
 fn at(severity: Severity, origin: &Origin, message: impl Into<String>) -> Diagnostic {

@@ -672,7 +672,7 @@ loop_limit = 3
             "warning: /p/stepguard.toml: task_types.review.loop_limti: unknown key `loop_limti`; \
              did you mean `loop_limit`?",
             "warning: /p/stepguard.toml: defaults.loop_limit: unknown key `loop_limit`; known keys \
-             here: max_steps, max_turns",
+             here: max_steps, max_turns, max_tokens, max_cost_usd",
         ]
     );
     assert_eq!(f.model.loops, loop_settings::LoopConfig::default());
@@ -754,4 +754,323 @@ fn run_table_turns_the_wrap_up_on_and_refuses_non_booleans() {
         "{msgs:?}"
     );
     assert!(bad.model.wrap_up.is_none());
+}
+
+#[test]
+fn token_and_cost_budgets_are_read_wherever_max_steps_is() {
+    let f = parse(
+        r#"
+max_tokens = 500000
+max_cost_usd = 20
+[task_types.review]
+max_tokens = "unlimited"
+max_cost_usd = 2.5
+[profiles.cheap]
+max_tokens = 100000
+max_cost_usd = "0.75"
+"#,
+    );
+    assert!(f.diagnostics.is_empty(), "{:?}", f.diagnostics);
+    let m = &f.model;
+    let global = m.global.max_tokens.as_ref().unwrap();
+    assert_eq!(
+        (&global.value, global.origin.to_string().as_str()),
+        (&RawValue::Integer(500_000), "/p/stepguard.toml: max_tokens")
+    );
+    assert_eq!(
+        m.global.max_cost_usd.as_ref().unwrap().value,
+        RawValue::Integer(20)
+    );
+    let review = &m.task_types["review"];
+    assert_eq!(
+        review.max_tokens.as_ref().unwrap().value,
+        RawValue::Text("unlimited".into())
+    );
+    assert_eq!(
+        review.max_cost_usd.as_ref().unwrap().origin.label(),
+        "task_types.review.max_cost_usd"
+    );
+    let cheap = &m.profiles["cheap"];
+    assert_eq!(
+        cheap.max_tokens.as_ref().unwrap().origin.label(),
+        "profiles.cheap.max_tokens"
+    );
+    assert_eq!(
+        cheap.max_cost_usd.as_ref().unwrap().value,
+        RawValue::Text("0.75".into())
+    );
+    // A task type that sets only a spend budget is still a known task type.
+    let f = parse("[task_types.fix]\nmax_cost_usd = 1\n");
+    assert!(f.model.task_types.contains_key("fix"));
+}
+
+#[test]
+fn defaults_table_holds_spend_budgets_below_the_top_level_ones() {
+    let f = parse("[defaults]\nmax_tokens = 9000\nmax_cost_usd = 1.25\n");
+    assert!(f.diagnostics.is_empty(), "{:?}", f.diagnostics);
+    let g = &f.model.global;
+    assert_eq!(
+        g.max_tokens.as_ref().unwrap().origin.label(),
+        "defaults.max_tokens"
+    );
+    assert_eq!(
+        g.max_cost_usd.as_ref().unwrap().origin.label(),
+        "defaults.max_cost_usd"
+    );
+    let loaded = merge(vec![parse(
+        "max_tokens = 8000\n[defaults]\nmax_tokens = 9000\n",
+    )]);
+    assert_eq!(
+        loaded.model.global.max_tokens.as_ref().unwrap().value,
+        RawValue::Integer(8000)
+    );
+    assert_eq!(
+        messages(&validate(&loaded, false)),
+        [
+            "warning: /p/stepguard.toml: defaults.max_tokens: set both at the top level and in \
+             [defaults]; the top-level value wins"
+        ]
+    );
+}
+
+#[test]
+fn bad_spend_values_are_errors_naming_the_file_key_and_expected_form() {
+    let f = parse(
+        r#"
+max_tokens = 0
+max_cost_usd = -1
+[defaults]
+max_tokens = 2.5
+[task_types.review]
+max_tokens = "lots"
+max_cost_usd = 0.00001
+[profiles.cheap]
+max_tokens = true
+max_cost_usd = "$3"
+"#,
+    );
+    const TOKENS: &str = "use a whole number of tokens from 1 to 1000000000000, or \"unlimited\"";
+    const COST: &str = "use a number of US dollars above 0 and at most 1000000 with at most 4 \
+                        decimals (e.g. 2.50), or \"unlimited\"";
+    assert_eq!(
+        messages(&f.diagnostics),
+        [
+            format!("error: /p/stepguard.toml: max_cost_usd: -1 is negative; {COST}"),
+            format!("error: /p/stepguard.toml: max_tokens: 0 is not a valid budget; {TOKENS}"),
+            "error: /p/stepguard.toml: profiles.cheap.max_cost_usd: \"$3\" is not a number; use \
+             a number of US dollars above 0 and at most 1000000 with at most 4 decimals (e.g. \
+             2.50), or \"unlimited\""
+                .to_owned(),
+            "error: /p/stepguard.toml: profiles.cheap.max_tokens: expected a whole number of \
+             tokens from 1 to 1000000000000, or \"unlimited\", found a boolean"
+                .to_owned(),
+            format!(
+                "error: /p/stepguard.toml: task_types.review.max_cost_usd: 0.00001 has more than 4 \
+                 decimals; {COST}"
+            ),
+            format!(
+                "error: /p/stepguard.toml: task_types.review.max_tokens: \"lots\" is not a number; \
+                 {TOKENS}"
+            ),
+            format!(
+                "error: /p/stepguard.toml: defaults.max_tokens: 2.5 is not a whole number; {TOKENS}"
+            ),
+        ]
+    );
+    // Bad values are left out of the model, and `load` refuses the file.
+    assert_eq!(f.model.global, LevelSettings::default());
+    assert_eq!(f.model.profiles["cheap"], ProfileSettings::default());
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("stepguard.toml");
+    std::fs::write(&path, "[task_types.review]\nmax_cost_usd = 0\n").unwrap();
+    let sources = [source(&path, FileRole::Project)];
+    let err = load(&sources).unwrap_err();
+    assert!(
+        err.to_string().contains(&format!(
+            "{}: task_types.review.max_cost_usd: 0 is not a valid budget",
+            path.display()
+        )),
+        "{err}"
+    );
+    // `validate` reports it once.
+    let (loaded, _) = load_all(&sources);
+    let diags = validate(&loaded, false);
+    assert_eq!(diags.len(), 1, "{diags:?}");
+    assert_eq!(
+        diags[0].key.as_deref(),
+        Some("task_types.review.max_cost_usd")
+    );
+}
+
+#[test]
+fn misspelled_spend_keys_get_a_suggestion() {
+    let f = parse(
+        "max_token = 5\nmax_cost = 1\n[task_types.x]\nmax_cost_us = 1\n[profiles.p]\nmax_tokes = 1\n[defaults]\nmax_tokns = 3\n",
+    );
+    assert_eq!(
+        messages(&f.diagnostics),
+        [
+            "warning: /p/stepguard.toml: max_cost: unknown key `max_cost`; did you mean `max_cost_usd`?",
+            "warning: /p/stepguard.toml: max_token: unknown key `max_token`; did you mean `max_tokens`?",
+            "warning: /p/stepguard.toml: profiles.p.max_tokes: unknown key `max_tokes`; did you mean `max_tokens`?",
+            "warning: /p/stepguard.toml: task_types.x.max_cost_us: unknown key `max_cost_us`; did you mean `max_cost_usd`?",
+            "warning: /p/stepguard.toml: defaults.max_tokns: unknown key `max_tokns`; did you mean `max_tokens`?",
+        ]
+    );
+    let f = parse_as(
+        "/u/stepguard.toml",
+        "[policy]\nmax_token_ceiling = 5\nmax_cost_ceiling = 1\n",
+        FileRole::User,
+    );
+    assert_eq!(
+        messages(&f.diagnostics),
+        [
+            "warning: /u/stepguard.toml: policy.max_cost_ceiling: unknown key `max_cost_ceiling`; did you mean `max_cost_usd_ceiling`?",
+            "warning: /u/stepguard.toml: policy.max_token_ceiling: unknown key `max_token_ceiling`; did you mean `max_tokens_ceiling`?",
+        ]
+    );
+}
+
+#[test]
+fn spend_budgets_merge_key_by_key_the_project_file_first() {
+    let project = parse_str(
+        "/repo/stepguard.toml",
+        "max_tokens = 1000\n[task_types.review]\nmax_cost_usd = 1\n[profiles.cheap]\nmax_tokens = 50\n",
+    )
+    .unwrap();
+    let user = parse_str(
+        "/home/u/stepguard.toml",
+        "max_tokens = 9000\nmax_cost_usd = 9\n[task_types.review]\nmax_cost_usd = 5\nmax_tokens = 800\n[profiles.cheap]\nmax_cost_usd = 0.5\n",
+    )
+    .unwrap();
+    let m = merge(vec![project, user]).model;
+    let file = |s: &Option<Setting>| s.as_ref().and_then(|s| s.origin.file().map(str::to_owned));
+    assert_eq!(
+        file(&m.global.max_tokens).as_deref(),
+        Some("/repo/stepguard.toml")
+    );
+    assert_eq!(
+        file(&m.global.max_cost_usd).as_deref(),
+        Some("/home/u/stepguard.toml")
+    );
+    let review = &m.task_types["review"];
+    assert_eq!(
+        review.max_cost_usd.as_ref().unwrap().value,
+        RawValue::Integer(1)
+    );
+    assert_eq!(
+        review.max_tokens.as_ref().unwrap().value,
+        RawValue::Integer(800)
+    );
+    let cheap = &m.profiles["cheap"];
+    assert_eq!(
+        (file(&cheap.max_tokens), file(&cheap.max_cost_usd)),
+        (
+            Some("/repo/stepguard.toml".to_owned()),
+            Some("/home/u/stepguard.toml".to_owned())
+        )
+    );
+}
+
+#[test]
+fn spend_ceilings_are_read_from_policy_files_only_and_merge_to_the_lowest() {
+    let text =
+        "max_tokens = 5\n[policy]\nmax_tokens_ceiling = 200000\nmax_cost_usd_ceiling = 2.5\n";
+    let f = parse_as("/etc/stepguard/stepguard.toml", text, FileRole::System);
+    assert!(f.diagnostics.is_empty(), "{:?}", f.diagnostics);
+    let p = &f.model.policy;
+    let (tokens, origin) = p.max_tokens_ceiling.as_ref().unwrap();
+    assert_eq!(
+        (*tokens, origin.to_string().as_str()),
+        (
+            200_000,
+            "/etc/stepguard/stepguard.toml: policy.max_tokens_ceiling"
+        )
+    );
+    assert_eq!(p.max_cost_usd_ceiling.as_ref().map(|c| c.0), Some(2.5));
+    assert!(!p.is_empty());
+    // A project file's are ignored with the usual warning.
+    let f = parse(text);
+    assert!(f.model.policy.is_empty());
+    assert_eq!(f.diagnostics.len(), 1);
+    // Several policy files: the lowest of each wins, each with its own file.
+    let loaded = merge(vec![
+        parse_as(
+            "/home/u/stepguard.toml",
+            "[policy]\nmax_tokens_ceiling = 100000\nmax_cost_usd_ceiling = 9\n",
+            FileRole::User,
+        ),
+        parse_as("/etc/stepguard/stepguard.toml", text, FileRole::System),
+        parse_as(
+            "/ci/policy.toml",
+            "[policy]\nmax_cost_usd_ceiling = 4\n",
+            FileRole::PolicyOnly,
+        ),
+    ]);
+    let p = &loaded.model.policy;
+    let (tokens, origin) = p.max_tokens_ceiling.as_ref().unwrap();
+    assert_eq!(
+        (*tokens, origin.file()),
+        (100_000, Some("/home/u/stepguard.toml"))
+    );
+    let (cost, origin) = p.max_cost_usd_ceiling.as_ref().unwrap();
+    assert_eq!(
+        (*cost, origin.file()),
+        (2.5, Some("/etc/stepguard/stepguard.toml"))
+    );
+    assert_eq!(loaded.policy_files().count(), 3);
+}
+
+#[test]
+fn invalid_spend_ceilings_are_errors_naming_file_and_key() {
+    for (key, bad, expected) in [
+        (
+            "max_tokens_ceiling",
+            "0",
+            "0 is not a valid ceiling; use a whole number of tokens from 1 to 1000000000000",
+        ),
+        (
+            "max_tokens_ceiling",
+            "\"unlimited\"",
+            "\"unlimited\" is not a valid ceiling; use a whole number of tokens from 1 to 1000000000000",
+        ),
+        (
+            "max_tokens_ceiling",
+            "1e6",
+            "1000000 is not a valid ceiling; use a whole number of tokens from 1 to 1000000000000",
+        ),
+        (
+            "max_cost_usd_ceiling",
+            "0",
+            "0 is not a valid ceiling; use a number of US dollars above 0 and at most 1000000 with at most 4 decimals",
+        ),
+        (
+            "max_cost_usd_ceiling",
+            "\"off\"",
+            "\"off\" is not a valid ceiling; use a number of US dollars above 0 and at most 1000000 with at most 4 decimals",
+        ),
+        (
+            "max_cost_usd_ceiling",
+            "1.23456",
+            "1.23456 is not a valid ceiling; use a number of US dollars above 0 and at most 1000000 with at most 4 decimals",
+        ),
+        (
+            "max_cost_usd_ceiling",
+            "false",
+            "a boolean is not a valid ceiling; use a number of US dollars above 0 and at most 1000000 with at most 4 decimals",
+        ),
+    ] {
+        let f = parse_as(
+            "/u/stepguard.toml",
+            &format!("[policy]\n{key} = {bad}\n"),
+            FileRole::User,
+        );
+        assert_eq!(
+            messages(&f.diagnostics),
+            [format!(
+                "error: /u/stepguard.toml: policy.{key}: {expected}"
+            )]
+        );
+        assert!(f.model.policy.is_empty());
+    }
 }

@@ -262,6 +262,10 @@ pub struct LevelSettings {
     pub max_steps: Option<Setting>,
     /// The legacy `max_turns` at this level.
     pub max_turns: Option<Setting>,
+    /// `max_tokens` at this level (resolved by [`crate::spend::resolve`]).
+    pub max_tokens: Option<Setting>,
+    /// `max_cost_usd` at this level (resolved by [`crate::spend::resolve`]).
+    pub max_cost_usd: Option<Setting>,
 }
 
 /// A `[profiles.NAME]` table from a config file.
@@ -269,6 +273,10 @@ pub struct LevelSettings {
 pub struct ProfileSettings {
     /// The profile's budget, overriding the built-in one.
     pub max_steps: Option<Setting>,
+    /// The profile's token budget (no built-in profile has one).
+    pub max_tokens: Option<Setting>,
+    /// The profile's cost budget (no built-in profile has one).
+    pub max_cost_usd: Option<Setting>,
 }
 
 /// A policy's `max_steps_ceiling`: no budget, whatever its source, may exceed it.
@@ -340,6 +348,11 @@ pub struct PolicySettings {
     /// `allow_plugin_override`: consent for plugin files replacing built-in providers. Any policy
     /// file saying `false` wins over others saying `true`.
     pub allow_plugin_override: Option<(bool, Origin)>,
+    /// `max_tokens_ceiling`: no token budget may exceed it (the lowest of the policy files).
+    pub max_tokens_ceiling: Option<(u64, Origin)>,
+    /// `max_cost_usd_ceiling`: no cost budget, in US dollars, may exceed it (the lowest of the
+    /// policy files).
+    pub max_cost_usd_ceiling: Option<(f64, Origin)>,
 }
 
 impl PolicySettings {
@@ -348,6 +361,8 @@ impl PolicySettings {
         self.max_steps_ceiling.is_none()
             && self.units.is_empty()
             && self.allow_plugin_override.is_none()
+            && self.max_tokens_ceiling.is_none()
+            && self.max_cost_usd_ceiling.is_none()
     }
 }
 
@@ -945,6 +960,7 @@ mod tests {
             global: LevelSettings {
                 max_steps: int(40, file("max_steps")),
                 max_turns: int(40, file("max_turns")),
+                ..Default::default()
             },
             ..Default::default()
         };
@@ -989,6 +1005,7 @@ mod tests {
         let flags = LevelSettings {
             max_steps: explicit.and_then(|n| int(n, Origin::Flag("--max-steps".into()))),
             max_turns: None,
+            ..Default::default()
         };
         resolve(&BudgetRequest {
             flags,
@@ -1037,12 +1054,14 @@ mod tests {
             "strict".into(),
             ProfileSettings {
                 max_steps: int(8, file("profiles.strict.max_steps")),
+                ..Default::default()
             },
         );
         config.profiles.insert(
             "nightly".into(),
             ProfileSettings {
                 max_steps: int(400, file("profiles.nightly.max_steps")),
+                ..Default::default()
             },
         );
         let r = with_profile(None, "strict", config.clone());
@@ -1077,6 +1096,7 @@ mod tests {
                 Origin::Flag("--max-steps".into()),
             )),
             max_turns: None,
+            ..Default::default()
         };
         let r = resolve(&BudgetRequest {
             flags: flags.clone(),
@@ -1145,6 +1165,7 @@ mod tests {
                         origin: file("max_steps"),
                     }),
                     max_turns: None,
+                    ..Default::default()
                 },
                 ..Default::default()
             };
@@ -1167,12 +1188,14 @@ mod tests {
             global: LevelSettings {
                 max_steps: int(0, file("max_steps")),
                 max_turns: None,
+                ..Default::default()
             },
             ..Default::default()
         };
         let flags = LevelSettings {
             max_steps: int(5, Origin::Flag("--max-steps".into())),
             max_turns: None,
+            ..Default::default()
         };
         let err = resolve(&BudgetRequest {
             flags,
@@ -1271,6 +1294,7 @@ mod tests {
                 Origin::Flag("--max-steps".into()),
             )),
             max_turns: None,
+            ..Default::default()
         };
         let r = resolve(&BudgetRequest {
             flags,
@@ -1401,6 +1425,7 @@ mod tests {
                 flags: LevelSettings {
                     max_steps: Some(Setting::text(value, Origin::Flag("--max-steps".into()))),
                     max_turns: None,
+                    ..Default::default()
                 },
                 ..BudgetRequest::new(&config)
             })

@@ -6,6 +6,8 @@
 //! * [`budget`]: budget values, their sources and the precedence that resolves them
 //!   ([`budget::resolve`]), profiles, the policy ceiling no other source can exceed, and the
 //!   legacy `max_turns` spelling with its deprecation;
+//! * [`spend`]: the token and cost budgets (`max_tokens`, `max_cost_usd`), their sources and
+//!   the precedence that resolves them ([`spend::resolve`]), mirroring the step budget's;
 //! * [`ledger`]: [`StepLedger`], which counts steps begun and completed and says when a run is
 //!   over budget: a budget of N lets N steps happen, and step N+1 beginning is over budget;
 //! * [`slug`]: [`FailureSlug`], the stable machine-readable reasons runs fail;
@@ -40,6 +42,7 @@ pub mod loop_settings;
 pub mod loops;
 pub mod record;
 pub mod slug;
+pub mod spend;
 pub mod stats;
 pub mod verdict;
 
@@ -51,4 +54,5 @@ pub use exit::ExitCode;
 pub use ledger::{BudgetStatus, StepLedger};
 pub use record::{RECORD_SCHEMA_VERSION, RunRecord};
 pub use slug::FailureSlug;
+pub use spend::{ResolvedSpend, SpendError, SpendRequest};
 pub use stats::{Outcome, RunStats, TokenUsage};

@@ -91,8 +91,7 @@ pub struct RunRecord {
     /// Model calls that offered tools and were forwarded upstream by the model gateway; null
     /// when the run had no gateway.
     pub model_calls: Option<u64>,
-    /// The token budget (input + output tokens, cached input included) and where it came from;
-    /// null when there was none.
+    /// The token budget (input + output tokens, cached input included); null when none was set.
     pub max_tokens: Option<u64>,
     /// Where the token budget came from (e.g. `--max-tokens`).
     pub max_tokens_source: Option<String>,
@@ -100,7 +99,8 @@ pub struct RunRecord {
     pub max_cost_usd: Option<f64>,
     /// Where the cost budget came from (e.g. `--max-cost-usd`).
     pub max_cost_usd_source: Option<String>,
-    /// Token usage per sub-agent (Claude's Task tool), already included in `tokens`.
+    /// Token usage per sub-agent (Claude's Task tool), already included in `tokens`; null when
+    /// the provider does not report it, or the run was recorded before it was.
     pub sub_agent_tokens: Option<BTreeMap<String, TokenUsage>>,
     /// Steps stepguard counted from the stream.
     pub num_steps_computed: Option<u64>,
@@ -291,13 +291,60 @@ mod tests {
     fn every_field_is_present_in_json_even_when_unknown() {
         let json = serde_json::to_value(RunRecord::new("codex", Outcome::Success)).unwrap();
         let object = json.as_object().unwrap();
-        assert_eq!(object.len(), 40);
+        assert_eq!(object.len(), 45);
         assert_eq!(object["schema_version"], RECORD_SCHEMA_VERSION);
         assert!(object["id"].is_null());
         assert_eq!(object["on_limit_decisions"], serde_json::json!([]));
         assert!(object["loops"].is_null());
         assert!(object["final_report"].is_null());
         assert!(object["model_calls"].is_null());
+        for key in [
+            "max_tokens",
+            "max_tokens_source",
+            "max_cost_usd",
+            "max_cost_usd_source",
+            "sub_agent_tokens",
+        ] {
+            assert!(object[key].is_null(), "{key}");
+        }
+    }
+
+    #[test]
+    fn token_and_cost_budgets_serialize_and_read_back() {
+        let mut record = RunRecord::new("claude", Outcome::Failed);
+        record.error_type = Some("max_cost".into());
+        record.terminated_by = Some("cost".into());
+        record.max_tokens = Some(200_000);
+        record.max_tokens_source = Some("--max-tokens".into());
+        record.max_cost_usd = Some(0.5);
+        record.max_cost_usd_source = Some("profiles.ci.max_cost_usd".into());
+        record.tokens = Some(TokenUsage {
+            input_tokens: 1000,
+            output_tokens: 200,
+            cached_input_tokens: Some(600),
+            reasoning_output_tokens: None,
+        });
+        record.cost_usd = Some(0.51);
+        record.sub_agent_tokens = Some(BTreeMap::from([(
+            "task-1".to_owned(),
+            TokenUsage {
+                input_tokens: 300,
+                output_tokens: 40,
+                ..TokenUsage::default()
+            },
+        )]));
+        let json = serde_json::to_value(&record).unwrap();
+        assert_eq!(json["max_tokens"], 200_000);
+        assert_eq!(json["max_cost_usd"], 0.5);
+        assert_eq!(json["max_cost_usd_source"], "profiles.ci.max_cost_usd");
+        // Sub-agent usage has the shape of `tokens`: unknown details are left out.
+        assert_eq!(
+            json["sub_agent_tokens"],
+            serde_json::json!({"task-1": {"input_tokens": 300, "output_tokens": 40}})
+        );
+        assert!(record.is_budget_failure());
+        let back: RunRecord = serde_json::from_value(json).unwrap();
+        assert_eq!(back, record);
     }
 
     #[test]

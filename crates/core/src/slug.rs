@@ -77,6 +77,9 @@ failure_slugs! {
     /// The run asked for the model gateway (`--wrap-up`) but the agent's model calls did not go
     /// through it (the CLI takes its model URL from somewhere stepguard did not set).
     GatewayBypassed => "gateway_bypassed", "GATEWAY_BYPASSED";
+    /// A cost budget was set and a model call's model has no price, so the budget could not
+    /// be kept: the call was not made.
+    UnpricedModel => "unpriced_model", "UNPRICED_MODEL";
     /// The agent produced no output for the idle timeout.
     Stalled => "stalled", "STALLED";
     /// The agent produced no recognised event within the startup timeout.
@@ -202,6 +205,7 @@ mod tests {
             "unrecognized_stream",
             "loop_detected",
             "gateway_bypassed",
+            "unpriced_model",
             "max_tokens",
             "max_cost",
             "stalled",

@@ -38,6 +38,8 @@ pub enum TerminatedBy {
     Tokens,
     /// The cost budget was exceeded.
     Cost,
+    /// A cost budget was set and a model call's model has no price.
+    Unpriced,
 }
 
 impl TerminatedBy {
@@ -57,6 +59,7 @@ impl TerminatedBy {
             TerminatedBy::Bypassed => "bypassed",
             TerminatedBy::Tokens => "tokens",
             TerminatedBy::Cost => "cost",
+            TerminatedBy::Unpriced => "unpriced",
         }
     }
 }
@@ -151,6 +154,10 @@ pub fn classify(
         Some(TerminatedBy::Cost) => {
             return Verdict::failed(FailureSlug::MaxCost, ExitCode::BudgetExceeded);
         }
+        // Like a stream that cannot be counted: the fix is in the setup (a price file).
+        Some(TerminatedBy::Unpriced) => {
+            return Verdict::failed(FailureSlug::UnpricedModel, ExitCode::Usage);
+        }
         None => {}
     }
     match (stream, child) {
@@ -242,6 +249,7 @@ mod tests {
             (TerminatedBy::Bypassed, FailureSlug::GatewayBypassed, 2),
             (TerminatedBy::Tokens, FailureSlug::MaxTokens, 3),
             (TerminatedBy::Cost, FailureSlug::MaxCost, 3),
+            (TerminatedBy::Unpriced, FailureSlug::UnpricedModel, 2),
         ] {
             let v = classify(Some(by), ok(), Some(ChildExit::Signal(15)));
             assert_eq!(

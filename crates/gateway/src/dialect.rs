@@ -82,11 +82,19 @@ impl Dialect {
     /// [`Dialect::offers_tools`] straight from the request bytes, without building a JSON value
     /// (the hot path: most calls are forwarded as they came); `None` when the body is not JSON.
     pub fn offers_tools_raw(self, body: &[u8]) -> Option<bool> {
+        self.probe(body).map(|(tools, _)| tools)
+    }
+
+    /// Whether a request offers tools, and the model it names in its body (Gemini names it in
+    /// the path: see [`Dialect::model_in_path`]), without building a JSON value.
+    pub fn probe(self, body: &[u8]) -> Option<(bool, Option<String>)> {
         use serde::de::IgnoredAny;
         #[derive(serde::Deserialize)]
         struct Probe {
             #[serde(default)]
             tools: Option<Vec<IgnoredAny>>,
+            #[serde(default)]
+            model: Option<String>,
         }
         #[derive(serde::Deserialize)]
         struct GeminiTool {
@@ -104,15 +112,24 @@ impl Dialect {
         }
         match self {
             Dialect::Gemini => serde_json::from_slice::<GeminiProbe>(body).ok().map(|p| {
-                p.tools
+                let tools = p
+                    .tools
                     .unwrap_or_default()
                     .iter()
-                    .any(|t| t.declarations.as_ref().is_some_and(|d| !d.is_empty()))
+                    .any(|t| t.declarations.as_ref().is_some_and(|d| !d.is_empty()));
+                (tools, None)
             }),
             _ => serde_json::from_slice::<Probe>(body)
                 .ok()
-                .map(|p| p.tools.is_some_and(|t| !t.is_empty())),
+                .map(|p| (p.tools.is_some_and(|t| !t.is_empty()), p.model)),
         }
+    }
+
+    /// The model a Gemini request names in its path (`…/models/NAME:generateContent`).
+    pub fn model_in_path(path: &str) -> Option<String> {
+        let rest = path.split("/models/").nth(1)?;
+        let name = rest.split([':', '?']).next()?;
+        (!name.is_empty()).then(|| name.to_owned())
     }
 
     /// Turns tool use off, keeping the tool definitions (the APIs need them beside tool history).

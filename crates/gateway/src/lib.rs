@@ -28,6 +28,7 @@
 mod dialect;
 mod point;
 mod proxy;
+mod usage;
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
@@ -38,6 +39,7 @@ use std::time::Duration;
 
 pub use dialect::{Dialect, UnknownDialect};
 pub use point::{PointError, Pointing, point};
+pub use usage::CallUsage;
 
 /// The notice the last model call carries.
 pub const WRAP_UP_NOTICE: &str = "system notice: the step budget is reached. Make no more tool \
@@ -59,10 +61,40 @@ pub struct Pace {
     pub reply_cost: u64,
     /// Whether the unit is `request`: the gateway's count of main requests is the step count.
     pub count_requests: bool,
+    /// The token budget (input + output of every model call, cached input included).
+    pub max_tokens: Option<u64>,
+    /// The cost budget in US dollars; needs [`Pace::price`].
+    pub max_cost_usd: Option<f64>,
+    /// Prices a model call: `(model, usage) → dollars`, `None` for a model it does not know.
+    pub price: Option<Pricing>,
+}
+
+/// The function behind [`Pricing`].
+pub type PriceFn = dyn Fn(&str, &CallUsage) -> Option<f64> + Send + Sync;
+
+/// Prices a model call by model name and usage (`None`: the model has no price).
+#[derive(Clone)]
+pub struct Pricing(pub Arc<PriceFn>);
+
+impl std::fmt::Debug for Pricing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Pricing(..)")
+    }
+}
+
+/// Which budget made a model call the last one (or refused it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Budget {
+    /// The step budget.
+    Steps,
+    /// The token budget.
+    Tokens,
+    /// The cost budget.
+    Cost,
 }
 
 /// What the gateway tells the run as it happens.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum GatewayEvent {
     /// A main request was forwarded; `number` counts them from 1.
     Forwarded {
@@ -75,6 +107,18 @@ pub enum GatewayEvent {
     Refused {
         /// Requests refused so far, this one included.
         count: u64,
+    },
+    /// A model call's reply streamed through with its usage; the totals so far, all calls.
+    Usage {
+        /// Input plus output tokens of every call so far.
+        tokens: u64,
+        /// Their cost in dollars, when every call so far could be priced.
+        cost_usd: Option<f64>,
+    },
+    /// A cost budget is set and the model of a call has no price: the call was refused.
+    Unpriced {
+        /// The model's name as the call gave it.
+        model: String,
     },
     /// The upstream could not be reached or broke off: the run cannot go on.
     UpstreamFailed {
@@ -130,6 +174,8 @@ pub(crate) enum Plan {
     Last { number: u64 },
     /// Answer it without forwarding: the budget is spent.
     Refuse,
+    /// Answer it with an error without forwarding: its model has no price.
+    Unpriced,
 }
 
 /// The gateway's own count of a run's model calls.
@@ -142,6 +188,59 @@ pub(crate) struct Tally {
     pub(crate) notice: Option<String>,
     pub(crate) final_text: Option<String>,
     pub(crate) recorded: u64,
+    /// Usage of every model call so far (main and side).
+    pub(crate) usage: CallUsage,
+    /// Their cost; `None` once a call could not be priced.
+    pub(crate) cost: Option<f64>,
+    /// Tokens and cost of the latest main calls, newest last (for the next call's estimate).
+    pub(crate) recent: Vec<(u64, f64)>,
+    /// Which budget made the last call the last.
+    pub(crate) reason: Option<Budget>,
+}
+
+impl Tally {
+    /// What the next main call will likely use: the latest one's, grown as it last grew (a
+    /// conversation only gets longer).
+    fn estimate(&self) -> Option<(u64, f64)> {
+        let (t1, c1) = *self.recent.last()?;
+        let Some(&(t0, c0)) = self
+            .recent
+            .len()
+            .checked_sub(2)
+            .and_then(|i| self.recent.get(i))
+        else {
+            return Some((t1, c1));
+        };
+        Some((t1 + t1.saturating_sub(t0), c1 + (c1 - c0).max(0.0)))
+    }
+
+    /// What the token and cost budgets say of the next main call: refuse it (the budget is
+    /// spent or it would cross it), make it the last (the one after it would cross), or go on.
+    fn spend_plan(&self, pace: &Pace) -> Option<(bool, Budget)> {
+        let est = self.estimate();
+        if let Some(max) = pace.max_tokens {
+            let spent = self.usage.total();
+            let next = est.map_or(0, |e| e.0);
+            if spent >= max || spent.saturating_add(next) > max {
+                return Some((true, Budget::Tokens));
+            }
+            if est.is_some() && spent.saturating_add(next.saturating_mul(2)) > max {
+                return Some((false, Budget::Tokens));
+            }
+        }
+        if let (Some(max), Some(spent)) = (pace.max_cost_usd, self.cost) {
+            // Dollars are summed in floating point: a nano-dollar of rounding is not a crossing.
+            const EPS: f64 = 1e-9;
+            let next = est.map_or(0.0, |e| e.1);
+            if spent >= max - EPS || spent + next > max + EPS {
+                return Some((true, Budget::Cost));
+            }
+            if est.is_some() && spent + 2.0 * next > max + EPS {
+                return Some((false, Budget::Cost));
+            }
+        }
+        None
+    }
 }
 
 /// State shared by the gateway's handlers and its [`Gateway`] handle.
@@ -156,15 +255,25 @@ impl Shared {
         self.tally.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Decides what happens to the next main request, and counts it.
-    pub(crate) fn plan(&self) -> (Plan, Option<String>) {
+    /// Decides what happens to the next main request for `model`, and counts it.
+    pub(crate) fn plan(&self, model: &str) -> (Plan, Option<String>) {
         let pace = &self.config.pace;
         let mut t = self.tally();
         if t.last_sent {
             t.refused += 1;
             return (Plan::Refuse, None);
         }
+        // A cost budget cannot be kept with a model it cannot price: fail closed.
+        if pace.max_cost_usd.is_some()
+            && pace
+                .price
+                .as_ref()
+                .is_none_or(|p| (p.0)(model, &CallUsage::default()).is_none())
+        {
+            return (Plan::Unpriced, None);
+        }
         let forced = t.force_last;
+        let spend = t.spend_plan(pace);
         let plan = match pace.limit {
             None if !forced => Plan::Forward {
                 number: t.forwarded + 1,
@@ -198,15 +307,62 @@ impl Shared {
                 }
             }
         };
+        let steps_say_last = matches!(plan, Plan::Last { .. }) && !forced;
+        let plan = match (plan, spend) {
+            (Plan::Forward { number }, Some((false, budget))) => {
+                t.reason = Some(budget);
+                Plan::Last { number }
+            }
+            (Plan::Forward { .. } | Plan::Last { .. }, Some((true, budget))) => {
+                t.reason.get_or_insert(budget);
+                Plan::Refuse
+            }
+            (plan, _) => {
+                if steps_say_last {
+                    t.reason = Some(Budget::Steps);
+                }
+                plan
+            }
+        };
         match plan {
             Plan::Forward { .. } => t.forwarded += 1,
             Plan::Last { .. } => {
                 t.forwarded += 1;
                 t.last_sent = true;
             }
-            Plan::Refuse => t.refused += 1,
+            Plan::Refuse => {
+                t.refused += 1;
+                // Nothing more will be forwarded: the run is over for its model.
+                t.last_sent = true;
+            }
+            Plan::Unpriced => {}
         }
         (plan, t.notice.take())
+    }
+
+    /// Adds one call's usage to the totals and tells the run; `main` calls feed the estimate.
+    pub(crate) fn account(&self, model: &str, main: bool, usage: &CallUsage) {
+        let pace = &self.config.pace;
+        let cost = pace.price.as_ref().and_then(|p| (p.0)(model, usage));
+        let (tokens, total_cost) = {
+            let mut t = self.tally();
+            t.usage.add(usage);
+            t.cost = match (t.cost, cost) {
+                (Some(a), Some(b)) => Some(a + b),
+                _ => None,
+            };
+            if main {
+                t.recent.push((usage.total(), cost.unwrap_or(0.0)));
+                if t.recent.len() > 4 {
+                    t.recent.remove(0);
+                }
+            }
+            (t.usage.total(), t.cost)
+        };
+        (self.config.on_event)(GatewayEvent::Usage {
+            tokens,
+            cost_usd: total_cost,
+        });
     }
 }
 
@@ -244,9 +400,12 @@ impl Gateway {
             .build()?;
         let client = proxy::client(config.connect_timeout)?;
         let shared = Arc::new(Shared {
+            tally: Mutex::new(Tally {
+                cost: config.pace.price.as_ref().map(|_| 0.0),
+                ..Tally::default()
+            }),
             config,
             token: token.clone(),
-            tally: Mutex::new(Tally::default()),
         });
         let (shutdown, stop) = tokio::sync::oneshot::channel();
         let serving = Arc::clone(&shared);
@@ -287,6 +446,22 @@ impl Gateway {
     /// Whether the last model call went out tool-less with the wrap-up notice.
     pub fn wrapped_up(&self) -> bool {
         self.shared.tally().last_sent
+    }
+
+    /// Usage of every model call so far, side calls included.
+    pub fn usage(&self) -> CallUsage {
+        self.shared.tally().usage
+    }
+
+    /// The cost of every model call so far, when each could be priced.
+    pub fn cost_usd(&self) -> Option<f64> {
+        self.shared.tally().cost
+    }
+
+    /// Which budget made the last call the last one, or refused a call (`None`: no budget did,
+    /// e.g. a loop forced it).
+    pub fn reason(&self) -> Option<Budget> {
+        self.shared.tally().reason
     }
 
     /// The text of the last model call's reply, once it has streamed through.

@@ -21,6 +21,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::{Value, json};
 
+use crate::usage::UsageScanner;
 use crate::{Dialect, GatewayEvent, Plan, REFUSAL_TEXT, Shared, WRAP_UP_NOTICE};
 
 type GBody = BoxBody<Bytes, hyper::Error>;
@@ -221,14 +222,70 @@ async fn handle(ctx: &Ctx, req: Request<Incoming>) -> Response<GBody> {
             );
         }
     };
-    if dialect.offers_tools_raw(&bytes) != Some(true) {
+    let (tools, model) = dialect.probe(&bytes).unwrap_or((false, None));
+    let model = model
+        .or_else(|| Dialect::model_in_path(&rest))
+        .unwrap_or_default();
+    if !tools {
+        // Side calls cost too: with a cost budget, one that cannot be priced is not made.
+        if shared.config.pace.max_cost_usd.is_some() && !priced(shared, &model) {
+            return unpriced(shared, &model);
+        }
         record(shared, &parts, &rest, "side", Some(&bytes));
-        return forward(ctx, &parts, uri, full(bytes), false, None).await;
+        let meter = Meter::new(dialect, &model, false, false);
+        return forward(ctx, &parts, uri, full(bytes), false, Some(meter)).await;
     }
-    let (plan, pending) = shared.plan();
+    main_call(ctx, parts, rest, uri, bytes, &model).await
+}
+
+/// Whether the gateway can price calls to `model`.
+fn priced(shared: &Shared, model: &str) -> bool {
+    shared
+        .config
+        .pace
+        .price
+        .as_ref()
+        .is_some_and(|p| (p.0)(model, &crate::CallUsage::default()).is_some())
+}
+
+/// The answer to a call whose model has no price while a cost budget is set: an error the CLI
+/// shows, never forwarded.
+fn unpriced(shared: &Shared, model: &str) -> Response<GBody> {
+    (shared.config.on_event)(GatewayEvent::Unpriced {
+        model: model.to_owned(),
+    });
+    let message = format!(
+        "stepguard gateway: the model `{model}` has no price, so the cost budget cannot be kept; \
+         the call was not made"
+    );
+    let mut resp = Response::new(full(
+        json!({"error": {"type": "invalid_request_error", "message": message}}).to_string(),
+    ));
+    *resp.status_mut() = StatusCode::BAD_REQUEST;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+/// A model call that offers tools: one step of the agent, paced by the budgets.
+async fn main_call(
+    ctx: &Ctx,
+    parts: hyper::http::request::Parts,
+    rest: String,
+    uri: Uri,
+    bytes: Bytes,
+    model: &str,
+) -> Response<GBody> {
+    let shared = &ctx.shared;
+    let dialect = shared.config.dialect;
+    {}
+    let (plan, pending) = shared.plan(model);
     let pace = &shared.config.pace;
     // Only a call that changes is parsed into a value; the others go out as they came.
     let (label, last, notice) = match plan {
+        Plan::Unpriced => return unpriced(shared, model),
         Plan::Refuse => {
             let count = shared.tally().refused;
             (shared.config.on_event)(GatewayEvent::Refused { count });
@@ -261,9 +318,10 @@ async fn handle(ctx: &Ctx, req: Request<Incoming>) -> Response<GBody> {
             ("forward", false, notice)
         }
     };
+    let meter = Meter::new(dialect, model, true, last);
     let Some(notice) = notice else {
         record(shared, &parts, &rest, label, Some(&bytes));
-        return forward(ctx, &parts, uri, full(bytes), false, None).await;
+        return forward(ctx, &parts, uri, full(bytes), false, Some(meter)).await;
     };
     let body = match serde_json::from_slice::<Value>(&bytes) {
         Ok(mut json) => {
@@ -277,24 +335,46 @@ async fn handle(ctx: &Ctx, req: Request<Incoming>) -> Response<GBody> {
         Err(_) => bytes,
     };
     record(shared, &parts, &rest, label, Some(&body));
-    forward(ctx, &parts, uri, full(body), true, last.then_some(dialect)).await
+    forward(ctx, &parts, uri, full(body), true, Some(meter)).await
 }
 
-/// Sends the request upstream and streams the reply back; `tee` keeps the reply's text.
+/// What is read from a model call's reply as it streams back: its usage, and for the last call
+/// its text.
+struct Meter {
+    dialect: Dialect,
+    model: String,
+    main: bool,
+    /// The last call: keep the reply's first MiB for its text.
+    keep_text: bool,
+}
+
+impl Meter {
+    fn new(dialect: Dialect, model: &str, main: bool, keep_text: bool) -> Self {
+        Meter {
+            dialect,
+            model: model.to_owned(),
+            main,
+            keep_text,
+        }
+    }
+}
+
+/// Sends the request upstream and streams the reply back; a `meter` reads the reply's usage
+/// (and the last call's text) as it passes.
 async fn forward(
     ctx: &Ctx,
     parts: &hyper::http::request::Parts,
     uri: Uri,
     body: GBody,
     rewritten: bool,
-    tee: Option<Dialect>,
+    meter: Option<Meter>,
 ) -> Response<GBody> {
     let mut out = Request::new(body);
     *out.method_mut() = parts.method.clone();
     *out.uri_mut() = uri;
     forward_headers(&parts.headers, out.headers_mut(), rewritten);
-    if tee.is_some() {
-        // The last reply is read for its text: no compression.
+    if meter.is_some() {
+        // Model replies are read for their usage and text: no compression.
         out.headers_mut().insert(
             header::ACCEPT_ENCODING,
             HeaderValue::from_static("identity"),
@@ -303,16 +383,22 @@ async fn forward(
     match ctx.client.request(out).await {
         Ok(resp) => {
             let (rparts, rbody) = resp.into_parts();
-            let body = match tee {
-                Some(dialect) => Tee {
+            let streamed = rparts
+                .headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v.starts_with("text/event-stream"));
+            let body = match meter {
+                Some(meter) if rparts.status.is_success() => Tee {
                     inner: rbody,
                     kept: Vec::new(),
-                    dialect,
+                    scanner: Some(UsageScanner::new(meter.dialect, streamed)),
+                    meter,
                     shared: Arc::clone(&ctx.shared),
                     done: false,
                 }
                 .boxed(),
-                None => rbody.boxed(),
+                _ => rbody.boxed(),
             };
             let mut back = Response::new(body);
             *back.status_mut() = rparts.status;
@@ -417,7 +503,8 @@ fn strip_key(rest: &str) -> String {
 struct Tee {
     inner: Incoming,
     kept: Vec<u8>,
-    dialect: Dialect,
+    scanner: Option<UsageScanner>,
+    meter: Meter,
     shared: Arc<Shared>,
     done: bool,
 }
@@ -427,9 +514,15 @@ impl Tee {
         if std::mem::replace(&mut self.done, true) {
             return;
         }
-        let text = self.dialect.reply_text(&self.kept);
-        if !text.trim().is_empty() {
-            self.shared.tally().final_text = Some(text);
+        if self.meter.keep_text {
+            let text = self.meter.dialect.reply_text(&self.kept);
+            if !text.trim().is_empty() {
+                self.shared.tally().final_text = Some(text);
+            }
+        }
+        if let Some(usage) = self.scanner.take().and_then(UsageScanner::finish) {
+            self.shared
+                .account(&self.meter.model, self.meter.main, &usage);
         }
     }
 }
@@ -447,8 +540,13 @@ impl Body for Tee {
         match &polled {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
-                    let room = KEEP_REPLY.saturating_sub(this.kept.len());
-                    this.kept.extend_from_slice(&data[..data.len().min(room)]);
+                    if this.meter.keep_text {
+                        let room = KEEP_REPLY.saturating_sub(this.kept.len());
+                        this.kept.extend_from_slice(&data[..data.len().min(room)]);
+                    }
+                    if let Some(scanner) = this.scanner.as_mut() {
+                        scanner.feed(data);
+                    }
                 }
             }
             Poll::Ready(None) => this.finish(),

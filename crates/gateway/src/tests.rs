@@ -25,6 +25,9 @@ fn config(upstream: &str, limit: Option<u64>, steps: Arc<AtomicU64>) -> (Gateway
             steps,
             reply_cost: 1,
             count_requests: true,
+            max_tokens: None,
+            max_cost_usd: None,
+            price: None,
         },
         notices: false,
         record_requests: None,
@@ -186,8 +189,15 @@ fn the_budgets_last_call_is_tool_less_and_later_calls_never_reach_the_model() {
         "1 side + 3 main requests upstream"
     );
     assert_eq!((gw.forwarded(), gw.refused()), (3, 2));
+    let paced: Vec<GatewayEvent> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|e| !matches!(e, GatewayEvent::Usage { .. }))
+        .cloned()
+        .collect();
     assert_eq!(
-        *seen.lock().unwrap(),
+        paced,
         vec![
             GatewayEvent::Forwarded {
                 number: 1,
@@ -451,4 +461,74 @@ fn a_100_mb_streamed_reply_passes_with_constant_memory() {
         grown < 32 * 1024,
         "peak memory grew by {grown} KiB for a 100 MiB reply"
     );
+}
+
+#[test]
+fn a_token_budget_makes_the_call_after_which_none_would_fit_the_last() {
+    // The server reports 100 input + 20 output tokens per call: three calls fit in 360.
+    let server = ModelServer::start(Script::tool_rounds(12)).unwrap();
+    let (mut cfg, seen) = config(&server.url(), None, Arc::default());
+    cfg.pace.max_tokens = Some(360);
+    let gw = Gateway::start(cfg).unwrap();
+    let p = path(&gw, "/v1/messages");
+    for round in 0..5 {
+        let (status, _) = send(gw.addr(), "POST", &p, &[], &anthropic(round, true));
+        assert_eq!(status, 200);
+    }
+    let main: Vec<Value> = server.main_requests().into_iter().map(|r| r.body).collect();
+    assert_eq!(main.len(), 3, "the upstream saw three calls");
+    assert_eq!(main[2]["tool_choice"], json!({"type": "none"}));
+    assert!(main[..2].iter().all(|b| b.get("tool_choice").is_none()));
+    assert_eq!(gw.usage().total(), 360);
+    assert_eq!(gw.reason(), Some(Budget::Tokens));
+    assert_eq!((gw.forwarded(), gw.refused()), (3, 2));
+    let seen = seen.lock().unwrap();
+    assert!(
+        seen.contains(&GatewayEvent::Usage {
+            tokens: 240,
+            cost_usd: None
+        }),
+        "{seen:?}"
+    );
+}
+
+#[test]
+fn a_cost_budget_is_kept_with_prices_and_an_unpriced_model_is_never_called() {
+    let server = ModelServer::start(Script::tool_rounds(12)).unwrap();
+    // One cent per token: 1.20 dollars a call.
+    let (mut cfg, _) = config(&server.url(), None, Arc::default());
+    cfg.pace.max_cost_usd = Some(3.6);
+    cfg.pace.price = Some(Pricing(Arc::new(|model: &str, u: &CallUsage| {
+        (model == "claude-x").then(|| u.total() as f64 * 0.01)
+    })));
+    let gw = Gateway::start(cfg).unwrap();
+    let p = path(&gw, "/v1/messages");
+    for round in 0..4 {
+        send(gw.addr(), "POST", &p, &[], &anthropic(round, true));
+    }
+    assert_eq!(server.main_requests().len(), 3);
+    assert!(server.main_requests()[2].tools_disabled);
+    assert_eq!(gw.reason(), Some(Budget::Cost));
+    assert!(
+        (gw.cost_usd().unwrap() - 3.6).abs() < 1e-9,
+        "{:?}",
+        gw.cost_usd()
+    );
+
+    // A model the table does not know: refused with an error, not forwarded, reported.
+    let server = ModelServer::start(Script::tool_rounds(12)).unwrap();
+    let (mut cfg, seen) = config(&server.url(), None, Arc::default());
+    cfg.pace.max_cost_usd = Some(1.0);
+    cfg.pace.price = Some(Pricing(Arc::new(|_: &str, _: &CallUsage| None)));
+    let gw = Gateway::start(cfg).unwrap();
+    let p = path(&gw, "/v1/messages");
+    for tools in [true, false] {
+        let (status, body) = send(gw.addr(), "POST", &p, &[], &anthropic(0, tools));
+        assert_eq!(status, 400);
+        assert!(body.contains("the model `claude-x` has no price"), "{body}");
+    }
+    assert!(server.requests().is_empty());
+    assert!(seen.lock().unwrap().contains(&GatewayEvent::Unpriced {
+        model: "claude-x".into()
+    }));
 }

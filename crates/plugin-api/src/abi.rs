@@ -69,7 +69,8 @@ pub struct LineReport {
     pub turns: u32,
     /// Steps of sub-agents seen on this line (never counted against the budget).
     pub sub_agent_steps: u32,
-    /// Bit flags: [`LineReport::NOISE`], [`LineReport::TERMINAL`], [`LineReport::UNKNOWN_EVENT`].
+    /// Bit flags: [`LineReport::NOISE`], [`LineReport::TERMINAL`], [`LineReport::UNKNOWN_EVENT`],
+    /// [`LineReport::TOOL_CALL`], [`LineReport::USAGE`].
     pub flags: u32,
     /// Reserved for future use; always zero.
     pub reserved: [u32; 3],
@@ -85,6 +86,9 @@ impl LineReport {
     /// The line carried a tool call: the host asks the counter for it
     /// ([`crate::StepCounter::take_tool_calls`], protocol 1.3) after the chunk, once.
     pub const TOOL_CALL: u32 = 1 << 3;
+    /// The line carried token usage: the host asks the counter for it
+    /// ([`crate::StepCounter::take_usage`], protocol 1.5) after the chunk, once.
+    pub const USAGE: u32 = 1 << 4;
 
     /// A report for a noise line.
     pub const fn noise() -> Self {

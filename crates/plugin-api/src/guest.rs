@@ -66,6 +66,20 @@ pub trait StepCounter: Send {
     fn take_tool_calls(&mut self) -> Vec<crate::model::ToolCall> {
         Vec::new()
     }
+
+    /// Returns the token usage seen since the last call, as a delta (what it added to the
+    /// run's totals), and forgets it; `None` when there was none (protocol 1.5; declare
+    /// [`Manifest::reports_usage`]). The host asks only after a chunk whose lines set
+    /// [`LineReport::USAGE`], so mark those lines, and keeps a running sum to enforce token and
+    /// cost budgets with as the run goes.
+    ///
+    /// Report usage as early as the stream shows it, and let the deltas add up to
+    /// [`CounterStats::tokens`]: when the stream's final numbers (a result event's) exceed what
+    /// was reported line by line, report the difference on that line. Deltas never go below
+    /// zero, so a number that only grows is the safe one to follow.
+    fn take_usage(&mut self) -> Option<crate::model::Tokens> {
+        None
+    }
 }
 
 fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
@@ -225,6 +239,11 @@ impl CounterObj for CounterAdapter {
         match method.as_str() {
             "tool_calls" => self.run(|c| {
                 serde_json::to_string(&c.take_tool_calls())
+                    .map(RString::from)
+                    .map_err(|e| e.to_string())
+            }),
+            "usage" => self.run(|c| {
+                serde_json::to_string(&c.take_usage())
                     .map(RString::from)
                     .map_err(|e| e.to_string())
             }),
@@ -405,6 +424,92 @@ pub mod testing {
         Ok(out)
     }
 
+    /// Feeds `stream` line by line to a counter for `unit` and returns the token usage it
+    /// reports (protocol 1.5): each delta with its line number (from 1). Fails on the line
+    /// where the [`LineReport::USAGE`] flag and the reported usage disagree (the host asks for
+    /// usage only after a flagged chunk, so unflagged usage would never be seen).
+    pub fn usage_deltas(
+        plugin: &dyn super::ProviderPlugin,
+        unit: &str,
+        stream: &[u8],
+    ) -> Result<Vec<(u64, crate::model::Tokens)>, String> {
+        let mut counter = plugin.open_counter(&crate::model::CounterRequest::new(unit))?;
+        let mut out = Vec::new();
+        for (n, line) in stream.split(|b| *b == b'\n').enumerate() {
+            if line.is_empty() {
+                continue;
+            }
+            let report = counter.feed(line.strip_suffix(b"\r").unwrap_or(line))?;
+            let taken = counter.take_usage();
+            if report.has(LineReport::USAGE) != taken.is_some() {
+                return Err(format!(
+                    "the USAGE flag and the reported usage ({taken:?}) disagree on line {}: {}",
+                    n + 1,
+                    String::from_utf8_lossy(line)
+                ));
+            }
+            out.extend(taken.map(|t| (n as u64 + 1, t)));
+        }
+        Ok(out)
+    }
+
+    /// The sum of the usage deltas a counter for `unit` reports over `stream` (see
+    /// [`usage_deltas`]): compare it with [`CounterStats::tokens`] from [`count`].
+    ///
+    /// ```
+    /// # use stepguard_plugin_api::{CounterRequest, CounterStats, LineReport, Manifest, ProviderPlugin, StepCounter, Tokens};
+    /// #[derive(Default)]
+    /// struct Usage {
+    ///     pending: Option<Tokens>,
+    ///     total: Tokens,
+    /// }
+    /// impl StepCounter for Usage {
+    ///     fn feed(&mut self, line: &[u8]) -> Result<LineReport, String> {
+    ///         // Each line is "INPUT OUTPUT" for one model call.
+    ///         let text = String::from_utf8_lossy(line);
+    ///         let mut n = text.split(' ').map(|n| n.parse::<u64>().unwrap_or(0));
+    ///         let call = Tokens::new(n.next().unwrap_or(0), n.next().unwrap_or(0));
+    ///         self.total = self.total.saturating_add(call);
+    ///         self.pending = Some(self.pending.unwrap_or_default().saturating_add(call));
+    ///         Ok(LineReport::step().with_flags(LineReport::USAGE))
+    ///     }
+    ///     fn take_usage(&mut self) -> Option<Tokens> {
+    ///         self.pending.take()
+    ///     }
+    ///     fn finish(&mut self) -> CounterStats {
+    ///         let mut stats = CounterStats::default();
+    ///         stats.tokens = Some(self.total);
+    ///         stats
+    ///     }
+    /// }
+    /// # struct Plugin;
+    /// # impl ProviderPlugin for Plugin {
+    /// #     fn manifest(&self) -> Manifest { Manifest::new("u", "1").unit("call", "", true).reports_usage() }
+    /// #     fn open_counter(&self, _: &CounterRequest) -> Result<Box<dyn StepCounter>, String> {
+    /// #         Ok(Box::new(Usage::default()))
+    /// #     }
+    /// # }
+    /// use stepguard_plugin_api::testing;
+    ///
+    /// let stream = b"100 20\n300 40\n";
+    /// let live = testing::usage(&Plugin, "call", stream)?;
+    /// let (_, stats) = testing::count(&Plugin, "call", stream)?;
+    /// assert_eq!(Some(live), stats.tokens);
+    /// assert_eq!(live.total(), 460);
+    /// # Ok::<(), String>(())
+    /// ```
+    pub fn usage(
+        plugin: &dyn super::ProviderPlugin,
+        unit: &str,
+        stream: &[u8],
+    ) -> Result<crate::model::Tokens, String> {
+        Ok(usage_deltas(plugin, unit, stream)?
+            .into_iter()
+            .fold(crate::model::Tokens::default(), |sum, (_, t)| {
+                sum.saturating_add(t)
+            }))
+    }
+
     /// Names how a counted stream ended: `success`, `incomplete` (no terminal event), or the
     /// failure slug.
     pub fn outcome(stats: &CounterStats) -> String {
@@ -569,6 +674,98 @@ mod tests {
             Err("unknown option `x` for provider `bare`; it accepts none".to_owned())
         );
         assert_eq!(validate(&provider, serde_json::json!({})), Ok(()));
+    }
+
+    /// Reports one model call's usage per line: `INPUT OUTPUT`.
+    #[derive(Default)]
+    struct Calls {
+        pending: Option<crate::model::Tokens>,
+    }
+
+    impl StepCounter for Calls {
+        fn feed(&mut self, line: &[u8]) -> Result<LineReport, String> {
+            let text = String::from_utf8_lossy(line);
+            let mut n = text.split(' ').map(|n| n.parse::<u64>().unwrap_or(0));
+            let call = crate::model::Tokens::new(n.next().unwrap_or(0), n.next().unwrap_or(0));
+            self.pending = Some(self.pending.unwrap_or_default().saturating_add(call));
+            Ok(LineReport::step().with_flags(LineReport::USAGE))
+        }
+        fn finish(&mut self) -> CounterStats {
+            CounterStats::default()
+        }
+        fn take_usage(&mut self) -> Option<crate::model::Tokens> {
+            self.pending.take()
+        }
+    }
+
+    #[test]
+    fn usage_crosses_the_boundary_as_json_and_is_taken_once() {
+        use crate::model::Tokens;
+        let mut counter = CounterObj_TO::from_value(
+            CounterAdapter {
+                inner: Box::new(Calls::default()),
+                poisoned: false,
+            },
+            TD_Opaque,
+        );
+        let chunk = counter.feed_chunk(RSlice::from_slice(b"100 20\n50 5\n"), u64::MAX);
+        let RResult::ROk(chunk) = chunk else {
+            panic!("feed_chunk failed")
+        };
+        assert!(chunk.sum.has(LineReport::USAGE));
+        let take = |counter: &mut CounterBox| match counter.call("usage".into(), "".into()) {
+            RResult::ROk(json) => serde_json::from_str::<Option<Tokens>>(json.as_str()).unwrap(),
+            RResult::RErr(e) => panic!("{e}"),
+        };
+        assert_eq!(take(&mut counter), Some(Tokens::new(150, 25)));
+        assert_eq!(take(&mut counter), None);
+        // A counter that does not report usage answers `null`.
+        let mut quiet = CounterObj_TO::from_value(
+            CounterAdapter {
+                inner: Box::new(Quiet),
+                poisoned: false,
+            },
+            TD_Opaque,
+        );
+        assert_eq!(take(&mut quiet), None);
+    }
+
+    struct Quiet;
+
+    impl StepCounter for Quiet {
+        fn feed(&mut self, _: &[u8]) -> Result<LineReport, String> {
+            Ok(LineReport::empty())
+        }
+        fn finish(&mut self) -> CounterStats {
+            CounterStats::default()
+        }
+    }
+
+    #[test]
+    fn the_usage_helper_refuses_unflagged_usage() {
+        struct Unflagged;
+        impl ProviderPlugin for Unflagged {
+            fn manifest(&self) -> Manifest {
+                Manifest::new("unflagged", "1").unit("line", "", true)
+            }
+            fn open_counter(&self, _: &CounterRequest) -> Result<Box<dyn StepCounter>, String> {
+                struct C(Calls);
+                impl StepCounter for C {
+                    fn feed(&mut self, line: &[u8]) -> Result<LineReport, String> {
+                        self.0.feed(line).map(|_| LineReport::step())
+                    }
+                    fn finish(&mut self) -> CounterStats {
+                        CounterStats::default()
+                    }
+                    fn take_usage(&mut self) -> Option<crate::model::Tokens> {
+                        self.0.take_usage()
+                    }
+                }
+                Ok(Box::new(C(Calls::default())))
+            }
+        }
+        let err = testing::usage(&Unflagged, "line", b"1 2\n").unwrap_err();
+        assert!(err.contains("disagree on line 1"), "{err}");
     }
 
     #[test]

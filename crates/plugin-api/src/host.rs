@@ -285,6 +285,23 @@ impl Counter {
         }
     }
 
+    /// Returns the token usage the counter saw since the last call, as a delta, or `None`
+    /// (protocol 1.5; ask only plugins whose manifest says `reports_usage`, after a chunk that
+    /// set [`crate::LineReport::USAGE`]). The deltas of a run add up to its
+    /// [`CounterStats::tokens`].
+    pub fn take_usage(&mut self) -> Result<Option<crate::model::Tokens>, CallError> {
+        let err = |message: String| CallError {
+            provider: self.provider.clone(),
+            message,
+        };
+        match self.object.call("usage".into(), "".into()) {
+            RResult::ROk(json) => {
+                serde_json::from_str(json.as_str()).map_err(|e| err(format!("invalid usage: {e}")))
+            }
+            RResult::RErr(e) => Err(err(e.into_string())),
+        }
+    }
+
     /// Returns the final numbers.
     pub fn finish(&mut self) -> Result<CounterStats, CallError> {
         let err = |message: String| CallError {
@@ -398,12 +415,13 @@ mod tests {
         assert_eq!(check_protocol(PROTOCOL_VERSION), Ok(()));
         assert_eq!(
             check_protocol("2.0.0").unwrap_err().to_string(),
-            "protocol 2.0 required, this host speaks 1.4"
+            "protocol 2.0 required, this host speaks 1.5"
         );
         assert_eq!(
             check_protocol("1.7.0").unwrap_err().to_string(),
-            "protocol 1.7 required, this host speaks 1.4"
+            "protocol 1.7 required, this host speaks 1.5"
         );
+        assert_eq!(check_protocol("1.5.0"), Ok(()));
         assert!(matches!(check_protocol("one"), Err(LoadError::Manifest(_))));
     }
 

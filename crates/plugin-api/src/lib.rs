@@ -98,9 +98,14 @@
 //! `num_turns_computed`, `sub_agent_steps`) are a cross-check: the host compares them with the
 //! sums (turns only when the lines report any), warns once when they disagree, and keeps the
 //! sums. Return them right (the testing
-//! helpers [`testing::feed_all`] and [`testing::count`] give you both sides to compare); the
-//! rest of [`CounterStats`] (terminal event, tokens, cost, what the provider itself reported)
-//! has no per-line counterpart and is taken as given.
+//! helpers [`testing::feed_all`] and [`testing::count`] give you both sides to compare).
+//!
+//! Token usage works the same way (protocol 1.5): the deltas [`StepCounter::take_usage`]
+//! returns after lines flagged [`LineReport::USAGE`] are what the host enforces token and cost
+//! budgets with as the run goes, and they should add up to [`CounterStats::tokens`], sub-agents
+//! included ([`testing::usage`] gives you the sum to compare). The rest of [`CounterStats`]
+//! (terminal event, cost, what the provider itself reported) has no per-line counterpart and is
+//! taken as given.
 //!
 //! # Compatibility
 //!
@@ -118,9 +123,15 @@
 //! detection); 1.4 manifest `model_endpoint` ([`ModelEndpoint`], [`BaseUrlRule`]: how the CLI
 //! reaches its model, for the model gateway of `run --wrap-up`) and units' `reply_cost` (what a
 //! tool-less model reply costs in the unit, [`Manifest::unit_costing`]); a host speaking 1.4 adds
-//! the unit `request` to every provider with a model endpoint. New fields get `#[serde(default)]`, nothing uses
-//! `deny_unknown_fields`, and fields are never removed or retyped within a protocol major
-//! version, so an older host reads a newer plugin's payloads and ignores what it does not know.
+//! the unit `request` to every provider with a model endpoint; 1.5 manifest `reports_usage`, the
+//! line flag [`LineReport::USAGE`] and the counter method `usage`
+//! ([`StepCounter::take_usage`]: token usage as the stream shows it, for token and cost
+//! budgets), stats `sub_agent_tokens`, manifest `native_token_limit` and `native_cost_limit`
+//! (the CLI's own token and cost budgets, `{max_tokens}` and `{max_cost_usd}`) and a
+//! [`NativeLimit`] placed [after the program](NativeLimit::after_program). New fields get
+//! `#[serde(default)]`, nothing uses `deny_unknown_fields`, and fields are never removed or
+//! retyped within a protocol major version, so an older host reads a newer plugin's payloads
+//! and ignores what it does not know.
 //!
 //! **Source.** A plugin that builds against 1.x builds against every later 1.y:
 //!
@@ -149,7 +160,8 @@
 //! older protocol. The adapter works it out when it sends the manifest
 //! ([`Manifest::min_protocol`]): 1.0, raised to 1.1 by a `native_limit`, to 1.2 by `expects` or
 //! `preflight`, to 1.3 by `tool_calls`, to 1.4 by a `model_endpoint` or a unit's `reply_cost`,
-//! whichever way those fields were set. What the manifest cannot show, raise
+//! to 1.5 by `reports_usage`, a `native_token_limit` or `native_cost_limit`, or a native limit
+//! placed after the program, whichever way those fields were set. What the manifest cannot show, raise
 //! yourself with [`Manifest::requires_protocol`], e.g. `.requires_protocol("1.1")` for a
 //! counter that fills [`CounterStats::sub_agent_steps`]. A host refuses a plugin only when the
 //! declared protocol is newer than the one it speaks; an older host ignores fields newer than
@@ -157,8 +169,8 @@
 //!
 //! # Terminal slugs
 //!
-//! A failed [`Terminal`] carries one of [`TERMINAL_SLUGS`]: `max_steps`, `timeout`,
-//! `provider_error`, `rate_limited`, `context_guard` ([`is_terminal_slug`] checks;
+//! A failed [`Terminal`] carries one of [`TERMINAL_SLUGS`]: `max_steps`, `max_tokens`,
+//! `max_cost`, `timeout`, `provider_error`, `rate_limited`, `context_guard` ([`is_terminal_slug`] checks;
 //! [`slug_for_error_text`] picks `rate_limited` or `provider_error` from an error text). The
 //! host records any other slug as `provider_error` and warns about it.
 //!
@@ -205,7 +217,7 @@ pub const REPOSITORY: &str = env!("CARGO_PKG_REPOSITORY");
 
 /// The newest version of the JSON protocol this API crate speaks: what a host built with it
 /// accepts. A plugin declares the oldest it needs instead ([`Manifest::min_protocol`]).
-pub const PROTOCOL_VERSION: &str = "1.4.0";
+pub const PROTOCOL_VERSION: &str = "1.5.0";
 
 /// The name of the plain `extern "C" fn() -> u32` symbol carrying the ABI generation.
 pub const ABI_GENERATION_SYMBOL: &str = "stepguard_plugin_abi_generation";

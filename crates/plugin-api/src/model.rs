@@ -60,6 +60,19 @@ pub struct Manifest {
     /// between (`--wrap-up`; protocol 1.4); hosts before 1.4 ignore it.
     #[serde(default)]
     pub model_endpoint: Option<ModelEndpoint>,
+    /// Whether the counters report token usage as the stream shows it
+    /// ([`crate::StepCounter::take_usage`]), for token and cost budgets (protocol 1.5); hosts
+    /// before 1.5 ignore it.
+    #[serde(default)]
+    pub reports_usage: bool,
+    /// How to pass a token budget to the provider CLI's own token limit, if it has one:
+    /// `{max_tokens}` in its arguments is replaced by the budget (protocol 1.5).
+    #[serde(default)]
+    pub native_token_limit: Option<NativeLimit>,
+    /// How to pass a cost budget to the provider CLI's own cost limit, if it has one:
+    /// `{max_cost_usd}` in its arguments is replaced by the budget in US dollars (protocol 1.5).
+    #[serde(default)]
+    pub native_cost_limit: Option<NativeLimit>,
 }
 
 /// The first protocol version, which every host speaks.
@@ -93,7 +106,31 @@ impl Manifest {
             preflight: Vec::new(),
             tool_calls: false,
             model_endpoint: None,
+            reports_usage: false,
+            native_token_limit: None,
+            native_cost_limit: None,
         }
+    }
+
+    /// Declares that the plugin's counters report token usage
+    /// ([`crate::StepCounter::take_usage`]) for token and cost budgets (protocol 1.5).
+    pub fn reports_usage(mut self) -> Self {
+        self.reports_usage = true;
+        self
+    }
+
+    /// Declares how the provider CLI takes a token budget of its own, `{max_tokens}` standing
+    /// for the budget (protocol 1.5).
+    pub fn native_token_limit(mut self, limit: NativeLimit) -> Self {
+        self.native_token_limit = Some(limit);
+        self
+    }
+
+    /// Declares how the provider CLI takes a cost budget of its own, `{max_cost_usd}` standing
+    /// for the budget in US dollars (protocol 1.5).
+    pub fn native_cost_limit(mut self, limit: NativeLimit) -> Self {
+        self.native_cost_limit = Some(limit);
+        self
     }
 
     /// Declares how the provider's CLI reaches its model (protocol 1.4).
@@ -140,7 +177,10 @@ impl Manifest {
     }
 
     /// Returns the oldest protocol this manifest needs: the larger of its `protocol` field and
-    /// what its fields need (1.0; `native_limit` 1.1; `expects` or `preflight` 1.2).
+    /// what its fields need (1.0; `native_limit` 1.1; `expects` or `preflight` 1.2;
+    /// `tool_calls` 1.3; `model_endpoint` or a unit's `reply_cost` 1.4; `reports_usage`,
+    /// `native_token_limit`, `native_cost_limit` or a native limit placed
+    /// [after the program](NativeLimit::after_program) 1.5).
     ///
     /// This is the `protocol` the plugin sends to the host (the adapter fills it in when it
     /// serialises the manifest), so setting a field directly cannot understate it.
@@ -154,21 +194,36 @@ impl Manifest {
     /// assert_eq!(sub_agents.min_protocol(), "1.1.0");
     /// let limited = plain.native_limit(NativeLimit::new(&["--max-steps", "{max_steps}"], &[]));
     /// assert_eq!(limited.clone().min_protocol(), "1.1.0");
-    /// assert_eq!(limited.expects("JSON lines").min_protocol(), "1.2.0");
+    /// let checked = limited.expects("JSON lines");
+    /// assert_eq!(checked.min_protocol(), "1.2.0");
+    /// assert_eq!(checked.reports_usage().min_protocol(), "1.5.0");
     /// ```
     pub fn min_protocol(&self) -> String {
-        let minor =
-            if self.model_endpoint.is_some() || self.units.iter().any(|u| u.reply_cost.is_some()) {
-                4
-            } else if self.tool_calls {
-                3
-            } else if !self.expects.is_empty() || !self.preflight.is_empty() {
-                2
-            } else if self.native_limit.is_some() {
-                1
-            } else {
-                0
-            };
+        let after_program = [
+            &self.native_limit,
+            &self.native_token_limit,
+            &self.native_cost_limit,
+        ]
+        .into_iter()
+        .any(|l| l.as_ref().is_some_and(|l| l.after_program));
+        let minor = if self.reports_usage
+            || self.native_token_limit.is_some()
+            || self.native_cost_limit.is_some()
+            || after_program
+        {
+            5
+        } else if self.model_endpoint.is_some() || self.units.iter().any(|u| u.reply_cost.is_some())
+        {
+            4
+        } else if self.tool_calls {
+            3
+        } else if !self.expects.is_empty() || !self.preflight.is_empty() {
+            2
+        } else if self.native_limit.is_some() {
+            1
+        } else {
+            0
+        };
         let needed = semver::Version::new(1, minor, 0);
         match parse_protocol(&self.protocol) {
             Some(declared) => match declared.cmp_precedence(&needed) {
@@ -364,15 +419,28 @@ impl OptionInfo {
 /// accepts them without asking the plugin and leaves them out of what the plugin sees.
 pub const RESERVED_OPTIONS: &[&str] = &["max_steps_unit"];
 
-/// The provider CLI's own limit, used as a second line of defence (protocol 1.1).
+/// The provider CLI's own limit, used as a second line of defence (protocol 1.1): of steps
+/// ([`Manifest::native_limit`], `{max_steps}`), tokens ([`Manifest::native_token_limit`],
+/// `{max_tokens}`) or cost ([`Manifest::native_cost_limit`], `{max_cost_usd}`; both 1.5).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct NativeLimit {
-    /// Arguments appended to the agent's command; `{max_steps}` is replaced by the budget.
+    /// Arguments added to the agent's command; a placeholder (`{max_steps}`, `{max_tokens}`,
+    /// `{max_cost_usd}`) is replaced by the budget.
     pub args: Vec<String>,
     /// If the command already carries any of these arguments (or `ARG=…`), nothing is added.
     #[serde(default)]
     pub skip_if_present: Vec<String>,
+    /// Where the arguments go: `false` (the default) appends them to the command; `true`
+    /// inserts them right after the program (the command's first word), before any
+    /// subcommand, prompt or `--`, for a CLI whose options must not follow a `--` (protocol
+    /// 1.5: a manifest with such a limit needs a host that places them so).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub after_program: bool,
+}
+
+fn is_false(value: &bool) -> bool {
+    !*value
 }
 
 /// A check of the agent's command line: when the program is `program` and the command has
@@ -455,26 +523,108 @@ impl NativeLimit {
         NativeLimit {
             args: args.iter().map(|s| (*s).to_owned()).collect(),
             skip_if_present: skip_if_present.iter().map(|s| (*s).to_owned()).collect(),
+            after_program: false,
         }
     }
 
-    /// Returns the arguments to append for `max_steps`, or `None` when the command already
-    /// carries the limit.
-    pub fn args_for(&self, command: &[String], max_steps: u32) -> Option<Vec<String>> {
-        let present = command.iter().any(|arg| {
+    /// Places the arguments right after the program instead of at the end (protocol 1.5), for
+    /// a CLI that takes no options after a `--` or a positional argument.
+    ///
+    /// ```
+    /// use stepguard_plugin_api::NativeLimit;
+    ///
+    /// let limit = NativeLimit::new(&["-c", "limit={max_tokens}"], &["limit"]).after_program();
+    /// let command: Vec<String> = ["codex", "exec", "--json", "--", "fix it"].map(String::from).into();
+    /// assert_eq!(
+    ///     limit.command_for_tokens(&command, 5000).unwrap(),
+    ///     ["codex", "-c", "limit=5000", "exec", "--json", "--", "fix it"]
+    /// );
+    /// ```
+    pub fn after_program(mut self) -> Self {
+        self.after_program = true;
+        self
+    }
+
+    /// Returns true when `command` already carries one of [`NativeLimit::skip_if_present`]
+    /// (as `ARG` or `ARG=…`).
+    pub fn is_present(&self, command: &[String]) -> bool {
+        command.iter().any(|arg| {
             self.skip_if_present.iter().any(|flag| {
                 arg == flag
                     || arg
                         .strip_prefix(flag.as_str())
                         .is_some_and(|r| r.starts_with('='))
             })
-        });
-        (!present).then(|| {
+        })
+    }
+
+    /// Returns the arguments for `max_steps` (`{max_steps}` replaced), or `None` when the
+    /// command already carries the limit. They go at the end of the command unless
+    /// [`NativeLimit::after_program`] is set: [`NativeLimit::command_with`] places them.
+    pub fn args_for(&self, command: &[String], max_steps: u32) -> Option<Vec<String>> {
+        self.args_with(command, &[("max_steps", &max_steps.to_string())])
+    }
+
+    /// Returns the arguments with each `{NAME}` of `values` (`("max_tokens", "5000")`)
+    /// replaced, or `None` when the command already carries the limit.
+    pub fn args_with(&self, command: &[String], values: &[(&str, &str)]) -> Option<Vec<String>> {
+        (!self.is_present(command)).then(|| {
             self.args
                 .iter()
-                .map(|a| a.replace("{max_steps}", &max_steps.to_string()))
+                .map(|arg| {
+                    values.iter().fold(arg.clone(), |arg, (name, value)| {
+                        arg.replace(&format!("{{{name}}}"), value)
+                    })
+                })
                 .collect()
         })
+    }
+
+    /// Returns the whole command with the limit's arguments in place (`{NAME}` replaced as in
+    /// [`NativeLimit::args_with`]): appended, or right after the program when
+    /// [`NativeLimit::after_program`] is set. `None` when the command already carries the
+    /// limit or is empty.
+    pub fn command_with(&self, command: &[String], values: &[(&str, &str)]) -> Option<Vec<String>> {
+        let (program, rest) = command.split_first()?;
+        let args = self.args_with(command, values)?;
+        let mut out = Vec::with_capacity(command.len() + args.len());
+        if self.after_program {
+            out.push(program.clone());
+            out.extend(args);
+            out.extend(rest.iter().cloned());
+        } else {
+            out.extend(command.iter().cloned());
+            out.extend(args);
+        }
+        Some(out)
+    }
+
+    /// [`NativeLimit::command_with`] for a token budget (`{max_tokens}`).
+    pub fn command_for_tokens(&self, command: &[String], max_tokens: u64) -> Option<Vec<String>> {
+        self.command_with(command, &[("max_tokens", &max_tokens.to_string())])
+    }
+
+    /// [`NativeLimit::command_with`] for a cost budget in US dollars (`{max_cost_usd}`, written
+    /// as a plain decimal: `2.5`, `0.25`); `None` as well for a value that is not finite or
+    /// below zero.
+    ///
+    /// ```
+    /// use stepguard_plugin_api::NativeLimit;
+    ///
+    /// let limit = NativeLimit::new(&["--max-budget-usd", "{max_cost_usd}"], &["--max-budget-usd"]);
+    /// let command: Vec<String> = ["claude", "-p", "fix it"].map(String::from).into();
+    /// assert_eq!(
+    ///     limit.command_for_cost(&command, 2.5).unwrap(),
+    ///     ["claude", "-p", "fix it", "--max-budget-usd", "2.5"]
+    /// );
+    /// let given: Vec<String> = ["claude", "--max-budget-usd=1"].map(String::from).into();
+    /// assert_eq!(limit.command_for_cost(&given, 2.5), None);
+    /// ```
+    pub fn command_for_cost(&self, command: &[String], max_cost_usd: f64) -> Option<Vec<String>> {
+        if !max_cost_usd.is_finite() || max_cost_usd < 0.0 {
+            return None;
+        }
+        self.command_with(command, &[("max_cost_usd", &max_cost_usd.to_string())])
     }
 }
 
@@ -570,6 +720,10 @@ impl Terminal {
 /// stream can give for a failed run.
 ///
 /// * `max_steps`: the provider's own turn or step limit ended the run;
+/// * `max_tokens`: the provider's own token budget ended it (e.g. Codex's
+///   `features.rollout_budget`);
+/// * `max_cost`: the provider's own cost budget ended it (e.g. Claude Code's
+///   `--max-budget-usd`);
 /// * `timeout`: the provider's own time limit ended it;
 /// * `provider_error`: an API error, a failed turn, a crash (the catch-all);
 /// * `rate_limited`: HTTP 429, a rate-limit event or an exhausted quota;
@@ -603,13 +757,18 @@ pub fn is_terminal_slug(slug: &str) -> bool {
     TERMINAL_SLUGS.contains(&slug)
 }
 
-/// Token counts from the stream (run totals, not per-line sums).
+/// Token counts from the stream: a run's totals in [`CounterStats::tokens`], or what a stretch
+/// of the stream added to them, as [`crate::StepCounter::take_usage`] reports it (protocol 1.5).
 ///
 /// ```
 /// use stepguard_plugin_api::Tokens;
 ///
 /// let tokens = Tokens::new(1200, 300).cached_input_tokens(1000).reasoning_output_tokens(None);
 /// assert_eq!((tokens.input_tokens, tokens.cached_input_tokens), (1200, Some(1000)));
+/// assert_eq!(tokens.total(), 1500);
+/// let more = tokens.saturating_add(Tokens::new(100, 20));
+/// assert_eq!((more.total(), more.cached_input_tokens), (1620, Some(1000)));
+/// assert_eq!(more.saturating_sub(tokens), Tokens::new(100, 20).cached_input_tokens(0));
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
@@ -647,6 +806,68 @@ impl Tokens {
     pub fn reasoning_output_tokens(mut self, tokens: impl Into<Option<u64>>) -> Self {
         self.reasoning_output_tokens = tokens.into();
         self
+    }
+
+    /// Input plus output tokens (cached input included): what a token budget counts.
+    pub const fn total(&self) -> u64 {
+        self.input_tokens.saturating_add(self.output_tokens)
+    }
+
+    /// Returns true when every count is zero or unknown.
+    pub fn is_zero(&self) -> bool {
+        self.total() == 0
+            && self.cached_input_tokens.unwrap_or(0) == 0
+            && self.reasoning_output_tokens.unwrap_or(0) == 0
+    }
+
+    /// Adds `other` field by field (saturating); a count known on either side is known in
+    /// the sum.
+    pub fn saturating_add(self, other: Tokens) -> Tokens {
+        let add = |a: Option<u64>, b: Option<u64>| match (a, b) {
+            (None, None) => None,
+            (a, b) => Some(a.unwrap_or(0).saturating_add(b.unwrap_or(0))),
+        };
+        Tokens {
+            input_tokens: self.input_tokens.saturating_add(other.input_tokens),
+            output_tokens: self.output_tokens.saturating_add(other.output_tokens),
+            cached_input_tokens: add(self.cached_input_tokens, other.cached_input_tokens),
+            reasoning_output_tokens: add(
+                self.reasoning_output_tokens,
+                other.reasoning_output_tokens,
+            ),
+        }
+    }
+
+    /// Subtracts `earlier` field by field, stopping at zero: what a running total added since
+    /// `earlier`. A count unknown here stays unknown.
+    pub fn saturating_sub(self, earlier: Tokens) -> Tokens {
+        let sub = |a: Option<u64>, b: Option<u64>| a.map(|a| a.saturating_sub(b.unwrap_or(0)));
+        Tokens {
+            input_tokens: self.input_tokens.saturating_sub(earlier.input_tokens),
+            output_tokens: self.output_tokens.saturating_sub(earlier.output_tokens),
+            cached_input_tokens: sub(self.cached_input_tokens, earlier.cached_input_tokens),
+            reasoning_output_tokens: sub(
+                self.reasoning_output_tokens,
+                earlier.reasoning_output_tokens,
+            ),
+        }
+    }
+
+    /// The larger of the two, field by field; a count known on either side is known.
+    pub fn max_each(self, other: Tokens) -> Tokens {
+        let max = |a: Option<u64>, b: Option<u64>| match (a, b) {
+            (None, None) => None,
+            (a, b) => Some(a.unwrap_or(0).max(b.unwrap_or(0))),
+        };
+        Tokens {
+            input_tokens: self.input_tokens.max(other.input_tokens),
+            output_tokens: self.output_tokens.max(other.output_tokens),
+            cached_input_tokens: max(self.cached_input_tokens, other.cached_input_tokens),
+            reasoning_output_tokens: max(
+                self.reasoning_output_tokens,
+                other.reasoning_output_tokens,
+            ),
+        }
     }
 }
 
@@ -687,7 +908,9 @@ pub struct CounterStats {
     pub num_turns_computed: Option<u64>,
     /// The terminal event's verdict; `None` when the stream had no terminal event.
     pub terminal: Option<Terminal>,
-    /// Token usage, when the stream carries it.
+    /// Token usage, when the stream carries it: the run's totals, sub-agents included. A
+    /// plugin that reports usage (protocol 1.5) makes it the sum of what
+    /// [`crate::StepCounter::take_usage`] returned.
     pub tokens: Option<Tokens>,
     /// Cost in US dollars, when the stream carries it.
     pub cost_usd: Option<f64>,
@@ -699,6 +922,10 @@ pub struct CounterStats {
     /// their sum is checked against the lines' `sub_agent_steps`. Protocol 1.1: a plugin that
     /// fills it declares [`Manifest::requires_protocol`]`("1.1")`.
     pub sub_agent_steps: BTreeMap<String, u64>,
+    /// Token usage per sub-agent, keyed like [`CounterStats::sub_agent_steps`], already
+    /// included in [`CounterStats::tokens`] (protocol 1.5).
+    #[serde(default)]
+    pub sub_agent_tokens: BTreeMap<String, Tokens>,
 }
 
 /// Returns the failure slug an error text most likely means: `rate_limited` for HTTP 429, rate
@@ -911,8 +1138,136 @@ mod tests {
             .expects("JSON")
             .preflight(PreflightRule::new("p", &[], "fix"))
             .reports_tool_calls()
-            .model_endpoint(ModelEndpoint::new("gemini", "https://example.invalid"));
+            .model_endpoint(ModelEndpoint::new("gemini", "https://example.invalid"))
+            .reports_usage()
+            .native_token_limit(NativeLimit::new(&[], &[]).after_program())
+            .native_cost_limit(NativeLimit::new(&[], &[]));
         assert_eq!(everything.min_protocol(), crate::PROTOCOL_VERSION);
+    }
+
+    #[test]
+    fn usage_and_native_budgets_need_protocol_1_5() {
+        let plain = Manifest::new("p", "1").unit("u", "", true);
+        let limit = NativeLimit::new(&["--budget", "{max_tokens}"], &["--budget"]);
+        for manifest in [
+            plain.clone().reports_usage(),
+            plain.clone().native_token_limit(limit.clone()),
+            plain.clone().native_cost_limit(limit.clone()),
+            plain.clone().native_limit(limit.clone().after_program()),
+        ] {
+            assert_eq!(manifest.min_protocol(), "1.5.0", "{manifest:?}");
+        }
+        // A direct assignment counts too, and a plain step limit stays 1.1.
+        let mut direct = plain.clone();
+        direct.reports_usage = true;
+        assert_eq!(direct.min_protocol(), "1.5.0");
+        assert_eq!(plain.native_limit(limit).min_protocol(), "1.1.0");
+    }
+
+    #[test]
+    fn an_older_manifest_reads_without_the_new_fields() {
+        let json = r#"{"name":"p","version":"1","protocol":"1.4.0","units":[{"name":"u"}],
+            "native_limit":{"args":["--max","{max_steps}"]}}"#;
+        let manifest: Manifest = serde_json::from_str(json).unwrap();
+        assert!(!manifest.reports_usage);
+        assert_eq!(manifest.native_token_limit, None);
+        assert_eq!(manifest.native_cost_limit, None);
+        assert!(!manifest.native_limit.unwrap().after_program);
+        let stats: CounterStats = serde_json::from_str(r#"{"num_steps_computed":3}"#).unwrap();
+        assert!(stats.sub_agent_tokens.is_empty());
+        // A limit that appends serialises as before (no `after_program` key).
+        let text = serde_json::to_string(&NativeLimit::new(&["-x"], &[])).unwrap();
+        assert_eq!(text, r#"{"args":["-x"],"skip_if_present":[]}"#);
+    }
+
+    #[test]
+    fn native_budget_arguments_take_their_placeholders_and_place() {
+        let cmd = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let tokens = NativeLimit::new(
+            &[
+                "-c",
+                "budget.enabled=true",
+                "-c",
+                "budget.limit={max_tokens}",
+            ],
+            &["budget.limit", "budget"],
+        )
+        .after_program();
+        assert_eq!(
+            tokens.command_for_tokens(&cmd(&["codex", "exec", "--json", "--", "x"]), 9000),
+            Some(cmd(&[
+                "codex",
+                "-c",
+                "budget.enabled=true",
+                "-c",
+                "budget.limit=9000",
+                "exec",
+                "--json",
+                "--",
+                "x"
+            ]))
+        );
+        assert_eq!(
+            tokens.command_for_tokens(&cmd(&["codex", "-c", "budget.limit=5", "exec"]), 9),
+            None
+        );
+        assert_eq!(tokens.command_for_tokens(&[], 9), None);
+        let cost = NativeLimit::new(
+            &["--max-budget-usd", "{max_cost_usd}"],
+            &["--max-budget-usd"],
+        );
+        assert_eq!(
+            cost.command_for_cost(&cmd(&["claude", "-p", "x"]), 0.25),
+            Some(cmd(&["claude", "-p", "x", "--max-budget-usd", "0.25"]))
+        );
+        assert_eq!(
+            cost.command_for_cost(&cmd(&["claude", "-p", "x"]), 3.0),
+            Some(cmd(&["claude", "-p", "x", "--max-budget-usd", "3"]))
+        );
+        assert_eq!(cost.command_for_cost(&cmd(&["claude"]), f64::NAN), None);
+        // Other placeholders stay as written; several are replaced at once.
+        let both = NativeLimit::new(&["{max_steps}", "{max_tokens}", "{other}"], &[]);
+        assert_eq!(
+            both.args_with(&cmd(&["x"]), &[("max_tokens", "7"), ("max_steps", "3")]),
+            Some(cmd(&["3", "7", "{other}"]))
+        );
+        assert_eq!(
+            both.args_for(&cmd(&["x"]), 4),
+            Some(cmd(&["4", "{max_tokens}", "{other}"]))
+        );
+    }
+
+    #[test]
+    fn token_arithmetic_keeps_unknown_counts_unknown() {
+        let a = Tokens::new(100, 10).cached_input_tokens(40);
+        let b = Tokens::new(50, 5).reasoning_output_tokens(2);
+        let sum = a.saturating_add(b);
+        assert_eq!(
+            sum,
+            Tokens::new(150, 15)
+                .cached_input_tokens(40)
+                .reasoning_output_tokens(2)
+        );
+        assert_eq!(
+            sum.saturating_sub(a),
+            Tokens::new(50, 5)
+                .cached_input_tokens(0)
+                .reasoning_output_tokens(2)
+        );
+        assert_eq!(
+            Tokens::new(1, 1).saturating_sub(Tokens::new(5, 0)),
+            Tokens::new(0, 1)
+        );
+        assert_eq!(
+            a.max_each(b),
+            Tokens::new(100, 10)
+                .cached_input_tokens(40)
+                .reasoning_output_tokens(2)
+        );
+        assert!(Tokens::default().is_zero());
+        assert!(Tokens::new(0, 0).cached_input_tokens(0).is_zero());
+        assert!(!Tokens::new(0, 0).reasoning_output_tokens(1).is_zero());
+        assert_eq!(Tokens::new(u64::MAX, 1).total(), u64::MAX);
     }
 
     #[test]

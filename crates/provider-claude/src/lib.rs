@@ -12,9 +12,25 @@
 //! turns are 1 + the top-level tool-result lines (what `num_turns` is in practice).
 //!
 //! The `result` line decides the outcome from `is_error`, never from `subtype`:
-//! `error_max_turns` → `max_steps`; HTTP 429 or a rejected rate-limit event → `rate_limited`;
-//! other errors → `provider_error`. The native budget adapter adds `--max-turns N` unless the
-//! command already carries `--max-turns`.
+//! `error_max_turns` → `max_steps`; `error_max_budget_usd` → `max_cost`; HTTP 429 or a rejected
+//! rate-limit event → `rate_limited`; other errors → `provider_error`. The native budget adapter
+//! adds `--max-turns N` unless the command already carries `--max-turns`, and the native cost
+//! limit `--max-budget-usd X` unless it carries `--max-budget-usd` (protocol 1.5).
+//!
+//! Token usage (protocol 1.5) is reported live, per assistant message: each message once, by
+//! `message.id`, with the largest of each count its lines have shown (the CLI repeats a
+//! message's usage on every line of it, and the counts only grow). Input tokens are
+//! `input_tokens` + `cache_read_input_tokens` + `cache_creation_input_tokens`, cached ones
+//! `cache_read_input_tokens`. Sub-agent messages count toward their sub-agent
+//! (`CounterStats::sub_agent_tokens`, keyed like `sub_agent_steps`) and the total. The
+//! per-line usage of a message is the one its API response started with, so its
+//! `output_tokens` are mostly 1 to 3: with `--include-partial-messages` the `stream_event`
+//! lines (`message_start`, `message_delta`) give the final counts as they stream; without it
+//! the output is known only from the `result`. Every source is a lower bound, so the `result`
+//! line tops the reported usage up: the top-level messages to `result.usage` (the main loop's
+//! own total), and the whole to the sum of `result.modelUsage` (every model call of the
+//! session, side calls and sub-agents included), each count to the larger. The reported deltas
+//! add up to `CounterStats::tokens`.
 //!
 //! Tool calls (for loop detection, protocol 1.3) are the top-level `tool_use` blocks, each
 //! reported once by block id, on the line that first carries it, as its `name` and `input`
@@ -35,7 +51,7 @@
 
 use std::collections::BTreeMap;
 
-use rustc_hash::FxHashSet as HashSet;
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use stepguard_jsonl::{RawValue, scan};
 use stepguard_plugin_api::{
@@ -97,7 +113,14 @@ impl ProviderPlugin for ClaudePlugin {
                 &["--max-turns", "{max_steps}"],
                 &["--max-turns"],
             ))
+            // Print mode's own cost budget: checked after each model call, it ends the run
+            // with `result/error_max_budget_usd` once the session's cost exceeds it.
+            .native_cost_limit(NativeLimit::new(
+                &["--max-budget-usd", "{max_cost_usd}"],
+                &["--max-budget-usd"],
+            ))
             .reports_tool_calls()
+            .reports_usage()
             // Its counters fill `CounterStats::sub_agent_steps` (protocol 1.1); its other
             // fields already need more, so this only says so.
             .requires_protocol("1.1")
@@ -135,10 +158,68 @@ pub struct ClaudeCounter {
     rate_limit_rejected: bool,
     terminal: Option<Terminal>,
     turns_reported: Option<u64>,
-    tokens: Option<Tokens>,
     cost: Option<f64>,
     noise: u64,
     unknown: u64,
+    /// Usage per message id: the largest of each count seen so far.
+    message_usage: HashMap<Vec<u8>, Tokens>,
+    /// The message each stream is sending in `stream_event` lines (`--include-partial-messages`),
+    /// by parent tool use id ("" for the top level).
+    streaming: HashMap<String, Vec<u8>>,
+    /// Usage of the top-level messages, topped up to `result.usage`.
+    main_tokens: Tokens,
+    /// Usage per sub-agent.
+    sub_agent_tokens: BTreeMap<String, Tokens>,
+    /// What only `result.modelUsage` shows (side calls, sub-agents' final output).
+    other_tokens: Tokens,
+    /// Whether the stream carried any usage.
+    usage_seen: bool,
+    /// Usage not yet taken by the host.
+    pending_usage: Option<Tokens>,
+}
+
+/// Token counts from an Anthropic `usage` object: input is uncached + cache read + cache
+/// creation, cached is cache read. `None` when it has none of the counts.
+fn usage_tokens(usage: RawValue<'_>) -> Option<Tokens> {
+    let [input, created, read, output] = usage.fields([
+        "input_tokens",
+        "cache_creation_input_tokens",
+        "cache_read_input_tokens",
+        "output_tokens",
+    ])?;
+    if [input, created, read, output].iter().all(Option::is_none) {
+        return None;
+    }
+    let n = |v: Option<RawValue<'_>>| v.and_then(|v| v.as_u64()).unwrap_or(0);
+    let read_count = read.and_then(|v| v.as_u64());
+    Some(Tokens::new(n(input) + n(created) + n(read), n(output)).cached_input_tokens(read_count))
+}
+
+/// The same from a parsed `usage` object (`result.usage`), or `None` when it is not one.
+fn json_usage_tokens(usage: &serde_json::Value) -> Option<Tokens> {
+    let usage = usage.as_object()?;
+    let n = |k: &str| usage.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
+    let input = n("input_tokens") + n("cache_creation_input_tokens") + n("cache_read_input_tokens");
+    Some(
+        Tokens::new(input, n("output_tokens")).cached_input_tokens(
+            usage
+                .get("cache_read_input_tokens")
+                .and_then(|v| v.as_u64()),
+        ),
+    )
+}
+
+/// The sum over `result.modelUsage` (`{model: {inputTokens, outputTokens, cacheReadInputTokens,
+/// cacheCreationInputTokens, …}}`), or `None` when it is missing or empty.
+fn model_usage_tokens(model_usage: &serde_json::Value) -> Option<Tokens> {
+    let models = model_usage.as_object().filter(|m| !m.is_empty())?;
+    Some(models.values().fold(Tokens::default(), |sum, m| {
+        let n = |k: &str| m[k].as_u64().unwrap_or(0);
+        let input = n("inputTokens") + n("cacheReadInputTokens") + n("cacheCreationInputTokens");
+        sum.saturating_add(
+            Tokens::new(input, n("outputTokens")).cached_input_tokens(n("cacheReadInputTokens")),
+        )
+    }))
 }
 
 impl ClaudeCounter {
@@ -148,8 +229,8 @@ impl ClaudeCounter {
         parent: Option<RawValue<'_>>,
         report: &mut LineReport,
     ) {
-        let Some([Some(id), model, content]) =
-            message.and_then(|m| m.fields(["id", "model", "content"]))
+        let Some([Some(id), model, content, usage]) =
+            message.and_then(|m| m.fields(["id", "model", "content", "usage"]))
         else {
             self.unknown += 1;
             report.flags |= LineReport::UNKNOWN_EVENT;
@@ -159,6 +240,9 @@ impl ClaudeCounter {
             return;
         }
         let parent = parent.filter(|p| !p.is_null());
+        if let Some(tokens) = usage.and_then(usage_tokens) {
+            self.message_usage(id.0, parent, tokens, report);
+        }
         let mut step_ids: Vec<&[u8]> = Vec::new();
         // (block id, name, input) of the line's top-level tool_use blocks.
         let mut calls: Vec<(&[u8], Option<RawValue<'_>>, Option<RawValue<'_>>)> = Vec::new();
@@ -247,6 +331,108 @@ impl ClaudeCounter {
         report.flags |= LineReport::TOOL_CALL;
     }
 
+    /// Records what a line says of a message's usage: each count is the largest seen for the
+    /// message, and what that adds is reported, to the message's sub-agent or the top level.
+    fn message_usage(
+        &mut self,
+        id: &[u8],
+        parent: Option<RawValue<'_>>,
+        tokens: Tokens,
+        report: &mut LineReport,
+    ) {
+        self.usage_seen = true;
+        let before = self.message_usage.get(id).copied();
+        let now = before.map_or(tokens, |b| b.max_each(tokens));
+        let delta = now.saturating_sub(before.unwrap_or_default());
+        if delta.is_zero() {
+            return;
+        }
+        self.message_usage.insert(id.to_vec(), now);
+        match parent.and_then(|p| p.as_str()) {
+            Some(parent) => {
+                let sub = self
+                    .sub_agent_tokens
+                    .entry(parent.into_owned())
+                    .or_default();
+                *sub = sub.saturating_add(delta);
+            }
+            None => self.main_tokens = self.main_tokens.saturating_add(delta),
+        }
+        self.add_usage(delta, report);
+    }
+
+    /// Queues `delta` for the host and flags the line.
+    fn add_usage(&mut self, delta: Tokens, report: &mut LineReport) {
+        self.pending_usage = Some(self.pending_usage.unwrap_or_default().saturating_add(delta));
+        report.flags |= LineReport::USAGE;
+    }
+
+    /// The usage reported so far: top level, sub-agents and what only the result showed.
+    fn total_tokens(&self) -> Tokens {
+        self.sub_agent_tokens.values().fold(
+            self.main_tokens.saturating_add(self.other_tokens),
+            |sum, t| sum.saturating_add(*t),
+        )
+    }
+
+    /// A `stream_event` line (`--include-partial-messages`): `message_start` names the message
+    /// being streamed and its starting usage, `message_delta` its counts so far.
+    fn stream_event(
+        &mut self,
+        event: Option<RawValue<'_>>,
+        parent: Option<RawValue<'_>>,
+        report: &mut LineReport,
+    ) {
+        let Some([Some(kind), message, usage]) =
+            event.and_then(|e| e.fields(["type", "message", "usage"]))
+        else {
+            return;
+        };
+        let parent = parent.filter(|p| !p.is_null());
+        let stream = parent
+            .and_then(|p| p.as_str())
+            .map(|p| p.into_owned())
+            .unwrap_or_default();
+        if kind.is_str("message_start") {
+            let Some([Some(id), usage]) = message.and_then(|m| m.fields(["id", "usage"])) else {
+                return;
+            };
+            self.streaming.insert(stream, id.0.to_vec());
+            if let Some(tokens) = usage.and_then(usage_tokens) {
+                self.message_usage(id.0, parent, tokens, report);
+            }
+        } else if kind.is_str("message_delta")
+            && let Some(tokens) = usage.and_then(usage_tokens)
+            && let Some(id) = self.streaming.get(&stream).cloned()
+        {
+            self.message_usage(&id, parent, tokens, report);
+        }
+    }
+
+    /// Tops the reported usage up to what a `result` line says: the top-level messages to
+    /// `result.usage`, the whole to the sum of `result.modelUsage`, each count to the larger.
+    fn result_usage(&mut self, v: &serde_json::Value, report: &mut LineReport) {
+        let main = json_usage_tokens(&v["usage"]);
+        let models = model_usage_tokens(&v["modelUsage"]);
+        if main.is_none() && models.is_none() {
+            return;
+        }
+        self.usage_seen = true;
+        let before = self.total_tokens();
+        if let Some(main) = main {
+            self.main_tokens = self.main_tokens.max_each(main);
+        }
+        if let Some(models) = models {
+            let total = self.total_tokens();
+            let extra = total.max_each(models).saturating_sub(total);
+            self.other_tokens = self.other_tokens.saturating_add(extra);
+        }
+        let delta = self.total_tokens().saturating_sub(before);
+        if !delta.is_zero() {
+            self.add_usage(delta, report);
+        }
+    }
+
     fn user(
         &mut self,
         message: Option<RawValue<'_>>,
@@ -298,15 +484,7 @@ impl ClaudeCounter {
         };
         self.turns_reported = v["num_turns"].as_u64();
         self.cost = v["total_cost_usd"].as_f64();
-        if let Some(usage) = v.get("usage").filter(|u| u.is_object()) {
-            let n = |k: &str| usage[k].as_u64().unwrap_or(0);
-            let input =
-                n("input_tokens") + n("cache_creation_input_tokens") + n("cache_read_input_tokens");
-            self.tokens = Some(
-                Tokens::new(input, n("output_tokens"))
-                    .cached_input_tokens(usage["cache_read_input_tokens"].as_u64()),
-            );
-        }
+        self.result_usage(&v, report);
         let is_error = v["is_error"].as_bool().unwrap_or(false);
         let subtype = v["subtype"].as_str().unwrap_or_default();
         let message = v["errors"]
@@ -319,6 +497,8 @@ impl ClaudeCounter {
             None
         } else if subtype == "error_max_turns" || v["terminal_reason"] == "max_turns" {
             Some("max_steps")
+        } else if subtype == "error_max_budget_usd" {
+            Some("max_cost")
         } else if v["api_error_status"].as_u64() == Some(429)
             || self.rate_limit_rejected
             || message
@@ -341,9 +521,15 @@ impl ClaudeCounter {
 impl StepCounter for ClaudeCounter {
     fn feed(&mut self, line: &[u8]) -> Result<LineReport, String> {
         let mut report = LineReport::empty();
-        let Some([ty, message, parent, info]) = scan(
+        let Some([ty, message, parent, info, event]) = scan(
             line,
-            ["type", "message", "parent_tool_use_id", "rate_limit_info"],
+            [
+                "type",
+                "message",
+                "parent_tool_use_id",
+                "rate_limit_info",
+                "event",
+            ],
         ) else {
             self.noise += 1;
             return Ok(LineReport::noise());
@@ -358,7 +544,8 @@ impl StepCounter for ClaudeCounter {
                     self.rate_limit_rejected |= status.is_str("rejected");
                 }
             }
-            "system" | "stream_event" => {}
+            "stream_event" => self.stream_event(event, parent, &mut report),
+            "system" => {}
             _ => {
                 self.unknown += 1;
                 report.flags |= LineReport::UNKNOWN_EVENT;
@@ -373,16 +560,21 @@ impl StepCounter for ClaudeCounter {
         stats.num_turns_reported = self.turns_reported;
         stats.num_turns_computed = self.saw_events.then_some(1 + self.tool_result_lines);
         stats.terminal = self.terminal.clone();
-        stats.tokens = self.tokens;
+        stats.tokens = self.usage_seen.then(|| self.total_tokens());
         stats.cost_usd = self.cost;
         stats.noise_lines = self.noise;
         stats.unknown_events = self.unknown;
         stats.sub_agent_steps = self.sub_agent_steps.clone();
+        stats.sub_agent_tokens = self.sub_agent_tokens.clone();
         stats
     }
 
     fn take_tool_calls(&mut self) -> Vec<ToolCall> {
         std::mem::take(&mut self.tool_calls)
+    }
+
+    fn take_usage(&mut self) -> Option<Tokens> {
+        self.pending_usage.take()
     }
 }
 
@@ -500,6 +692,20 @@ mod tests {
         ("real/claude/tools12.jsonl", 13, 12, Some(13), "success"),
         ("real/claude/maxturns2.jsonl", 2, 2, Some(3), "max_steps"),
         ("real/claude/error429.jsonl", 1, 1, Some(2), "rate_limited"),
+        (
+            "streams/claude/max_budget_usd.jsonl",
+            3,
+            3,
+            Some(3),
+            "max_cost",
+        ),
+        (
+            "streams/claude/sub_agent_usage.jsonl",
+            3,
+            3,
+            Some(4),
+            "success",
+        ),
     ];
 
     #[test]
@@ -756,7 +962,7 @@ mod tests {
     fn tool_calls_are_declared_and_taken_once() {
         let m = ClaudePlugin.manifest();
         assert!(m.tool_calls);
-        assert_eq!(m.min_protocol(), "1.4.0");
+        assert_eq!(m.min_protocol(), "1.5.0");
         let mut counter = ClaudePlugin
             .open_counter(&CounterRequest::new("message"))
             .unwrap();
@@ -781,5 +987,206 @@ mod tests {
             limit.args_for(&["claude".into(), "-p".into()], 9),
             Some(vec!["--max-turns".into(), "9".into()])
         );
+    }
+
+    fn words(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn native_cost_limit_is_declared_and_no_token_limit() {
+        let m = ClaudePlugin.manifest();
+        assert!(m.reports_usage);
+        assert_eq!(m.native_token_limit, None);
+        let cost = m.native_cost_limit.unwrap();
+        let command = words(&["claude", "-p", "fix it", "--output-format", "stream-json"]);
+        assert_eq!(
+            cost.command_for_cost(&command, 2.5),
+            Some(words(&[
+                "claude",
+                "-p",
+                "fix it",
+                "--output-format",
+                "stream-json",
+                "--max-budget-usd",
+                "2.5"
+            ]))
+        );
+        let given = words(&["claude", "-p", "x", "--max-budget-usd", "1"]);
+        assert_eq!(cost.command_for_cost(&given, 2.5), None);
+    }
+
+    /// A run's token counts with unknown ones as zero: the deltas and the final numbers may
+    /// differ in whether a zero count is known.
+    fn counts(t: Tokens) -> (u64, u64, u64, u64) {
+        (
+            t.input_tokens,
+            t.output_tokens,
+            t.cached_input_tokens.unwrap_or(0),
+            t.reasoning_output_tokens.unwrap_or(0),
+        )
+    }
+
+    fn live(bytes: &[u8], unit: &str) -> Tokens {
+        stepguard_plugin_api::testing::usage(&ClaudePlugin, unit, bytes).unwrap()
+    }
+
+    #[test]
+    fn the_live_usage_adds_up_to_the_final_tokens_in_every_recording() {
+        for dir in ["streams/claude", "real/claude"] {
+            let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../../tests/fixtures")
+                .join(dir);
+            for entry in std::fs::read_dir(root).unwrap() {
+                let path = entry.unwrap().path();
+                if path.extension().is_none_or(|e| e != "jsonl") {
+                    continue;
+                }
+                let bytes = std::fs::read(&path).unwrap();
+                for unit in ["message", "tool_use"] {
+                    let (_, stats) = count_bytes(&bytes, unit);
+                    assert_eq!(
+                        counts(live(&bytes, unit)),
+                        counts(stats.tokens.unwrap_or_default()),
+                        "{} {unit}",
+                        path.display()
+                    );
+                    let sub: Tokens = stats
+                        .sub_agent_tokens
+                        .values()
+                        .fold(Tokens::default(), |sum, t| sum.saturating_add(*t));
+                    assert!(
+                        sub.total() <= stats.tokens.unwrap_or_default().total(),
+                        "{}",
+                        path.display()
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn sub_agent_usage_is_reported_per_sub_agent_and_in_the_total() {
+        let bytes = fixture("streams/claude/sub_agent_usage.jsonl");
+        let (sum, stats) = count_bytes(&bytes, "message");
+        assert_eq!((sum.steps_begun, sum.sub_agent_steps), (3, 4));
+        // Two Explore agents in parallel, each keyed like its steps: A's Grep and Read rounds,
+        // B's Glob round and its two parallel Reads (one message over two lines, once).
+        let keys: Vec<&String> = stats.sub_agent_tokens.keys().collect();
+        assert_eq!(keys, stats.sub_agent_steps.keys().collect::<Vec<_>>());
+        assert!(keys.iter().all(|k| k.starts_with("toolu_01")), "{keys:?}");
+        let mut per_agent: Vec<(u64, u64, u64, u64)> = stats
+            .sub_agent_tokens
+            .values()
+            .map(|t| counts(*t))
+            .collect();
+        per_agent.sort_unstable();
+        // B: 3 + 4290 in, then 5 + 388 + 4290 (4290 cached); A: 3 + 4317, then 6 + 612 + 4317.
+        assert_eq!(per_agent, [(8976, 4, 4290, 0), (9255, 3, 4317, 0)]);
+        // The total: the main loop topped up to `result.usage`, the sub-agents, and what only
+        // `result.modelUsage` shows (the sub-agents' final answers, a side call), each count
+        // to the larger: here `modelUsage` covers everything.
+        assert_eq!(
+            counts(stats.tokens.unwrap()),
+            (
+                51_347 + 637 + 13_252 + 18_214,
+                763 + 1035,
+                47_516 + 18_214,
+                0
+            )
+        );
+        assert_eq!(
+            counts(live(&bytes, "message")),
+            counts(stats.tokens.unwrap())
+        );
+        // Live, the sub-agents' usage arrives with their messages, before the result.
+        let deltas =
+            stepguard_plugin_api::testing::usage_deltas(&ClaudePlugin, "message", &bytes).unwrap();
+        let before_result = deltas
+            .iter()
+            .filter(|(line, _)| *line < 20)
+            .fold(Tokens::default(), |sum, (_, t)| sum.saturating_add(*t));
+        assert_eq!(
+            counts(before_result),
+            (51_347 + 9255 + 8976, 7 + 3 + 4, 47_516 + 4317 + 4290, 0)
+        );
+        // A message split over lines is reported on its first line only.
+        assert_eq!(deltas.iter().filter(|(line, _)| *line <= 4).count(), 1);
+    }
+
+    #[test]
+    fn the_cost_budget_ending_the_run_is_max_cost() {
+        let bytes = fixture("streams/claude/max_budget_usd.jsonl");
+        let (_, stats) = count_bytes(&bytes, "message");
+        let terminal = stats.terminal.clone().unwrap();
+        assert_eq!(terminal.slug.as_deref(), Some("max_cost"));
+        assert_eq!(
+            terminal.message.as_deref(),
+            Some("Reached maximum budget ($0.0025)")
+        );
+        assert_eq!(stats.cost_usd, Some(0.003));
+        // `result.usage` (200 in, 40 out) left out the last call; `modelUsage` has all three.
+        assert_eq!(counts(stats.tokens.unwrap()), (300, 60, 0, 0));
+    }
+
+    #[test]
+    fn partial_messages_give_the_output_counts_as_they_stream() {
+        let bytes = fixture("streams/claude/success_include_partial_messages.jsonl");
+        let deltas =
+            stepguard_plugin_api::testing::usage_deltas(&ClaudePlugin, "message", &bytes).unwrap();
+        let (last, _) = *deltas.last().unwrap();
+        let streamed = deltas
+            .iter()
+            .filter(|(line, _)| *line < last)
+            .fold(Tokens::default(), |sum, (_, t)| sum.saturating_add(*t));
+        // Everything `result.usage` says was known before the result; the result adds only
+        // the side call `modelUsage` shows (612 in, 24 out).
+        assert_eq!(counts(streamed), (31_024, 83, 29_624, 0));
+        let (_, stats) = count_bytes(&bytes, "message");
+        assert_eq!(
+            counts(stats.tokens.unwrap()),
+            (31_024 + 612, 83 + 24, 29_624, 0)
+        );
+    }
+
+    #[test]
+    fn a_message_is_counted_once_with_the_largest_usage_its_lines_show() {
+        let line = |id: &str, parent: &str, input: u64, output: u64| {
+            format!(
+                r#"{{"type":"assistant","message":{{"id":"{id}","model":"claude","content":[],"usage":{{"input_tokens":{input},"cache_creation_input_tokens":10,"cache_read_input_tokens":100,"output_tokens":{output}}}}},"parent_tool_use_id":{parent}}}"#
+            )
+        };
+        let stream = [
+            line("msg_1", "null", 5, 1),
+            line("msg_1", "null", 5, 1),
+            line("msg_1", "null", 5, 40),
+            line("msg_2", r#""toolu_task""#, 7, 2),
+            line("msg_1", "null", 5, 3),
+        ]
+        .join("\n");
+        let deltas = stepguard_plugin_api::testing::usage_deltas(
+            &ClaudePlugin,
+            "message",
+            stream.as_bytes(),
+        )
+        .unwrap();
+        let per_line: Vec<(u64, (u64, u64, u64, u64))> =
+            deltas.iter().map(|(n, t)| (*n, counts(*t))).collect();
+        assert_eq!(
+            per_line,
+            [
+                (1, (115, 1, 100, 0)),
+                (3, (0, 39, 0, 0)),
+                (4, (117, 2, 100, 0))
+            ]
+        );
+        let (_, stats) = count_bytes(stream.as_bytes(), "message");
+        assert_eq!(counts(stats.tokens.unwrap()), (232, 42, 200, 0));
+        assert_eq!(
+            counts(stats.sub_agent_tokens["toolu_task"]),
+            (117, 2, 100, 0)
+        );
+        // Without a result, the final numbers are what the stream showed.
+        assert_eq!(stats.terminal, None);
     }
 }

@@ -10,7 +10,7 @@ use rustix::process::Signal;
 use stepguard_core::loops::{LoopFound, LoopKind};
 use stepguard_core::verdict::TerminatedBy;
 use stepguard_core::{StepLedger, StepLimit};
-use stepguard_gateway::{Dialect, Gateway, GatewayConfig, GatewayEvent, Pace};
+use stepguard_gateway::{Budget, Dialect, Gateway, GatewayConfig, GatewayEvent, Pace};
 use stepguard_supervisor::guard::{self, Guardian};
 use stepguard_supervisor::{ExitStatus, Reaper, RunCgroup, StopReport, Tree};
 
@@ -123,6 +123,7 @@ impl Runner {
             startup_timeout,
             env,
             wrap_up,
+            spend,
         } = spec;
         let plugin_timeout_ms = u64::try_from(plugin_timeout.as_millis()).unwrap_or(u64::MAX);
         let spec = Labels {
@@ -168,7 +169,16 @@ impl Runner {
                 let started = point_at(&w, &command, &env, "http://127.0.0.1:1/probe")
                     .map_err(std::io::Error::other)
                     .and_then(|p| {
-                        start_gateway(&w, p.upstream, limit, &steps, counts_requests, &events_tx)
+                        let pace = Pace {
+                            limit,
+                            steps: Arc::clone(&steps),
+                            reply_cost: w.reply_cost,
+                            count_requests: counts_requests,
+                            max_tokens: spend.max_tokens,
+                            max_cost_usd: spend.max_cost_usd,
+                            price: spend.price.clone(),
+                        };
+                        start_gateway(&w, p.upstream, pace, &events_tx)
                     });
                 match started {
                     Ok(gw) => match point_at(&w, &command, &env, gw.url()) {
@@ -496,12 +506,34 @@ impl Runner {
                     // A call past the last one, answered by the gateway with a final text that
                     // ends the CLI cleanly. A second one means it did not end: the backstop.
                     GatewayEvent::Refused { count } => {
+                        let reason = gateway.as_ref().and_then(Gateway::reason);
                         if loop_wrapping {
                             run.stop(TerminatedBy::Loop, Signal::TERM);
                         } else if count >= 2 {
-                            let step = model_calls.load(Ordering::Relaxed) + count;
-                            run.breached_at.get_or_insert(step);
-                            run.decide(LimitDecision::Stop, step);
+                            match reason {
+                                Some(Budget::Tokens) => {
+                                    run.stop(TerminatedBy::Tokens, Signal::TERM);
+                                }
+                                Some(Budget::Cost) => run.stop(TerminatedBy::Cost, Signal::TERM),
+                                _ => {
+                                    let step = model_calls.load(Ordering::Relaxed) + count;
+                                    run.breached_at.get_or_insert(step);
+                                    run.decide(LimitDecision::Stop, step);
+                                }
+                            }
+                        }
+                    }
+                    GatewayEvent::Usage { .. } => {}
+                    GatewayEvent::Unpriced { model } => {
+                        if run.terminated_by.is_none() {
+                            let why = format!(
+                                "a cost budget is set and the model `{model}` has no price: the \
+                                 call was not made; add the model to a price file (--prices FILE) \
+                                 or run without --max-cost-usd"
+                            );
+                            tracing::error!("{why}");
+                            run.why = Some(why);
+                            run.stop(TerminatedBy::Unpriced, Signal::TERM);
                         }
                     }
                     GatewayEvent::UpstreamFailed { error } => {
@@ -695,6 +727,9 @@ impl Runner {
                 model_calls: gw.forwarded(),
                 final_report: gw.final_text().filter(|_| wrapped),
                 counts_steps: counts_requests,
+                usage: gw.usage(),
+                cost_usd: gw.cost_usd(),
+                reason: gw.reason(),
             };
             gw.stop();
             end
@@ -716,6 +751,7 @@ impl Runner {
             why: run.why,
             unrecognized: on_unrecognized,
             gateway,
+            spend,
         };
         // Removes the run's cgroup (empty by now).
         drop(tree);
@@ -834,9 +870,7 @@ fn loop_notice(found: &LoopFound) -> String {
 fn start_gateway(
     w: &WrapUp,
     upstream: String,
-    limit: Option<u64>,
-    steps: &Arc<AtomicU64>,
-    counts_requests: bool,
+    pace: Pace,
     events: &Sender<Event>,
 ) -> std::io::Result<Gateway> {
     let dialect: Dialect = w.endpoint.dialect.parse().map_err(std::io::Error::other)?;
@@ -844,12 +878,7 @@ fn start_gateway(
     let config = GatewayConfig {
         dialect,
         upstream,
-        pace: Pace {
-            limit,
-            steps: Arc::clone(steps),
-            reply_cost: w.reply_cost,
-            count_requests: counts_requests,
-        },
+        pace,
         notices: w.notices,
         record_requests: w.record_requests.clone(),
         on_event: Box::new(move |e| {

@@ -54,7 +54,8 @@ pub use engine::{Interrupter, Runner};
 pub use report::RunReport;
 pub use spec::{
     Breach, Containment, LimitDecision, LimitPolicy, OnUnrecognized, Progress, Question,
-    RecognitionWindow, RunMeta, RunObserver, RunSpec, RunStarted, StdinMode, StopAtLimit, WrapUp,
+    RecognitionWindow, RunMeta, RunObserver, RunSpec, RunStarted, SpendLimits, StdinMode,
+    StopAtLimit, WrapUp,
 };
 pub use stepguard_supervisor::{ExitStatus, Mechanism, StopReport};
 pub use stream::{

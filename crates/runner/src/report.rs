@@ -37,6 +37,8 @@ pub(crate) struct Ending {
     pub unrecognized: OnUnrecognized,
     /// What the model gateway saw, when the run had one.
     pub gateway: Option<GatewayEnd>,
+    /// The run's token and cost budgets.
+    pub spend: crate::spec::SpendLimits,
 }
 
 /// The model gateway's account of a run.
@@ -48,6 +50,12 @@ pub(crate) struct GatewayEnd {
     pub final_report: Option<String>,
     /// Whether the unit is `request`: the model calls are the steps.
     pub counts_steps: bool,
+    /// Usage of every model call that went through it.
+    pub usage: stepguard_gateway::CallUsage,
+    /// Their cost, when every one could be priced.
+    pub cost_usd: Option<f64>,
+    /// Which budget made the last call the last one.
+    pub reason: Option<stepguard_gateway::Budget>,
 }
 
 impl Ending {
@@ -72,6 +80,7 @@ impl Ending {
             containment: None,
             why: None,
             gateway: None,
+            spend: crate::spec::SpendLimits::default(),
             unrecognized: OnUnrecognized::Stop,
         }
     }
@@ -177,6 +186,18 @@ impl RunReport {
                 stats.num_steps_computed = steps;
                 stats.outcome = judged.outcome;
                 stats.slug = judged.slug;
+                // A wrap-up ends the run for the budget that asked for it.
+                if ending.terminated_by == Some(TerminatedBy::WrapUp) {
+                    match ending.gateway.as_ref().and_then(|g| g.reason) {
+                        Some(stepguard_gateway::Budget::Tokens) => {
+                            stats.slug = Some(FailureSlug::MaxTokens);
+                        }
+                        Some(stepguard_gateway::Budget::Cost) => {
+                            stats.slug = Some(FailureSlug::MaxCost);
+                        }
+                        _ => {}
+                    }
+                }
                 (stats, judged.exit_code)
             }
         };
@@ -213,7 +234,30 @@ impl RunReport {
         if let Some(g) = &ending.gateway {
             record.model_calls = Some(g.model_calls);
             record.final_report.clone_from(&g.final_report);
+            // The gateway saw every model call (sub-agents' and side calls too): its usage is
+            // the run's; a cost the provider reported itself still wins.
+            if g.usage.total() > 0 {
+                record.tokens = Some(stepguard_core::TokenUsage {
+                    input_tokens: g.usage.input,
+                    output_tokens: g.usage.output,
+                    cached_input_tokens: Some(g.usage.cached_input),
+                    reasoning_output_tokens: record.tokens.and_then(|t| t.reasoning_output_tokens),
+                });
+            }
+            if record.cost_usd.is_none() {
+                record.cost_usd = g.cost_usd.filter(|_| g.usage.total() > 0);
+            }
         }
+        record.max_tokens = ending.spend.max_tokens;
+        record.max_tokens_source = ending
+            .spend
+            .max_tokens
+            .and(ending.spend.max_tokens_source.clone());
+        record.max_cost_usd = ending.spend.max_cost_usd;
+        record.max_cost_usd_source = ending
+            .spend
+            .max_cost_usd
+            .and(ending.spend.max_cost_usd_source.clone());
         if let Some(e) = &ending.spawn_error {
             record.message = Some(spawn_message(&spec.command, e));
             // Nothing ran, so nothing was counted.
@@ -260,6 +304,23 @@ impl RunReport {
                 " | wrapped up: the last of {} model calls had no tools",
                 self.record.model_calls.unwrap_or_default()
             );
+        }
+        if let (Some(tokens), Some(max)) = (self.record.tokens, self.record.max_tokens) {
+            let _ = write!(
+                line,
+                " | tokens {} of {max}",
+                tokens.input_tokens + tokens.output_tokens
+            );
+        }
+        if let Some(max) = self.record.max_cost_usd {
+            match self.record.cost_usd {
+                Some(cost) => {
+                    let _ = write!(line, " | ${cost:.4} of ${max:.2}");
+                }
+                None => {
+                    let _ = write!(line, " | cost unknown of ${max:.2}");
+                }
+            }
         }
         line
     }

@@ -150,6 +150,27 @@ pub struct RunSpec {
     /// The model gateway (`--wrap-up`): when set, the agent's model calls go through a gateway
     /// on 127.0.0.1 that makes the budget's last call tool-less and refuses calls past it.
     pub wrap_up: Option<WrapUp>,
+    /// Token and cost budgets, kept through the gateway's usage when the run has one, else
+    /// through the usage the stream reports.
+    pub spend: SpendLimits,
+}
+
+/// A run's token and cost budgets (`--max-tokens`, `--max-cost-usd`).
+#[derive(Clone, Debug, Default)]
+pub struct SpendLimits {
+    /// Input + output tokens of every model call, cached input included.
+    pub max_tokens: Option<u64>,
+    /// Where the token budget came from, for the record.
+    pub max_tokens_source: Option<String>,
+    /// US dollars.
+    pub max_cost_usd: Option<f64>,
+    /// Where the cost budget came from, for the record.
+    pub max_cost_usd_source: Option<String>,
+    /// Prices a model call by model and usage; a cost budget needs it.
+    pub price: Option<stepguard_gateway::Pricing>,
+    /// The model the stream's usage is priced as when there is no gateway (known before the
+    /// start from the agent's command).
+    pub model: Option<String>,
 }
 
 /// How a run's model gateway is set up.
@@ -196,6 +217,7 @@ impl RunSpec {
             startup_timeout: None,
             env: Vec::new(),
             wrap_up: None,
+            spend: SpendLimits::default(),
         }
     }
 }

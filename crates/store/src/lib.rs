@@ -19,7 +19,12 @@
 //!   detection);
 //! * version 6: `final_report` (the model's final text when the run wrapped up) and
 //!   `model_calls` (model calls the gateway forwarded upstream), NULL for older rows, and for
-//!   runs that did not wrap up or had no gateway.
+//!   runs that did not wrap up or had no gateway;
+//! * version 7: the token and cost budgets (`max_tokens`, `max_tokens_source`, `max_cost_usd`,
+//!   `max_cost_usd_source`) and the token usage per sub-agent (`sub_agent_tokens`, as JSON),
+//!   NULL for older rows, and for runs without such a budget or sub-agents. The run's own usage
+//!   (input, output, cached input and reasoning output tokens, and the cost) is stored since
+//!   versions 1 and 3.
 //!
 //! Rows are read back as [`RunRecord`], the same shape every stepguard command emits.
 //!
@@ -42,7 +47,7 @@ use stepguard_core::{Outcome, TokenUsage};
 
 pub use stepguard_core::RunRecord;
 
-pub use stats::{GroupStats, Spread, StatsReport, compute_stats, percentile};
+pub use stats::{CostSpread, GroupStats, Spread, StatsReport, compute_stats, percentile};
 
 /// The schema migrations, in order; index + 1 is the version each one brings the database to.
 pub const MIGRATIONS: &[&str] = &[
@@ -101,6 +106,14 @@ pub const MIGRATIONS: &[&str] = &[
     // forwarded upstream; NULL when the run did not wrap up or had no gateway.
     "ALTER TABLE runs ADD COLUMN final_report TEXT;
      ALTER TABLE runs ADD COLUMN model_calls INTEGER;",
+    // 7: the token and cost budgets with where they came from, and the token usage per
+    // sub-agent as the record's JSON object; NULL when the run had no such budget (or none was
+    // known: older rows) and no sub-agents.
+    "ALTER TABLE runs ADD COLUMN max_tokens INTEGER;
+     ALTER TABLE runs ADD COLUMN max_tokens_source TEXT;
+     ALTER TABLE runs ADD COLUMN max_cost_usd REAL;
+     ALTER TABLE runs ADD COLUMN max_cost_usd_source TEXT;
+     ALTER TABLE runs ADD COLUMN sub_agent_tokens TEXT;",
 ];
 
 /// The newest schema version this stepguard knows.
@@ -334,6 +347,10 @@ impl Store {
     }
 
     /// Completes a run with its record; the row keeps the start fields [`Store::begin_run`] wrote.
+    ///
+    /// The token and cost budgets (`max_tokens`, `max_cost_usd` and their sources) are written
+    /// here, from the record, so a row reads them as null while it is `running` (and when its
+    /// stepguard died before the end).
     pub fn finish_run(&self, id: RunId, run: &RunRecord) -> Result<(), StoreError> {
         let i = |v: Option<u64>| v.map(|v| v as i64);
         let tokens = run.tokens;
@@ -347,6 +364,10 @@ impl Store {
             .loops
             .as_ref()
             .and_then(|l| serde_json::to_string(l).ok());
+        let sub_agent_tokens = run
+            .sub_agent_tokens
+            .as_ref()
+            .and_then(|m| serde_json::to_string(m).ok());
         self.conn
             .execute(
                 "UPDATE runs SET ended_at = ?2, outcome = ?3, failure_slug = ?4, exit_code = ?5,
@@ -357,7 +378,8 @@ impl Store {
                     unknown_events = ?21, oversized_lines = ?22, truncated_last_line = ?23,
                     cached_input_tokens = ?24, reasoning_output_tokens = ?25, sub_agent_steps = ?26,
                     plugin_source = ?27, containment = ?28, loops = ?29, final_report = ?30,
-                    model_calls = ?31
+                    model_calls = ?31, max_tokens = ?32, max_tokens_source = ?33,
+                    max_cost_usd = ?34, max_cost_usd_source = ?35, sub_agent_tokens = ?36
                  WHERE id = ?1",
                 params![
                     id,
@@ -391,6 +413,11 @@ impl Store {
                     loops,
                     run.final_report,
                     i(run.model_calls),
+                    i(run.max_tokens),
+                    run.max_tokens_source,
+                    run.max_cost_usd,
+                    run.max_cost_usd_source,
+                    sub_agent_tokens,
                 ],
             )
             .map_err(|e| self.err(e))?;
@@ -483,7 +510,7 @@ const COLUMNS: &str = "id, started_at, ended_at, provider, plugin_version, unit,
     input_tokens, output_tokens, cost_usd, on_limit_decision, message, child_signal, breached_at_step,
     noise_lines, unknown_events, oversized_lines, truncated_last_line, cached_input_tokens,
     reasoning_output_tokens, sub_agent_steps, plugin_source, containment, loops, final_report,
-    model_calls";
+    model_calls, max_tokens, max_tokens_source, max_cost_usd, max_cost_usd_source, sub_agent_tokens";
 
 /// Reads one row as a run record; counts stored as SQLite integers come back unsigned.
 fn record(r: &Row<'_>) -> rusqlite::Result<RunRecord> {
@@ -557,6 +584,13 @@ fn record(r: &Row<'_>) -> rusqlite::Result<RunRecord> {
         .and_then(|s| serde_json::from_str(&s).ok());
     rec.final_report = r.get(39)?;
     rec.model_calls = n(40)?;
+    rec.max_tokens = n(41)?;
+    rec.max_tokens_source = r.get(42)?;
+    rec.max_cost_usd = r.get(43)?;
+    rec.max_cost_usd_source = r.get(44)?;
+    rec.sub_agent_tokens = r
+        .get::<_, Option<String>>(45)?
+        .and_then(|s| serde_json::from_str(&s).ok());
     Ok(rec)
 }
 

@@ -1,4 +1,13 @@
-//! Figures over stored runs: success rates, failure slugs, and the spread of steps per run.
+//! Figures over stored runs: success rates, failure slugs, the spread of steps, tokens and cost
+//! per run, and the budgets that would have covered the successful runs.
+//!
+//! Every suggestion follows one rule: the budget that would have covered 95% of the group's
+//! successful runs is their 95th percentile (nearest rank) of what the budget limits. Steps and
+//! tokens (input + output, cached input and reasoning output included, as `--max-tokens`
+//! counts them) are suggested as that value, at least 1; a cost is rounded up to the next
+//! $0.0001 (the precision stepguard prints costs at), at least $0.0001, so the printed figure
+//! still covers the run it came from. Only successful runs that reported the figure count as
+//! evidence; with none, there is no suggestion.
 
 use std::collections::BTreeMap;
 
@@ -9,6 +18,11 @@ use stepguard_core::{Outcome, RunRecord};
 /// Returns the `p`th percentile (0–100) of sorted values by the nearest-rank method: the value at
 /// rank ⌈p/100 · n⌉ (1-based). `None` for no values.
 pub fn percentile(sorted: &[i64], p: f64) -> Option<i64> {
+    nearest_rank(sorted, p)
+}
+
+/// The nearest-rank percentile of [`percentile`], for any sorted values.
+fn nearest_rank<T: Copy>(sorted: &[T], p: f64) -> Option<T> {
     if sorted.is_empty() {
         return None;
     }
@@ -35,7 +49,8 @@ impl Spread {
     fn of(mut values: Vec<i64>) -> Option<Spread> {
         values.sort_unstable();
         let max = *values.last()?;
-        let mean = values.iter().sum::<i64>() as f64 / values.len() as f64;
+        // Summed wide: token counts of many runs may pass `i64::MAX` together.
+        let mean = values.iter().map(|&v| i128::from(v)).sum::<i128>() as f64 / values.len() as f64;
         Some(Spread {
             runs: values.len(),
             mean: (mean * 100.0).round() / 100.0,
@@ -43,6 +58,59 @@ impl Spread {
             p95: percentile(&values, 95.0)?,
             max,
         })
+    }
+}
+
+/// The spread of a cost in US dollars over runs.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct CostSpread {
+    /// Runs with a cost.
+    pub runs: usize,
+    /// Arithmetic mean, rounded to a millionth of a dollar.
+    pub mean: f64,
+    /// Median (nearest rank).
+    pub p50: f64,
+    /// 95th percentile (nearest rank).
+    pub p95: f64,
+    /// Largest value.
+    pub max: f64,
+}
+
+impl CostSpread {
+    fn of(mut values: Vec<f64>) -> Option<CostSpread> {
+        values.retain(|v| v.is_finite());
+        values.sort_unstable_by(f64::total_cmp);
+        let max = *values.last()?;
+        let mean = values.iter().sum::<f64>() / values.len() as f64;
+        Some(CostSpread {
+            runs: values.len(),
+            mean: (mean * 1_000_000.0).round() / 1_000_000.0,
+            p50: nearest_rank(&values, 50.0)?,
+            p95: nearest_rank(&values, 95.0)?,
+            max,
+        })
+    }
+}
+
+/// Rounds a cost up to the next $0.0001, at least $0.0001. A value already on the grid (give or
+/// take the float error of a decimal such as 0.042) stays as it is.
+fn cost_budget(usd: f64) -> f64 {
+    let units = usd * 10_000.0;
+    let nearest = units.round();
+    let units = if (units - nearest).abs() < 1e-6 {
+        nearest
+    } else {
+        units.ceil()
+    };
+    units.max(1.0) / 10_000.0
+}
+
+/// Returns ` with WHAT` when only some of the successful runs reported the figure.
+fn evidence(successes: usize, with: usize, what: &str) -> String {
+    if with == successes {
+        String::new()
+    } else {
+        format!(" with {what}")
     }
 }
 
@@ -67,6 +135,21 @@ pub struct GroupStats {
     pub turns: Option<Spread>,
     /// The budget that would have covered 95% of successful runs (their p95 of steps).
     pub suggested_max_steps: Option<i64>,
+    /// Tokens per run, input + output (rows with token usage).
+    pub tokens: Option<Spread>,
+    /// Cost per run in US dollars (rows with a cost).
+    pub cost_usd: Option<CostSpread>,
+    /// The `--max-tokens` that would have covered 95% of successful runs (their p95 of tokens).
+    pub suggested_max_tokens: Option<i64>,
+    /// The `--max-cost-usd` that would have covered 95% of successful runs (their p95 of cost,
+    /// rounded up to the next $0.0001).
+    pub suggested_max_cost_usd: Option<f64>,
+    /// Successful runs with token usage: the evidence for `suggested_max_tokens`.
+    #[serde(skip)]
+    successes_with_tokens: usize,
+    /// Successful runs with a cost: the evidence for `suggested_max_cost_usd`.
+    #[serde(skip)]
+    successes_with_cost: usize,
 }
 
 impl GroupStats {
@@ -79,6 +162,46 @@ impl GroupStats {
             if successful == 1 { "" } else { "s" }
         ))
     }
+
+    /// Returns the one-line `--max-tokens` suggestion, when there is evidence for one.
+    pub fn token_suggestion(&self) -> Option<String> {
+        let n = self.suggested_max_tokens?;
+        let with = self.successes_with_tokens;
+        Some(format!(
+            "max_tokens = {n} would have covered 95% of the {with} successful run{}{}",
+            if with == 1 { "" } else { "s" },
+            evidence(self.successes, with, "token usage")
+        ))
+    }
+
+    /// Returns the one-line `--max-cost-usd` suggestion, when there is evidence for one.
+    pub fn cost_suggestion(&self) -> Option<String> {
+        let usd = self.suggested_max_cost_usd?;
+        let with = self.successes_with_cost;
+        Some(format!(
+            "max_cost_usd = {usd} would have covered 95% of the {with} successful run{}{}",
+            if with == 1 { "" } else { "s" },
+            evidence(self.successes, with, "a cost")
+        ))
+    }
+
+    /// Returns every suggestion there is evidence for: steps, tokens, cost, in that order.
+    pub fn suggestions(&self) -> Vec<String> {
+        [
+            self.suggestion(),
+            self.token_suggestion(),
+            self.cost_suggestion(),
+        ]
+        .into_iter()
+        .flatten()
+        .collect()
+    }
+}
+
+/// Returns a run's tokens as `--max-tokens` counts them: input + output.
+fn total_tokens(r: &RunRecord) -> Option<i64> {
+    r.tokens
+        .map(|t| i64::try_from(t.input_tokens.saturating_add(t.output_tokens)).unwrap_or(i64::MAX))
 }
 
 /// Figures for every group.
@@ -117,6 +240,10 @@ pub fn compute_stats(records: &[RunRecord]) -> StatsReport {
                 .filter_map(|r| r.steps().map(|s| s as i64))
                 .collect();
             let suggested_max_steps = Spread::of(successful_steps).map(|s| s.p95.max(1));
+            let successful = || rows.iter().filter(|r| r.outcome == Outcome::Success);
+            let successful_tokens =
+                Spread::of(successful().filter_map(|r| total_tokens(r)).collect());
+            let successful_cost = CostSpread::of(successful().filter_map(|r| r.cost_usd).collect());
             GroupStats {
                 provider,
                 task_type,
@@ -139,6 +266,12 @@ pub fn compute_stats(records: &[RunRecord]) -> StatsReport {
                         .collect(),
                 ),
                 suggested_max_steps,
+                tokens: Spread::of(rows.iter().filter_map(|r| total_tokens(r)).collect()),
+                cost_usd: CostSpread::of(rows.iter().filter_map(|r| r.cost_usd).collect()),
+                suggested_max_tokens: successful_tokens.as_ref().map(|s| s.p95.max(1)),
+                suggested_max_cost_usd: successful_cost.as_ref().map(|s| cost_budget(s.p95)),
+                successes_with_tokens: successful_tokens.map_or(0, |s| s.runs),
+                successes_with_cost: successful_cost.map_or(0, |s| s.runs),
             }
         })
         .collect();

@@ -131,7 +131,7 @@ fn a_newer_database_is_refused_and_left_untouched() {
     assert!(matches!(err, StoreError::NewerSchema { found: 99, .. }));
     assert!(
         err.to_string().contains(
-            "has schema version 99, newer than this stepguard knows (6); refusing to modify it"
+            "has schema version 99, newer than this stepguard knows (7); refusing to modify it"
         ),
         "{err}"
     );
@@ -549,6 +549,29 @@ fn every_field_of_a_run_record_survives_the_round_trip() {
     fin.terminated_by = Some("wrap_up".into());
     fin.final_report = Some("Done: fixed the parser.\nLeft: the CLI flag.\n".into());
     fin.model_calls = Some(12);
+    fin.max_tokens = Some(200_000);
+    fin.max_tokens_source = Some("--max-tokens".into());
+    fin.max_cost_usd = Some(0.125);
+    fin.max_cost_usd_source = Some("task_types.review.max_cost_usd".into());
+    fin.sub_agent_tokens = Some(BTreeMap::from([
+        (
+            "task-1".to_owned(),
+            TokenUsage {
+                input_tokens: 60,
+                output_tokens: 9,
+                cached_input_tokens: Some(30),
+                reasoning_output_tokens: None,
+            },
+        ),
+        (
+            "task-2".to_owned(),
+            TokenUsage {
+                input_tokens: 5,
+                output_tokens: 1,
+                ..TokenUsage::default()
+            },
+        ),
+    ]));
     store.finish_run(id, &fin).unwrap();
 
     let back = store.get(id).unwrap().unwrap();
@@ -748,4 +771,454 @@ fn stats_count_the_loop_and_stall_slugs_like_any_other() {
             ("startup_hang".to_owned(), 1),
         ])
     );
+}
+
+#[test]
+fn budget_fields_are_null_when_unknown_and_kept_when_zero_or_large() {
+    let (_dir, path) = db();
+    let store = Store::open(&path).unwrap();
+    let usage = |input, output| TokenUsage {
+        input_tokens: input,
+        output_tokens: output,
+        ..TokenUsage::default()
+    };
+    type Budgets = (
+        Option<u64>,
+        Option<String>,
+        Option<f64>,
+        Option<String>,
+        Option<BTreeMap<String, TokenUsage>>,
+    );
+    let cases: [Budgets; 3] = [
+        (None, None, None, None, None),
+        (
+            Some(0),
+            Some("--max-tokens".into()),
+            Some(0.0),
+            Some("--max-cost-usd".into()),
+            Some(BTreeMap::new()),
+        ),
+        (
+            Some(u64::from(u32::MAX) + 1),
+            Some("profiles.ci.max_tokens".into()),
+            Some(1234.56789),
+            Some("profiles.ci.max_cost_usd".into()),
+            Some(BTreeMap::from([("agent — 完了".to_owned(), usage(7, 3))])),
+        ),
+    ];
+    for (max_tokens, tokens_source, max_cost, cost_source, sub_agents) in cases {
+        let id = store
+            .begin_run(&NewRun {
+                provider: "claude".into(),
+                ..NewRun::default()
+            })
+            .unwrap();
+        let running = store.get(id).unwrap().unwrap();
+        assert_eq!(
+            (
+                running.max_tokens,
+                running.max_cost_usd,
+                running.sub_agent_tokens
+            ),
+            (None, None, None)
+        );
+        let mut fin = finished(Outcome::Success, None, Some(1), None);
+        fin.max_tokens = max_tokens;
+        fin.max_tokens_source = tokens_source.clone();
+        fin.max_cost_usd = max_cost;
+        fin.max_cost_usd_source = cost_source.clone();
+        fin.sub_agent_tokens = sub_agents.clone();
+        // Usage without the cached and reasoning details reads back without them, not as zero.
+        fin.tokens = Some(usage(10, 2));
+        fin.cost_usd = Some(0.0);
+        store.finish_run(id, &fin).unwrap();
+        let back = store.get(id).unwrap().unwrap();
+        assert_eq!(
+            (
+                back.max_tokens,
+                back.max_tokens_source,
+                back.max_cost_usd,
+                back.max_cost_usd_source,
+                back.sub_agent_tokens
+            ),
+            (max_tokens, tokens_source, max_cost, cost_source, sub_agents)
+        );
+        assert_eq!(
+            (back.tokens, back.cost_usd),
+            (Some(usage(10, 2)), Some(0.0))
+        );
+    }
+}
+
+#[test]
+fn a_version_6_database_with_rows_migrates_and_old_rows_read_null_budgets() {
+    let (_dir, path) = db();
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    {
+        let conn = create_at_version(&path, 6).unwrap();
+        conn.execute(
+            "INSERT INTO runs (started_at, ended_at, provider, command, outcome, max_steps,
+                max_steps_source, num_steps_computed, input_tokens, output_tokens,
+                cached_input_tokens, reasoning_output_tokens, cost_usd, sub_agent_steps,
+                terminated_by, final_report, model_calls)
+             VALUES ('2026-01-01T00:00:00Z', '2026-01-01T00:00:05Z', 'claude', '[\"claude\"]',
+                'success', 30, '--max-steps', 7, 1200, 300, 800, 40, 0.0425, '{\"task-1\":2}',
+                'wrap_up', 'done', 3)",
+            [],
+        )
+        .unwrap();
+        let columns: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM pragma_table_info('runs') WHERE name IN ('max_tokens',
+                    'max_tokens_source', 'max_cost_usd', 'max_cost_usd_source', 'sub_agent_tokens')",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(columns, 0, "a version 6 database has no budget columns");
+    }
+    let store = Store::open(&path).unwrap();
+    let v: i64 = store
+        .conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(v, SCHEMA_VERSION);
+    assert_eq!(SCHEMA_VERSION, 7);
+    let old = store.get(1).unwrap().unwrap();
+    // What the old row knew is intact.
+    assert_eq!(
+        (
+            old.max_steps,
+            old.max_steps_source.as_deref(),
+            old.num_steps_computed
+        ),
+        (Some(30), Some("--max-steps"), Some(7))
+    );
+    assert_eq!(
+        old.tokens,
+        Some(TokenUsage {
+            input_tokens: 1200,
+            output_tokens: 300,
+            cached_input_tokens: Some(800),
+            reasoning_output_tokens: Some(40),
+        })
+    );
+    assert_eq!(old.cost_usd, Some(0.0425));
+    assert_eq!(
+        old.sub_agent_steps,
+        Some(BTreeMap::from([("task-1".to_owned(), 2)]))
+    );
+    assert_eq!(
+        (old.final_report.as_deref(), old.model_calls),
+        (Some("done"), Some(3))
+    );
+    // What it did not know reads null.
+    assert_eq!(
+        (
+            old.max_tokens,
+            old.max_tokens_source,
+            old.max_cost_usd,
+            old.max_cost_usd_source,
+            old.sub_agent_tokens
+        ),
+        (None, None, None, None, None)
+    );
+    // New rows in the migrated database carry the new columns.
+    let id = store
+        .begin_run(&NewRun {
+            provider: "claude".into(),
+            ..NewRun::default()
+        })
+        .unwrap();
+    let mut fin = finished(Outcome::Failed, Some(FailureSlug::MaxCost), Some(3), None);
+    fin.max_tokens = Some(50_000);
+    fin.max_tokens_source = Some("--max-tokens".into());
+    fin.max_cost_usd = Some(0.5);
+    fin.max_cost_usd_source = Some("--max-cost-usd".into());
+    fin.sub_agent_tokens = Some(BTreeMap::from([(
+        "task-1".to_owned(),
+        TokenUsage {
+            input_tokens: 100,
+            output_tokens: 10,
+            ..TokenUsage::default()
+        },
+    )]));
+    store.finish_run(id, &fin).unwrap();
+    let new = store.get(id).unwrap().unwrap();
+    assert_eq!(
+        (
+            new.error_type.as_deref(),
+            new.max_tokens,
+            new.max_cost_usd,
+            new.max_cost_usd_source.as_deref()
+        ),
+        (
+            Some("max_cost"),
+            Some(50_000),
+            Some(0.5),
+            Some("--max-cost-usd")
+        )
+    );
+    assert_eq!(new.sub_agent_tokens, fin.sub_agent_tokens);
+    // Opening again is a no-op.
+    drop(store);
+    assert_eq!(
+        Store::open(&path)
+            .unwrap()
+            .list(&Filter::default())
+            .unwrap()
+            .len(),
+        2
+    );
+}
+
+/// A finished run with token usage (`input + output` tokens) and a cost.
+fn spent(
+    outcome: Outcome,
+    slug: Option<FailureSlug>,
+    tokens: Option<(u64, u64)>,
+    cost: Option<f64>,
+) -> RunRecord {
+    let mut record = finished(outcome, slug, Some(1), None);
+    record.tokens = tokens.map(|(input, output)| TokenUsage {
+        input_tokens: input,
+        output_tokens: output,
+        cached_input_tokens: Some(input / 2),
+        reasoning_output_tokens: None,
+    });
+    record.cost_usd = cost;
+    record
+}
+
+#[test]
+fn token_and_cost_spreads_and_suggestions_match_hand_computed_figures() {
+    let (_dir, path) = db();
+    let store = Store::open(&path).unwrap();
+    let add = |provider: &str, task: Option<&str>, fin: RunRecord| {
+        let id = store
+            .begin_run(&NewRun {
+                provider: provider.into(),
+                task_type: task.map(Into::into),
+                ..NewRun::default()
+            })
+            .unwrap();
+        store.finish_run(id, &fin).unwrap();
+    };
+    // claude/review: 20 successes spending 1000·k + 100·k tokens (k = 1..=20) and $0.0105·k,
+    // one token-budget stop at 30000 + 3000 tokens ($0.40), one cost-budget stop at $0.50
+    // without token usage.
+    for k in 1..=20_u64 {
+        add(
+            "claude",
+            Some("review"),
+            spent(
+                Outcome::Success,
+                None,
+                Some((1000 * k, 100 * k)),
+                Some(0.0105 * k as f64),
+            ),
+        );
+    }
+    add(
+        "claude",
+        Some("review"),
+        spent(
+            Outcome::Failed,
+            Some(FailureSlug::MaxTokens),
+            Some((30_000, 3_000)),
+            Some(0.40),
+        ),
+    );
+    add(
+        "claude",
+        Some("review"),
+        spent(
+            Outcome::Failed,
+            Some(FailureSlug::MaxCost),
+            None,
+            Some(0.50),
+        ),
+    );
+    // codex/review: tokens but no cost; only one of its two successes reported usage.
+    add(
+        "codex",
+        Some("review"),
+        spent(Outcome::Success, None, Some((400, 80)), None),
+    );
+    add(
+        "codex",
+        Some("review"),
+        spent(Outcome::Success, None, None, None),
+    );
+    // gemini/review: a success without usage, and a failure with some: no evidence.
+    add(
+        "gemini",
+        Some("review"),
+        spent(Outcome::Success, None, None, None),
+    );
+    add(
+        "gemini",
+        Some("review"),
+        spent(
+            Outcome::Failed,
+            Some(FailureSlug::ProviderError),
+            Some((50, 5)),
+            Some(0.001),
+        ),
+    );
+
+    let report = compute_stats(&store.list(&Filter::default()).unwrap());
+    assert_eq!(report.groups.len(), 3);
+
+    let claude = &report.groups[0];
+    assert_eq!((claude.runs, claude.successes), (22, 20));
+    assert_eq!(
+        claude.failure_slugs,
+        BTreeMap::from([("max_cost".to_owned(), 1), ("max_tokens".to_owned(), 1)])
+    );
+    // Tokens 1100·k for k = 1..=20, and 33000: sum 1100 · 210 + 33000 = 264000 over 21 runs;
+    // p50 = rank 11 → 12100, p95 = rank ⌈19.95⌉ = 20 → 22000, max 33000.
+    assert_eq!(
+        claude.tokens,
+        Some(Spread {
+            runs: 21,
+            mean: 12571.43,
+            p50: 12100,
+            p95: 22000,
+            max: 33000
+        })
+    );
+    // Cost 0.0105·k, 0.40 and 0.50: 22 runs; p50 = rank 11 → 0.1155, p95 = rank ⌈20.9⌉ = 21
+    // → 0.40, max 0.50; mean (0.0105 · 210 + 0.9) / 22 = 3.105 / 22 = 0.141136…
+    let cost = claude.cost_usd.as_ref().unwrap();
+    assert_eq!((cost.runs, cost.p95, cost.max), (22, 0.40, 0.50));
+    assert!((cost.p50 - 0.1155).abs() < 1e-12, "{cost:?}");
+    assert_eq!(cost.mean, 0.141136);
+    // Successful runs only: p95 = rank 19 of 20 → 19 · 1100 = 20900 tokens, and 19 · 0.0105 =
+    // 0.1995 dollars (stays on the $0.0001 grid despite the float error of the product).
+    assert_eq!(claude.suggested_max_tokens, Some(20_900));
+    assert_eq!(claude.suggested_max_cost_usd, Some(0.1995));
+    assert_eq!(
+        claude.suggestions(),
+        [
+            "max_steps = 1 would have covered 95% of the 20 successful runs",
+            "max_tokens = 20900 would have covered 95% of the 20 successful runs",
+            "max_cost_usd = 0.1995 would have covered 95% of the 20 successful runs",
+        ]
+    );
+
+    let codex = &report.groups[1];
+    assert_eq!(
+        codex.tokens,
+        Some(Spread {
+            runs: 1,
+            mean: 480.0,
+            p50: 480,
+            p95: 480,
+            max: 480
+        })
+    );
+    assert_eq!(codex.cost_usd, None);
+    assert_eq!(
+        (codex.suggested_max_tokens, codex.suggested_max_cost_usd),
+        (Some(480), None)
+    );
+    assert_eq!(
+        codex.token_suggestion().unwrap(),
+        "max_tokens = 480 would have covered 95% of the 1 successful run with token usage"
+    );
+    assert_eq!(codex.cost_suggestion(), None);
+
+    let gemini = &report.groups[2];
+    assert!(gemini.tokens.is_some() && gemini.cost_usd.is_some());
+    assert_eq!(
+        (gemini.suggested_max_tokens, gemini.suggested_max_cost_usd),
+        (None, None)
+    );
+    assert_eq!(gemini.suggestions().len(), 1, "only the step suggestion");
+
+    // The JSON carries the figures, and not the evidence counts behind the text.
+    let json = serde_json::to_value(&report).unwrap();
+    let claude = &json["groups"][0];
+    assert_eq!(claude["suggested_max_tokens"], 20_900);
+    assert_eq!(claude["suggested_max_cost_usd"], 0.1995);
+    assert_eq!(claude["tokens"]["p95"], 22_000);
+    assert_eq!(claude["cost_usd"]["p95"], 0.40);
+    assert!(claude.get("successes_with_tokens").is_none());
+    assert!(json["groups"][1]["cost_usd"].is_null());
+}
+
+#[test]
+fn a_cost_suggestion_is_rounded_up_to_the_next_hundredth_of_a_cent() {
+    let (_dir, path) = db();
+    let store = Store::open(&path).unwrap();
+    for cost in [0.00001, 0.04213, 0.042] {
+        let id = store
+            .begin_run(&NewRun {
+                provider: "claude".into(),
+                task_type: Some(cost.to_string()),
+                ..NewRun::default()
+            })
+            .unwrap();
+        store
+            .finish_run(id, &spent(Outcome::Success, None, Some((0, 0)), Some(cost)))
+            .unwrap();
+    }
+    let report = compute_stats(&store.list(&Filter::default()).unwrap());
+    let suggested: Vec<(Option<&str>, Option<f64>, Option<i64>)> = report
+        .groups
+        .iter()
+        .map(|g| {
+            (
+                g.task_type.as_deref(),
+                g.suggested_max_cost_usd,
+                g.suggested_max_tokens,
+            )
+        })
+        .collect();
+    assert_eq!(
+        suggested,
+        [
+            // A tiny cost still gets a budget above zero, as zero tokens get 1.
+            (Some("0.00001"), Some(0.0001), Some(1)),
+            (Some("0.042"), Some(0.042), Some(1)),
+            (Some("0.04213"), Some(0.0422), Some(1)),
+        ]
+    );
+}
+
+#[test]
+fn stats_count_the_token_and_cost_budget_slugs_like_any_other() {
+    let (_dir, path) = db();
+    let store = Store::open(&path).unwrap();
+    for slug in [
+        FailureSlug::MaxTokens,
+        FailureSlug::MaxCost,
+        FailureSlug::MaxTokens,
+        FailureSlug::MaxSteps,
+    ] {
+        let id = store
+            .begin_run(&NewRun {
+                provider: "codex".into(),
+                ..NewRun::default()
+            })
+            .unwrap();
+        store
+            .finish_run(id, &finished(Outcome::Failed, Some(slug), Some(2), None))
+            .unwrap();
+    }
+    let report = compute_stats(&store.list(&Filter::default()).unwrap());
+    let g = &report.groups[0];
+    assert_eq!((g.runs, g.successes), (4, 0));
+    assert_eq!(
+        g.failure_slugs,
+        BTreeMap::from([
+            ("max_cost".to_owned(), 1),
+            ("max_steps".to_owned(), 1),
+            ("max_tokens".to_owned(), 2),
+        ])
+    );
+    // No usage at all: no spread, no suggestion.
+    assert_eq!((g.tokens.as_ref(), g.cost_usd.as_ref()), (None, None));
+    assert!(g.suggestions().is_empty());
 }

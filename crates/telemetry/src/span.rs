@@ -235,6 +235,8 @@ fn span_attributes(record: &RunRecord) -> Vec<KeyValue> {
     let text = [
         ("stepguard.unit", &record.unit),
         ("stepguard.max_steps_source", &record.max_steps_source),
+        ("stepguard.max_tokens_source", &record.max_tokens_source),
+        ("stepguard.max_cost_usd_source", &record.max_cost_usd_source),
         ("stepguard.terminated_by", &record.terminated_by),
         ("stepguard.task_type", &record.task_type),
         ("stepguard.profile", &record.profile),
@@ -251,6 +253,12 @@ fn span_attributes(record: &RunRecord) -> Vec<KeyValue> {
     }
     if let Some(max) = record.max_steps {
         kv.push(KeyValue::new("stepguard.max_steps", i64::from(max)));
+    }
+    if let Some(max) = record.max_tokens {
+        kv.push(KeyValue::new("stepguard.max_tokens", int(max)));
+    }
+    if let Some(max) = record.max_cost_usd {
+        kv.push(KeyValue::new("stepguard.max_cost_usd", max));
     }
     let numbers = [
         ("stepguard.exit_code", record.exit_code),
@@ -483,6 +491,60 @@ mod tests {
             attribute(&span.attributes, "stepguard.model_calls"),
             Some(&Value::I64(0))
         );
+    }
+
+    #[test]
+    fn token_and_cost_budgets_are_attributes_when_set_and_absent_otherwise() {
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+        let mut record = RunRecord::new("claude", Outcome::Failed);
+        record.error_type = Some("max_tokens".into());
+        record.terminated_by = Some("tokens".into());
+        record.max_tokens = Some(50_000);
+        record.max_tokens_source = Some("--max-tokens".into());
+        record.max_cost_usd = Some(0.25);
+        record.max_cost_usd_source = Some("task_types.review.max_cost_usd".into());
+        record.cost_usd = Some(0.125);
+        let span = run_span(&record, &SpanIdentity::new(None), &StepLog::new(0), t0, t0);
+        let a = &span.attributes;
+        assert_eq!(
+            attribute(a, "stepguard.max_tokens"),
+            Some(&Value::I64(50_000))
+        );
+        assert_eq!(
+            attribute(a, "stepguard.max_tokens_source"),
+            Some(&Value::String("--max-tokens".into()))
+        );
+        assert_eq!(
+            attribute(a, "stepguard.max_cost_usd"),
+            Some(&Value::F64(0.25))
+        );
+        assert_eq!(
+            attribute(a, "stepguard.max_cost_usd_source"),
+            Some(&Value::String("task_types.review.max_cost_usd".into()))
+        );
+        assert_eq!(attribute(a, "stepguard.cost_usd"), Some(&Value::F64(0.125)));
+        assert_eq!(
+            attribute(a, "error.type"),
+            Some(&Value::String("max_tokens".into()))
+        );
+        // A budget beyond OpenTelemetry's signed integers saturates.
+        record.max_tokens = Some(u64::MAX);
+        let span = run_span(&record, &SpanIdentity::new(None), &StepLog::new(0), t0, t0);
+        assert_eq!(
+            attribute(&span.attributes, "stepguard.max_tokens"),
+            Some(&Value::I64(i64::MAX))
+        );
+
+        let plain = RunRecord::new("claude", Outcome::Success);
+        let span = run_span(&plain, &SpanIdentity::new(None), &StepLog::new(0), t0, t0);
+        for key in [
+            "stepguard.max_tokens",
+            "stepguard.max_tokens_source",
+            "stepguard.max_cost_usd",
+            "stepguard.max_cost_usd_source",
+        ] {
+            assert_eq!(attribute(&span.attributes, key), None, "{key}");
+        }
     }
 
     #[test]

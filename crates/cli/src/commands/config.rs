@@ -1,11 +1,12 @@
-//! `stepguard config`: the effective budget and loop limit, their sources, the policy, provider
-//! options and warnings.
+//! `stepguard config`: the effective budget, token and cost budgets and loop limit, their
+//! sources, the policy, provider options and warnings.
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 use stepguard_config::{LoadedConfig, Severity};
 use stepguard_core::loop_settings::LoopLimit;
+use stepguard_core::spend::ResolvedLimit;
 use stepguard_core::{ExitCode, Origin, StepLimit, budget};
 
 use crate::args::{Cli, ConfigArgs};
@@ -16,6 +17,14 @@ struct ConfigReport<'a> {
     max_steps: StepLimit,
     source: &'a str,
     source_file: Option<&'a str>,
+    /// The token budget (null when none) and where it came from.
+    max_tokens: Option<u64>,
+    max_tokens_source: &'a str,
+    max_tokens_source_file: Option<&'a str>,
+    /// The cost budget in US dollars (null when none) and where it came from.
+    max_cost_usd: Option<f64>,
+    max_cost_usd_source: &'a str,
+    max_cost_usd_source_file: Option<&'a str>,
     /// The loop limit (null when off) and where it came from.
     loop_limit: LoopLimit,
     loop_limit_source: &'a str,
@@ -41,6 +50,8 @@ struct PolicyReport<'a> {
     /// The policy-bearing files that set any policy.
     files: Vec<&'a str>,
     max_steps_ceiling: Option<PolicyValue<'a, u32>>,
+    max_tokens_ceiling: Option<PolicyValue<'a, u64>>,
+    max_cost_usd_ceiling: Option<PolicyValue<'a, f64>>,
     /// Units fixed per provider (only `--provider`'s when given).
     units: BTreeMap<&'a str, PolicyValue<'a, &'a str>>,
     /// The effective consent: `false` with no source when no policy file sets it.
@@ -83,6 +94,14 @@ fn policy_report<'a>(loaded: &'a LoadedConfig, provider: Option<&str>) -> Policy
             .max_steps_ceiling
             .as_ref()
             .map(|c| PolicyValue::new(c.max_steps, &c.origin)),
+        max_tokens_ceiling: policy
+            .max_tokens_ceiling
+            .as_ref()
+            .map(|(n, origin)| PolicyValue::new(*n, origin)),
+        max_cost_usd_ceiling: policy
+            .max_cost_usd_ceiling
+            .as_ref()
+            .map(|(usd, origin)| PolicyValue::new(*usd, origin)),
         units: policy
             .units
             .iter()
@@ -105,6 +124,7 @@ fn policy_report<'a>(loaded: &'a LoadedConfig, provider: Option<&str>) -> Policy
 pub fn run(cli: &Cli, args: &ConfigArgs) -> anyhow::Result<ExitCode> {
     let loaded = settings::load_config(cli.config.as_deref())?;
     let resolved = budget::resolve(&settings::budget_request(&args.budget, &loaded.model))?;
+    let spend = settings::resolve_spend(&args.budget, &loaded.model)?;
     let loops = settings::resolve_loops(
         args.loops.loop_limit.as_deref(),
         &args.budget,
@@ -123,6 +143,7 @@ pub fn run(cli: &Cli, args: &ConfigArgs) -> anyhow::Result<ExitCode> {
             .partition(|d| d.severity == Severity::Error);
     let mut warnings: Vec<String> = loaded.diagnostics().map(|d| d.to_string()).collect();
     warnings.extend(resolved.warnings.iter().cloned());
+    warnings.extend(spend.warnings.iter().cloned());
     warnings.extend(loops.warnings.iter().cloned());
     warnings.extend(option_warnings.iter().map(ToString::to_string));
     let provider_options = loaded
@@ -141,6 +162,12 @@ pub fn run(cli: &Cli, args: &ConfigArgs) -> anyhow::Result<ExitCode> {
         max_steps: resolved.max_steps,
         source: &resolved.source,
         source_file: resolved.source_file.as_deref(),
+        max_tokens: spend.tokens.value,
+        max_tokens_source: &spend.tokens.source,
+        max_tokens_source_file: spend.tokens.source_file.as_deref(),
+        max_cost_usd: spend.cost.value,
+        max_cost_usd_source: &spend.cost.source,
+        max_cost_usd_source_file: spend.cost.source_file.as_deref(),
         loop_limit: loops.limit,
         loop_limit_source: &loops.source,
         loop_limit_source_file: loops.source_file.as_deref(),
@@ -204,6 +231,18 @@ pub fn run(cli: &Cli, args: &ConfigArgs) -> anyhow::Result<ExitCode> {
             report.loop_ignore_tools.join(", ")
         }
     ))?;
+    print_spend(
+        "max_tokens",
+        "token budget",
+        &spend.tokens,
+        resolved.profile.as_deref(),
+    )?;
+    print_spend(
+        "max_cost_usd",
+        "cost budget",
+        &spend.cost,
+        resolved.profile.as_deref(),
+    )?;
     if report.config_files.is_empty() {
         output::line("config files: none found")?;
     } else {
@@ -228,6 +267,42 @@ pub fn run(cli: &Cli, args: &ConfigArgs) -> anyhow::Result<ExitCode> {
     Ok(code)
 }
 
+/// Prints a token or cost budget as `KEY: VALUE (from SOURCE[ in FILE])`, with a line when the
+/// profile lowered an explicit budget and one when the policy ceiling did.
+fn print_spend<T: std::fmt::Display + Copy>(
+    key: &str,
+    what: &str,
+    limit: &ResolvedLimit<T>,
+    profile: Option<&str>,
+) -> std::io::Result<()> {
+    let show = |v: Option<T>| v.map_or_else(|| "unlimited".to_owned(), |v| v.to_string());
+    let value = match limit.value {
+        None if limit.source == "default" => "none".to_owned(),
+        v => show(v),
+    };
+    let from = match limit.source_file.as_deref() {
+        // The policy's label already names its file.
+        Some(file) if !limit.source.contains(file) => format!("{} in {file}", limit.source),
+        _ => limit.source.clone(),
+    };
+    output::line(format!("{key}: {value} (from {from})"))?;
+    if let (Some(explicit), Some(profile)) = (limit.explicit, profile) {
+        let bounded = limit.uncapped.unwrap_or(limit.value);
+        output::line(format!(
+            "  explicit {what} {} lowered to {} by profile {profile}",
+            show(explicit),
+            show(bounded)
+        ))?;
+    }
+    // No budget (or `unlimited`) under a ceiling needs no note: the source names the policy.
+    if let Some(Some(uncapped)) = limit.uncapped {
+        output::line(format!(
+            "  {what} {uncapped} asked for, bounded by the policy ceiling"
+        ))?;
+    }
+    Ok(())
+}
+
 fn print_policy(policy: &PolicyReport<'_>) -> std::io::Result<()> {
     if policy.files.is_empty() {
         return output::line("policy: none");
@@ -236,6 +311,20 @@ fn print_policy(policy: &PolicyReport<'_>) -> std::io::Result<()> {
     if let Some(c) = &policy.max_steps_ceiling {
         output::line(format!(
             "  max_steps_ceiling = {} ({})",
+            c.value,
+            c.origin_text()
+        ))?;
+    }
+    if let Some(c) = &policy.max_tokens_ceiling {
+        output::line(format!(
+            "  max_tokens_ceiling = {} ({})",
+            c.value,
+            c.origin_text()
+        ))?;
+    }
+    if let Some(c) = &policy.max_cost_usd_ceiling {
+        output::line(format!(
+            "  max_cost_usd_ceiling = {} ({})",
             c.value,
             c.origin_text()
         ))?;

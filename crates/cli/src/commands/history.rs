@@ -2,8 +2,8 @@
 
 use std::path::{Path, PathBuf};
 
-use stepguard_core::ExitCode;
 use stepguard_core::loops::{LoopFound, LoopKind};
+use stepguard_core::{ExitCode, FailureSlug, TokenUsage};
 use stepguard_store::{Filter, RunRecord, Store, compute_stats};
 
 use crate::args::{Cli, HistoryAction, HistoryArgs, ShowArgs, StatsArgs};
@@ -236,14 +236,44 @@ pub fn show(cli: &Cli, args: &ShowArgs) -> anyhow::Result<ExitCode> {
         format!("Outcome: {}", r.outcome),
         format!("Failure: {}", opt(&r.error_type)),
     ];
-    if r.is_budget_failure() {
-        lines.push(format!("Step Limit: {} / {budget}", num(r.steps())));
+    match r.error_type.as_deref().and_then(|s| s.parse().ok()) {
+        Some(FailureSlug::MaxTokens) => lines.push(format!(
+            "Token Limit: {} / {}",
+            num(r.tokens.map(|t| total_tokens(&t))),
+            num(r.max_tokens)
+        )),
+        Some(FailureSlug::MaxCost) => lines.push(format!(
+            "Cost Limit: {} / {}",
+            r.cost_usd
+                .map_or_else(|| "-".into(), |c| format!("${c:.4}")),
+            r.max_cost_usd.map_or_else(|| "-".into(), usd)
+        )),
+        _ if r.is_budget_failure() => {
+            lines.push(format!("Step Limit: {} / {budget}", num(r.steps())));
+        }
+        _ => {}
     }
     for l in r.loops.iter().flatten() {
         lines.push(format!("Loop: {}", loop_detail(l)));
     }
+    lines.push(format!(
+        "Budget: {budget} (from {})",
+        opt(&r.max_steps_source)
+    ));
+    if let Some(max) = r.max_tokens {
+        lines.push(format!(
+            "Token budget: {max} (from {})",
+            opt(&r.max_tokens_source)
+        ));
+    }
+    if let Some(max) = r.max_cost_usd {
+        lines.push(format!(
+            "Cost budget: {} (from {})",
+            usd(max),
+            opt(&r.max_cost_usd_source)
+        ));
+    }
     lines.extend([
-        format!("Budget: {budget} (from {})", opt(&r.max_steps_source)),
         format!(
             "Steps: computed {}, reported {}",
             num(r.num_steps_computed),
@@ -294,12 +324,21 @@ pub fn show(cli: &Cli, args: &ShowArgs) -> anyhow::Result<ExitCode> {
             }
         ),
         format!(
-            "Tokens: {} in / {} out, cost {}",
-            num(r.tokens.map(|t| t.input_tokens)),
-            num(r.tokens.map(|t| t.output_tokens)),
+            "Tokens: {}, cost {}",
+            r.tokens
+                .map_or_else(|| "- in / - out".to_owned(), |t| usage(&t, true)),
             r.cost_usd
                 .map_or_else(|| "-".into(), |c| format!("${c:.4}"))
         ),
+    ]);
+    for (name, t) in r.sub_agent_tokens.iter().flatten() {
+        lines.push(format!(
+            "Sub-agent {}: {}",
+            printable(name),
+            usage(t, false)
+        ));
+    }
+    lines.extend([
         format!("Message: {}", opt(&r.message)),
         format!(
             "Command: {}",
@@ -316,6 +355,53 @@ pub fn show(cli: &Cli, args: &ShowArgs) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::Success)
+}
+
+/// Returns a run's tokens as the token budget counts them: input + output.
+fn total_tokens(t: &TokenUsage) -> u64 {
+    t.input_tokens.saturating_add(t.output_tokens)
+}
+
+/// Returns how `show` prints token usage: `1200 in (800 cached) / 300 out (40 reasoning)`,
+/// the details only when known, and `, 1500 total` (what `--max-tokens` counts) when asked.
+fn usage(t: &TokenUsage, total: bool) -> String {
+    let detail =
+        |n: Option<u64>, what: &str| n.map_or_else(String::new, |n| format!(" ({n} {what})"));
+    let mut text = format!(
+        "{} in{} / {} out{}",
+        t.input_tokens,
+        detail(t.cached_input_tokens, "cached"),
+        t.output_tokens,
+        detail(t.reasoning_output_tokens, "reasoning")
+    );
+    if total {
+        text.push_str(&format!(", {} total", total_tokens(t)));
+    }
+    text
+}
+
+/// Returns a dollar amount as a budget is given: cents always (`$0.50`, `$2.00`), more digits
+/// only when the amount has them (`$0.125`).
+fn usd(amount: f64) -> String {
+    let cents = format!("{amount:.2}");
+    if cents.parse::<f64>().ok() == Some(amount) {
+        format!("${cents}")
+    } else {
+        format!("${amount}")
+    }
+}
+
+/// Returns a name from the agent's stream with control characters shown escaped.
+fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 /// Returns how `show` prints a run's final report: a heading, then the report indented under
@@ -392,7 +478,11 @@ pub fn stats(cli: &Cli, args: &StatsArgs) -> anyhow::Result<ExitCode> {
                 .collect();
             output::line(format!("  failures: {}", slugs.join(", ")))?;
         }
-        for (label, spread) in [("steps", &g.steps), ("turns", &g.turns)] {
+        for (label, spread) in [
+            ("steps", &g.steps),
+            ("turns", &g.turns),
+            ("tokens", &g.tokens),
+        ] {
             if let Some(s) = spread {
                 output::line(format!(
                     "  {label} per run: mean {:.1}, p50 {}, p95 {}, max {} ({} run{})",
@@ -405,7 +495,18 @@ pub fn stats(cli: &Cli, args: &StatsArgs) -> anyhow::Result<ExitCode> {
                 ))?;
             }
         }
-        if let Some(s) = g.suggestion() {
+        if let Some(c) = &g.cost_usd {
+            output::line(format!(
+                "  cost per run: mean ${:.4}, p50 ${:.4}, p95 ${:.4}, max ${:.4} ({} run{})",
+                c.mean,
+                c.p50,
+                c.p95,
+                c.max,
+                c.runs,
+                if c.runs == 1 { "" } else { "s" }
+            ))?;
+        }
+        for s in g.suggestions() {
             output::line(format!("  suggestion: {s}"))?;
         }
     }
@@ -414,7 +515,42 @@ pub fn stats(cli: &Cli, args: &StatsArgs) -> anyhow::Result<ExitCode> {
 
 #[cfg(test)]
 mod tests {
-    use super::final_report_block;
+    use super::{TokenUsage, final_report_block, printable, usage, usd};
+
+    #[test]
+    fn usage_shows_the_details_it_knows_and_the_total_the_budget_counts() {
+        let full = TokenUsage {
+            input_tokens: 1200,
+            output_tokens: 300,
+            cached_input_tokens: Some(800),
+            reasoning_output_tokens: Some(40),
+        };
+        assert_eq!(
+            usage(&full, true),
+            "1200 in (800 cached) / 300 out (40 reasoning), 1500 total"
+        );
+        let plain = TokenUsage {
+            input_tokens: 7,
+            output_tokens: 3,
+            ..TokenUsage::default()
+        };
+        assert_eq!(usage(&plain, false), "7 in / 3 out");
+    }
+
+    #[test]
+    fn dollar_amounts_keep_cents_and_any_finer_digits() {
+        assert_eq!(usd(0.5), "$0.50");
+        assert_eq!(usd(2.0), "$2.00");
+        assert_eq!(usd(0.125), "$0.125");
+        assert_eq!(usd(0.0421), "$0.0421");
+        assert_eq!(usd(0.0), "$0.00");
+    }
+
+    #[test]
+    fn stream_names_are_shown_with_control_characters_escaped() {
+        assert_eq!(printable("task\u{1b}[2J-1"), "task\\u{1b}[2J-1");
+        assert_eq!(printable("agent — 完了"), "agent — 完了");
+    }
 
     #[test]
     fn the_final_report_is_an_indented_block_under_a_heading() {

@@ -6,6 +6,7 @@ pub mod count;
 pub mod history;
 pub mod plugin_template;
 pub mod plugins;
+pub mod prices;
 pub mod run;
 pub mod simulate;
 pub mod validate;

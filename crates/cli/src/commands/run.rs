@@ -6,8 +6,8 @@ use std::io::{self, IsTerminal as _};
 
 use stepguard_core::{ExitCode, budget};
 use stepguard_runner::{
-    Containment, LimitPolicy, OnUnrecognized, RunMeta, RunObserver, RunSpec, Runner, StopAtLimit,
-    WrapUp,
+    Containment, LimitPolicy, OnUnrecognized, RunMeta, RunObserver, RunSpec, Runner, SpendLimits,
+    StopAtLimit, WrapUp,
 };
 
 use crate::args::{Cli, ContainmentArg, OnLimit, RunArgs, StdinMode, Unrecognized};
@@ -29,7 +29,13 @@ pub fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
         &args.budget,
         &config.model,
     )?;
-    for w in resolved.warnings.iter().chain(&loops.warnings) {
+    let spend_budgets = settings::resolve_spend(&args.budget, &config.model)?;
+    for w in resolved
+        .warnings
+        .iter()
+        .chain(&loops.warnings)
+        .chain(&spend_budgets.warnings)
+    {
         output::diag("warning", w);
     }
     let registry = providers::load_registry(
@@ -78,6 +84,7 @@ pub fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
     }
     let unit = &selection.request.unit;
     let wrap_up = wrap_up_spec(args, &config, manifest, unit, &command)?;
+    let spend = spend_limits(args, &spend_budgets, &command, wrap_up.is_some())?;
     tracing::info!(
         max_steps = %resolved.max_steps,
         source = %resolved.source,
@@ -136,6 +143,7 @@ pub fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
     spec.stderr = status.agent_stderr();
     spec.expects = manifest.expects.clone();
     spec.wrap_up = wrap_up;
+    spec.spend = spend;
     // The flag beats `[run] unrecognized_stream`; stopping is the default (fail closed).
     let warn = match args.unrecognized {
         Some(what) => what == Unrecognized::Warn,
@@ -288,4 +296,87 @@ fn wrap_up_spec(
         notices: args.notices,
         record_requests: args.record_requests.clone(),
     }))
+}
+
+/// The run's token and cost budgets, checked before anything starts: a cost budget needs a
+/// price for the model, known from the command (or, through the gateway, from each call).
+fn spend_limits(
+    args: &RunArgs,
+    budgets: &stepguard_core::ResolvedSpend,
+    command: &[String],
+    gateway: bool,
+) -> anyhow::Result<SpendLimits> {
+    let mut limits = SpendLimits {
+        max_tokens: budgets.max_tokens(),
+        max_tokens_source: Some(budgets.tokens.source.clone()),
+        max_cost_usd: budgets.max_cost_usd(),
+        max_cost_usd_source: Some(budgets.cost.source.clone()),
+        price: None,
+        model: command_model(command),
+    };
+    if limits.max_cost_usd.is_none() {
+        return Ok(limits);
+    }
+    let table = match &args.prices {
+        Some(path) => stepguard_prices::PriceTable::load_file(path)
+            .map_err(|e| UsageError(format!("--prices: {e}")))?
+            .merged_over(stepguard_prices::PriceTable::builtin()),
+        None => stepguard_prices::PriceTable::builtin(),
+    };
+    let known = |model: &str| {
+        table.price(model).is_some()
+            || model
+                .split_once('/')
+                .is_some_and(|(_, m)| table.price(m).is_some())
+    };
+    match &limits.model {
+        Some(model) if !known(model) => {
+            return Err(UsageError(format!(
+                "--max-cost-usd: the model `{model}` has no price in the price table (taken {}); \
+                 add it to a price file given with --prices FILE (`stepguard prices` prints the \
+                 table to start from)",
+                table.taken()
+            ))
+            .into());
+        }
+        None if !gateway => {
+            return Err(UsageError(
+                "--max-cost-usd without --wrap-up prices the usage the stream reports as the \
+                 model the command names, and this command names none: give the agent its \
+                 model (--model / -m / -c model=…), or add --wrap-up to price every call"
+                    .into(),
+            )
+            .into());
+        }
+        _ => {}
+    }
+    limits.price = Some(stepguard_gateway::Pricing(std::sync::Arc::new(
+        move |model: &str, u: &stepguard_gateway::CallUsage| {
+            let price = table
+                .price(model)
+                .or_else(|| model.split_once('/').and_then(|(_, m)| table.price(m)))?;
+            Some(price.cost(u.input, u.cached_input, u.output))
+        },
+    )));
+    Ok(limits)
+}
+
+/// The model an agent command names: `--model M`, `-m M` (also `--model=M`), or Codex's
+/// `-c model=M`.
+fn command_model(command: &[String]) -> Option<String> {
+    let mut found = None;
+    let mut args = command.iter().skip(1).peekable();
+    while let Some(arg) = args.next() {
+        if arg == "--model" || arg == "-m" {
+            found = args.next().cloned();
+        } else if let Some(m) = arg.strip_prefix("--model=") {
+            found = Some(m.to_owned());
+        } else if (arg == "-c" || arg == "--config")
+            && let Some(kv) = args.peek()
+            && let Some(value) = kv.strip_prefix("model=")
+        {
+            found = Some(value.trim_matches('"').to_owned());
+        }
+    }
+    found.filter(|m| !m.is_empty())
 }

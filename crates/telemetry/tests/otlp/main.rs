@@ -72,6 +72,10 @@ fn over_budget_record() -> RunRecord {
         ..TokenUsage::default()
     });
     r.cost_usd = Some(0.042);
+    r.max_tokens = Some(100_000);
+    r.max_tokens_source = Some("--max-tokens".into());
+    r.max_cost_usd = Some(0.5);
+    r.max_cost_usd_source = Some("profiles.ci.max_cost_usd".into());
     r
 }
 
@@ -93,6 +97,13 @@ fn text<'a>(attributes: &'a [KeyValue], key: &str) -> Option<&'a str> {
 fn int(attributes: &[KeyValue], key: &str) -> Option<i64> {
     match value(attributes, key) {
         Some(any_value::Value::IntValue(i)) => Some(*i),
+        _ => None,
+    }
+}
+
+fn float(attributes: &[KeyValue], key: &str) -> Option<f64> {
+    match value(attributes, key) {
+        Some(any_value::Value::DoubleValue(f)) => Some(*f),
         _ => None,
     }
 }
@@ -275,6 +286,14 @@ fn an_over_budget_run_reaches_the_collector_as_a_span_with_step_events_and_metri
     assert_eq!(text(a, "stepguard.containment"), Some("cgroup"));
     assert_eq!(int(a, "stepguard.run_id"), Some(42));
     assert_eq!(int(a, "stepguard.steps_dropped"), None);
+    assert_eq!(int(a, "stepguard.max_tokens"), Some(100_000));
+    assert_eq!(text(a, "stepguard.max_tokens_source"), Some("--max-tokens"));
+    assert_eq!(float(a, "stepguard.max_cost_usd"), Some(0.5));
+    assert_eq!(
+        text(a, "stepguard.max_cost_usd_source"),
+        Some("profiles.ci.max_cost_usd")
+    );
+    assert_eq!(float(a, "stepguard.cost_usd"), Some(0.042));
 
     // One event per step begun, at the tick that reported it; then the breach and the stop.
     let steps: Vec<(i64, u64)> = span
