@@ -508,8 +508,9 @@ pub fn resolve(req: &BudgetRequest<'_>) -> Result<ResolvedBudget, BudgetError> {
         }
     }
 
-    let profile = match req.profile.as_ref().or(req.config.profile.as_ref()) {
-        Some((name, origin)) => Some(profile_budget(name, origin, req.config)?),
+    let selected = req.profile.as_ref().or(req.config.profile.as_ref());
+    let profile = match selected {
+        Some((name, origin)) => profile_budget(name, origin, req.config)?,
         None => None,
     };
 
@@ -560,7 +561,9 @@ pub fn resolve(req: &BudgetRequest<'_>) -> Result<ResolvedBudget, BudgetError> {
             _ => None,
         },
         uncapped_max_steps: None,
-        profile: profile.map(|p| p.name),
+        profile: profile
+            .map(|p| p.name)
+            .or_else(|| selected.map(|(name, _)| name.clone())),
         warnings,
     };
     if let Some(ceiling) = &req.config.policy.max_steps_ceiling {
@@ -725,29 +728,32 @@ struct ProfileBudget {
 }
 
 /// Returns the budget of the selected profile.
+/// The step budget of profile `name`: `None` for a profile of the config files that sets no
+/// step budget (only a token, cost or loop limit), which bounds no steps.
 fn profile_budget(
     name: &str,
     origin: &Origin,
     config: &ConfigModel,
-) -> Result<ProfileBudget, BudgetError> {
+) -> Result<Option<ProfileBudget>, BudgetError> {
     if let Some(setting) = config.profiles.get(name).and_then(|p| p.max_steps.as_ref()) {
         let limit = setting.limit()?;
-        return Ok(ProfileBudget {
+        return Ok(Some(ProfileBudget {
             name: name.to_owned(),
             limit,
             label: setting.origin.label(),
             file: setting.origin.file().map(str::to_owned),
             asked: setting.origin.to_string(),
-        });
+        }));
     }
     match builtin_profile(name) {
-        Some(b) => Ok(ProfileBudget {
+        Some(b) => Ok(Some(ProfileBudget {
             name: name.to_owned(),
             limit: StepLimit::Limited(b),
             label: format!("profile {name}"),
             file: None,
             asked: format!("profile {name}"),
-        }),
+        })),
+        None if config.profiles.contains_key(name) => Ok(None),
         None => {
             let mut known: Vec<&str> = BUILTIN_PROFILES.iter().map(|(n, _)| *n).collect();
             known.extend(config.profiles.keys().map(String::as_str));
@@ -765,6 +771,34 @@ fn profile_budget(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_profile_that_sets_no_step_budget_bounds_no_steps() {
+        let mut config = ConfigModel::default();
+        config.profiles.insert(
+            "cheap".into(),
+            ProfileSettings {
+                max_tokens: int(1000, file("profiles.cheap.max_tokens")),
+                ..Default::default()
+            },
+        );
+        let req = BudgetRequest {
+            flags: LevelSettings::default(),
+            env: LevelSettings::default(),
+            profile: Some(("cheap".into(), Origin::Flag("--profile".into()))),
+            task_type: None,
+            config: &config,
+        };
+        let r = resolve(&req).unwrap();
+        assert_eq!(r.max_steps, StepLimit::Limited(DEFAULT_MAX_STEPS));
+        assert_eq!((r.source.as_str(), r.profile.as_deref()), ("default", Some("cheap")));
+        // A profile nobody defined is still an error.
+        let req = BudgetRequest {
+            profile: Some(("nope".into(), Origin::Flag("--profile".into()))),
+            ..req
+        };
+        assert!(matches!(resolve(&req), Err(BudgetError::UnknownProfile { .. })));
+    }
 
     fn file(key: &str) -> Origin {
         Origin::File {

@@ -9,9 +9,20 @@
 //! * `tool`: `command_execution`, `file_change`, `mcp_tool_call`, `web_search`, `collab_tool_call`;
 //! * `message`: `agent_message` items.
 //!
-//! Legacy turns are the `turn.started` count. `turn.completed` is success (its `usage` is a
-//! running total, so the last one wins); `turn.failed` is `provider_error`, or `rate_limited`
-//! when its message says so. Top-level `error` events reading `Reconnecting…` are retries.
+//! Legacy turns are the `turn.started` count. `turn.completed` is success; `turn.failed` is
+//! `provider_error`, or `rate_limited` when its message says so, or `max_tokens` when the
+//! session's token budget ended it (`budget reached`, Codex's `SessionBudgetExceeded`). Top-level
+//! `error` events reading `Reconnecting…` are retries.
+//!
+//! Token usage (protocol 1.5): `turn.completed.usage` (`input_tokens`, cached ones included,
+//! `cached_input_tokens`, `output_tokens`, `reasoning_output_tokens`) is the thread's running
+//! total, restored on `codex exec resume`, so each count is the largest seen and what it grew by
+//! is reported on the line, live; the final tokens are the last total. Codex writes usage only
+//! when a turn completes, so within the one turn of a `codex exec` it arrives at the end, and a
+//! resumed thread's first total includes its earlier runs. The native token limit is Codex's
+//! own session budget (`-c features.rollout_budget.*`, experimental since 0.142: one count for
+//! all the session's threads, checked before each model call, input and output tokens weighted
+//! 1), inserted after the program because `codex exec` takes no options after `--`.
 //!
 //! Archived logs in the pre-0.44 `{"id","msg"}` format are accepted: `*_begin`/`*_end` events map
 //! to the matching item types (deduplicated by `call_id`), `agent_message`/`agent_reasoning` to
@@ -39,8 +50,9 @@ use rustc_hash::FxHashSet as HashSet;
 use serde_json::{Value, json};
 use stepguard_jsonl::{RawValue, scan, scan_prefix};
 use stepguard_plugin_api::{
-    BaseUrlRule, CounterRequest, CounterStats, LineReport, Manifest, ModelEndpoint, PreflightRule,
-    ProviderBox, ProviderPlugin, StepCounter, Terminal, Tokens, ToolCall, slug_for_error_text,
+    BaseUrlRule, CounterRequest, CounterStats, LineReport, Manifest, ModelEndpoint, NativeLimit,
+    PreflightRule, ProviderBox, ProviderPlugin, StepCounter, Terminal, Tokens, ToolCall,
+    slug_for_error_text,
 };
 
 /// The Codex provider plugin.
@@ -118,6 +130,27 @@ impl ProviderPlugin for CodexPlugin {
                 .when_any(&["exec", "e"]),
             )
             .reports_tool_calls()
+            .reports_usage()
+            .native_token_limit(
+                NativeLimit::new(
+                    &[
+                        "-c",
+                        "features.rollout_budget.enabled=true",
+                        "-c",
+                        "features.rollout_budget.limit_tokens={max_tokens}",
+                        "-c",
+                        "features.rollout_budget.enforce_limit=true",
+                        "-c",
+                        "features.rollout_budget.reminder_at_remaining_tokens=[]",
+                        "-c",
+                        "features.rollout_budget.prefill_token_weight=1.0",
+                        "-c",
+                        "features.rollout_budget.sampling_token_weight=1.0",
+                    ],
+                    &["features.rollout_budget", "features.rollout_budget.limit_tokens"],
+                )
+                .after_program(),
+            )
     }
 
     fn open_counter(&self, request: &CounterRequest) -> Result<Box<dyn StepCounter>, String> {
@@ -148,6 +181,22 @@ pub struct CodexCounter {
     calls_seen: HashSet<Vec<u8>>,
     /// Tool calls not yet taken by the host.
     tool_calls: Vec<ToolCall>,
+    /// Usage not yet taken by the host.
+    pending_usage: Option<Tokens>,
+}
+
+/// Whether an error text is Codex's session token budget ending the turn: `budget reached` in
+/// 0.169 (`CodexErr::SessionBudgetExceeded`), or the names of that error.
+fn is_session_budget(text: &str) -> bool {
+    let lower = text.trim().to_ascii_lowercase();
+    lower == "budget reached"
+        || [
+            "session budget exceeded",
+            "sessionbudgetexceeded",
+            "session_budget_exceeded",
+        ]
+        .iter()
+        .any(|needle| lower.contains(needle))
 }
 
 impl CodexCounter {
@@ -164,6 +213,21 @@ impl CodexCounter {
             unknown: 0,
             calls_seen: HashSet::default(),
             tool_calls: Vec::new(),
+            pending_usage: None,
+        }
+    }
+
+    /// Takes in a running total of the thread's usage: each count is the largest seen, and what
+    /// that adds is reported on the line.
+    fn usage_total(&mut self, total: Tokens, report: &mut LineReport) {
+        let before = self.tokens;
+        let now = before.map_or(total, |b| b.max_each(total));
+        self.tokens = Some(now);
+        let delta = now.saturating_sub(before.unwrap_or_default());
+        if !delta.is_zero() {
+            self.pending_usage =
+                Some(self.pending_usage.unwrap_or_default().saturating_add(delta));
+            report.flags |= LineReport::USAGE;
         }
     }
 
@@ -317,11 +381,12 @@ impl CodexCounter {
                 report.flags |= LineReport::TERMINAL;
             }
             (None, "token_count") => {
-                if let Some(usage) = info
+                if let Some(total) = info
                     .and_then(|i| i.fields(["total_token_usage"]))
                     .and_then(|[u]| u)
+                    .and_then(usage_tokens)
                 {
-                    self.tokens = usage_tokens(usage).or(self.tokens);
+                    self.usage_total(total, report);
                 }
             }
             (None, "error" | "stream_error") => {
@@ -344,8 +409,8 @@ impl CodexCounter {
         };
         match ty.plain_str_bytes().unwrap_or_default() {
             b"turn.completed" => {
-                if let Some(tokens) = usage.and_then(usage_tokens) {
-                    self.tokens = Some(tokens);
+                if let Some(total) = usage.and_then(usage_tokens) {
+                    self.usage_total(total, report);
                 }
                 self.terminal = Some(Terminal::success());
                 report.flags |= LineReport::TERMINAL;
@@ -358,7 +423,14 @@ impl CodexCounter {
                     .map(|m| m.into_owned())
                     .or_else(|| self.last_error.clone())
                     .unwrap_or_else(|| "turn failed".to_owned());
-                self.terminal = Some(Terminal::failed(slug_for_error_text(&text), text));
+                let slug = if is_session_budget(&text)
+                    || self.last_error.as_deref().is_some_and(is_session_budget)
+                {
+                    "max_tokens"
+                } else {
+                    slug_for_error_text(&text)
+                };
+                self.terminal = Some(Terminal::failed(slug, text));
                 report.flags |= LineReport::TERMINAL;
             }
             _ => {
@@ -538,6 +610,10 @@ impl StepCounter for CodexCounter {
     fn take_tool_calls(&mut self) -> Vec<ToolCall> {
         std::mem::take(&mut self.tool_calls)
     }
+
+    fn take_usage(&mut self) -> Option<Tokens> {
+        self.pending_usage.take()
+    }
 }
 
 #[cfg(test)]
@@ -603,6 +679,12 @@ mod tests {
         ("real/codex/tools3.jsonl", [4, 4, 3, 1], 1, "success"),
         ("real/codex/tools12.jsonl", [13, 13, 12, 1], 1, "success"),
         ("real/codex/error429.jsonl", [1, 1, 1, 0], 1, "rate_limited"),
+        (
+            "streams/codex/rollout_budget_exceeded.jsonl",
+            [6, 5, 5, 0],
+            1,
+            "max_tokens",
+        ),
     ];
 
     #[test]
@@ -953,6 +1035,160 @@ mod tests {
     fn tool_calls_are_declared() {
         let m = CodexPlugin.manifest();
         assert!(m.tool_calls);
-        assert_eq!(m.min_protocol(), "1.4.0");
+        assert_eq!(m.min_protocol(), "1.5.0");
+    }
+
+    fn words(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn the_native_token_limit_is_the_session_budget_placed_after_the_program() {
+        let m = CodexPlugin.manifest();
+        assert!(m.reports_usage);
+        assert_eq!(m.native_cost_limit, None);
+        let limit = m.native_token_limit.unwrap();
+        let command = words(&["codex", "exec", "--json", "--", "fix the tests"]);
+        let with = limit.command_for_tokens(&command, 200_000).unwrap();
+        assert_eq!(
+            with,
+            words(&[
+                "codex",
+                "-c",
+                "features.rollout_budget.enabled=true",
+                "-c",
+                "features.rollout_budget.limit_tokens=200000",
+                "-c",
+                "features.rollout_budget.enforce_limit=true",
+                "-c",
+                "features.rollout_budget.reminder_at_remaining_tokens=[]",
+                "-c",
+                "features.rollout_budget.prefill_token_weight=1.0",
+                "-c",
+                "features.rollout_budget.sampling_token_weight=1.0",
+                "exec",
+                "--json",
+                "--",
+                "fix the tests"
+            ])
+        );
+        // A budget of the user's own, whole table or key, is left alone.
+        for given in [
+            "features.rollout_budget.limit_tokens=5000",
+            "features.rollout_budget={enabled=true, limit_tokens=5000, reminder_at_remaining_tokens=[]}",
+        ] {
+            let command = words(&["codex", "-c", given, "exec", "--json", "x"]);
+            assert_eq!(limit.command_for_tokens(&command, 9), None, "{given}");
+        }
+    }
+
+    /// A run's token counts with unknown ones as zero.
+    fn counts(t: Tokens) -> (u64, u64, u64, u64) {
+        (
+            t.input_tokens,
+            t.output_tokens,
+            t.cached_input_tokens.unwrap_or(0),
+            t.reasoning_output_tokens.unwrap_or(0),
+        )
+    }
+
+    #[test]
+    fn the_live_usage_adds_up_to_the_final_tokens_in_every_recording() {
+        for dir in ["streams/codex", "real/codex"] {
+            let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../../tests/fixtures")
+                .join(dir);
+            for entry in std::fs::read_dir(root).unwrap() {
+                let path = entry.unwrap().path();
+                if path.extension().is_none_or(|e| e != "jsonl") {
+                    continue;
+                }
+                let bytes = std::fs::read(&path).unwrap();
+                for unit in ["item", "actionable", "tool", "message"] {
+                    let live =
+                        stepguard_plugin_api::testing::usage(&CodexPlugin, unit, &bytes).unwrap();
+                    let (_, stats) =
+                        stepguard_plugin_api::testing::count(&CodexPlugin, unit, &bytes).unwrap();
+                    assert_eq!(
+                        counts(live),
+                        counts(stats.tokens.unwrap_or_default()),
+                        "{} {unit}",
+                        path.display()
+                    );
+                }
+            }
+        }
+        let (_, stats) = count("real/codex/tools3.jsonl", "item");
+        assert_eq!(counts(stats.tokens.unwrap()), (400, 80, 0, 0));
+    }
+
+    #[test]
+    fn the_running_total_is_reported_by_what_it_grew() {
+        // A resumed thread: the first total includes the earlier run (300 in, 60 out).
+        let stream = [
+            r#"{"type":"turn.started"}"#,
+            r#"{"type":"turn.completed","usage":{"input_tokens":400,"cached_input_tokens":100,"output_tokens":80,"reasoning_output_tokens":10}}"#,
+            r#"{"type":"turn.started"}"#,
+            r#"{"type":"turn.completed","usage":{"input_tokens":650,"cached_input_tokens":300,"output_tokens":95,"reasoning_output_tokens":10}}"#,
+            r#"{"type":"turn.started"}"#,
+            r#"{"type":"turn.completed","usage":{"input_tokens":650,"cached_input_tokens":300,"output_tokens":95,"reasoning_output_tokens":10}}"#,
+        ]
+        .join("\n");
+        let deltas = stepguard_plugin_api::testing::usage_deltas(
+            &CodexPlugin,
+            "item",
+            stream.as_bytes(),
+        )
+        .unwrap();
+        let per_line: Vec<(u64, (u64, u64, u64, u64))> =
+            deltas.iter().map(|(n, t)| (*n, counts(*t))).collect();
+        assert_eq!(
+            per_line,
+            [(2, (400, 80, 100, 10)), (4, (250, 15, 200, 0))]
+        );
+        let (_, stats) =
+            stepguard_plugin_api::testing::count(&CodexPlugin, "item", stream.as_bytes()).unwrap();
+        assert_eq!(counts(stats.tokens.unwrap()), (650, 95, 300, 10));
+        // The archived format's `token_count` totals work the same way.
+        let token_count = |input: u64, output: u64| {
+            format!(
+                r#"{{"id":"0","msg":{{"type":"token_count","info":{{"total_token_usage":{{"input_tokens":{input},"cached_input_tokens":0,"output_tokens":{output}}}}}}}}}"#
+            )
+        };
+        let legacy = [token_count(1000, 50), token_count(1800, 90)].join("\n");
+        let deltas = stepguard_plugin_api::testing::usage_deltas(
+            &CodexPlugin,
+            "item",
+            legacy.as_bytes(),
+        )
+        .unwrap();
+        let per_line: Vec<(u64, (u64, u64, u64, u64))> =
+            deltas.iter().map(|(n, t)| (*n, counts(*t))).collect();
+        assert_eq!(per_line, [(1, (1000, 50, 0, 0)), (2, (800, 40, 0, 0))]);
+    }
+
+    #[test]
+    fn the_session_budget_ending_the_turn_is_max_tokens() {
+        // Recorded from codex-cli 0.169.0 with `features.rollout_budget.limit_tokens=500`: five
+        // calls of 120 tokens, then `budget reached` before the sixth, and no usage at all.
+        let (sum, stats) = count("streams/codex/rollout_budget_exceeded.jsonl", "tool");
+        assert_eq!(sum.steps_begun, 5);
+        let terminal = stats.terminal.unwrap();
+        assert_eq!(terminal.slug.as_deref(), Some("max_tokens"));
+        assert_eq!(terminal.message.as_deref(), Some("budget reached"));
+        assert_eq!(stats.tokens, None);
+        let failed = |message: &str| {
+            let line = format!(r#"{{"type":"turn.failed","error":{{"message":"{message}"}}}}"#);
+            let (_, stats) =
+                stepguard_plugin_api::testing::count(&CodexPlugin, "item", line.as_bytes())
+                    .unwrap();
+            stats.terminal.unwrap().slug.unwrap()
+        };
+        assert_eq!(failed("budget reached"), "max_tokens");
+        assert_eq!(failed("session budget exceeded"), "max_tokens");
+        assert_eq!(failed("SessionBudgetExceeded"), "max_tokens");
+        assert_eq!(failed("stream disconnected before completion"), "provider_error");
+        assert_eq!(failed("exceeded retry limit, last status: 429"), "rate_limited");
+        assert_eq!(failed("monthly budget reached for this workspace"), "provider_error");
     }
 }

@@ -16,6 +16,11 @@
 //! by `tool_id`, as `tool_name` and `parameters` (`run_shell_command`'s `description` left out:
 //! it annotates the command and does not change what runs).
 //!
+//! Token usage (protocol 1.5) is `result.stats` (`input_tokens`, cached ones included, `cached`,
+//! `output_tokens`), the session's totals over every model, side requests included: stream-json
+//! carries no usage before it, so it is reported once, on the `result` line. Gemini CLI has no
+//! native token or cost budget.
+//!
 //! ```
 //! use stepguard_plugin_api::{CounterRequest, ProviderPlugin};
 //! let plugin = stepguard_provider_gemini::GeminiPlugin;
@@ -70,6 +75,7 @@ impl ProviderPlugin for GeminiPlugin {
                 "add `--output-format stream-json`: stepguard counts its JSONL events",
             ))
             .reports_tool_calls()
+            .reports_usage()
     }
 
     fn open_counter(&self, request: &CounterRequest) -> Result<Box<dyn StepCounter>, String> {
@@ -113,6 +119,8 @@ pub struct GeminiCounter {
     unknown: u64,
     /// Tool calls not yet taken by the host.
     tool_calls: Vec<ToolCall>,
+    /// Usage not yet taken by the host.
+    pending_usage: Option<Tokens>,
 }
 
 impl GeminiCounter {
@@ -167,8 +175,17 @@ impl GeminiCounter {
         self.reported_tool_calls = stats["tool_calls"].as_u64();
         if let Some(input) = stats["input_tokens"].as_u64() {
             let output = stats["output_tokens"].as_u64().unwrap_or(0);
-            self.tokens =
-                Some(Tokens::new(input, output).cached_input_tokens(stats["cached"].as_u64()));
+            let total = Tokens::new(input, output).cached_input_tokens(stats["cached"].as_u64());
+            // A session's totals: what they add to any earlier result's is the usage.
+            let before = self.tokens;
+            let now = before.map_or(total, |b| b.max_each(total));
+            self.tokens = Some(now);
+            let delta = now.saturating_sub(before.unwrap_or_default());
+            if !delta.is_zero() {
+                self.pending_usage =
+                    Some(self.pending_usage.unwrap_or_default().saturating_add(delta));
+                report.flags |= LineReport::USAGE;
+            }
         }
         let error_type = v["error"]["type"].as_str().unwrap_or_default();
         let error_message = v["error"]["message"].as_str().map(str::to_owned);
@@ -274,6 +291,10 @@ impl StepCounter for GeminiCounter {
 
     fn take_tool_calls(&mut self) -> Vec<ToolCall> {
         std::mem::take(&mut self.tool_calls)
+    }
+
+    fn take_usage(&mut self) -> Option<Tokens> {
+        self.pending_usage.take()
     }
 }
 
@@ -566,6 +587,53 @@ mod tests {
     fn tool_calls_are_declared() {
         let m = GeminiPlugin.manifest();
         assert!(m.tool_calls);
-        assert_eq!(m.min_protocol(), "1.4.0");
+        assert_eq!(m.min_protocol(), "1.5.0");
+    }
+
+    /// A run's token counts with unknown ones as zero.
+    fn counts(t: Tokens) -> (u64, u64, u64, u64) {
+        (
+            t.input_tokens,
+            t.output_tokens,
+            t.cached_input_tokens.unwrap_or(0),
+            t.reasoning_output_tokens.unwrap_or(0),
+        )
+    }
+
+    #[test]
+    fn usage_is_reported_on_the_result_and_adds_up_to_the_final_tokens() {
+        let m = GeminiPlugin.manifest();
+        assert!(m.reports_usage);
+        assert_eq!((m.native_token_limit, m.native_cost_limit), (None, None));
+        for dir in ["streams/gemini", "real/gemini"] {
+            let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../../tests/fixtures")
+                .join(dir);
+            for entry in std::fs::read_dir(root).unwrap() {
+                let path = entry.unwrap().path();
+                if path.extension().is_none_or(|e| e != "jsonl") {
+                    continue;
+                }
+                let bytes = std::fs::read(&path).unwrap();
+                for unit in ["tool_use", "turn"] {
+                    let deltas =
+                        stepguard_plugin_api::testing::usage_deltas(&GeminiPlugin, unit, &bytes)
+                            .unwrap();
+                    let live = deltas
+                        .iter()
+                        .fold(Tokens::default(), |sum, (_, t)| sum.saturating_add(*t));
+                    let (_, stats) = count_bytes(&bytes, unit);
+                    assert_eq!(
+                        counts(live),
+                        counts(stats.tokens.unwrap_or_default()),
+                        "{} {unit}",
+                        path.display()
+                    );
+                    assert!(deltas.len() <= 1, "{}", path.display());
+                }
+            }
+        }
+        let (_, stats) = count_bytes(&fixture("real/gemini/tools3.jsonl"), "tool_use");
+        assert_eq!(counts(stats.tokens.unwrap()), (500, 100, 0, 0));
     }
 }

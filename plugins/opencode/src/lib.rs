@@ -13,6 +13,13 @@
 //! `error` event is a failure (`rate_limited` for HTTP 429, else `provider_error`), and anything
 //! else means the stream was cut. Tokens and cost are the sums over `step_finish` parts.
 //!
+//! Token usage (protocol 1.5) is reported live, one model step at a time: each `step_finish`
+//! part's `tokens` are that step's. OpenCode splits the provider's counts (1.18:
+//! `input = inputTokens - cache.read - cache.write`, `output = outputTokens - reasoning`), so the
+//! input tokens are `input + cache.read + cache.write`, the cached ones `cache.read`, the output
+//! tokens `output + reasoning` and the reasoning ones `reasoning`. OpenCode has no native token
+//! or cost budget.
+//!
 //! Tool calls (for loop detection, protocol 1.3) are the `tool_use` events, each reported once
 //! by `callID`, as `part.tool` and `part.state.input`. OpenCode prints a call when it has run,
 //! so the host sees it after its result, not before.
@@ -68,6 +75,7 @@ impl ProviderPlugin for OpenCodePlugin {
                 .when_any(&["run"]),
             )
             .reports_tool_calls()
+            .reports_usage()
     }
 
     fn open_counter(&self, request: &CounterRequest) -> Result<Box<dyn StepCounter>, String> {
@@ -93,6 +101,25 @@ pub struct OpenCodeCounter {
     unknown: u64,
     /// Tool calls not yet taken by the host.
     tool_calls: Vec<ToolCall>,
+    /// Usage not yet taken by the host.
+    pending_usage: Option<Tokens>,
+}
+
+/// A `step_finish` part's `tokens` as counts of the whole step (see the crate docs), or `None`
+/// when it has none.
+fn step_tokens(t: &serde_json::Value) -> Option<Tokens> {
+    let input = t["input"].as_u64()?;
+    let n = |v: &serde_json::Value| v.as_u64().unwrap_or(0);
+    let (read, write) = (n(&t["cache"]["read"]), n(&t["cache"]["write"]));
+    let reasoning = t["reasoning"].as_u64();
+    Some(
+        Tokens::new(
+            input + read + write,
+            n(&t["output"]) + reasoning.unwrap_or(0),
+        )
+        .cached_input_tokens(read)
+        .reasoning_output_tokens(reasoning),
+    )
 }
 
 impl OpenCodeCounter {
@@ -101,11 +128,13 @@ impl OpenCodeCounter {
         if self.by_step {
             report.steps_completed += 1;
         }
-        let t = &part["tokens"];
-        if let Some(input) = t["input"].as_u64() {
-            let sum = self.tokens.get_or_insert_with(Tokens::default);
-            sum.input_tokens += input + t["cache"]["read"].as_u64().unwrap_or(0);
-            sum.output_tokens += t["output"].as_u64().unwrap_or(0);
+        if let Some(step) = step_tokens(&part["tokens"]) {
+            self.tokens = Some(self.tokens.unwrap_or_default().saturating_add(step));
+            if !step.is_zero() {
+                self.pending_usage =
+                    Some(self.pending_usage.unwrap_or_default().saturating_add(step));
+                report.flags |= LineReport::USAGE;
+            }
         }
         if let Some(cost) = part["cost"].as_f64() {
             *self.cost.get_or_insert(0.0) += cost;
@@ -197,6 +226,10 @@ impl StepCounter for OpenCodeCounter {
 
     fn take_tool_calls(&mut self) -> Vec<ToolCall> {
         std::mem::take(&mut self.tool_calls)
+    }
+
+    fn take_usage(&mut self) -> Option<Tokens> {
+        self.pending_usage.take()
     }
 }
 
@@ -393,6 +426,72 @@ mod tests {
     fn tool_calls_are_declared() {
         let m = OpenCodePlugin.manifest();
         assert!(m.tool_calls);
-        assert_eq!(m.min_protocol(), "1.4.0");
+        assert_eq!(m.min_protocol(), "1.5.0");
+    }
+
+    /// A run's token counts with unknown ones as zero.
+    fn counts(t: Tokens) -> (u64, u64, u64, u64) {
+        (
+            t.input_tokens,
+            t.output_tokens,
+            t.cached_input_tokens.unwrap_or(0),
+            t.reasoning_output_tokens.unwrap_or(0),
+        )
+    }
+
+    #[test]
+    fn usage_is_reported_per_step_and_adds_up_to_the_final_tokens() {
+        let m = OpenCodePlugin.manifest();
+        assert!(m.reports_usage);
+        assert_eq!((m.native_token_limit, m.native_cost_limit), (None, None));
+        let real = |file: &str| {
+            std::fs::read(
+                std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join("../../tests/fixtures/real/opencode")
+                    .join(file),
+            )
+            .unwrap()
+        };
+        for file in [
+            "tools3.jsonl",
+            "tools12.jsonl",
+            "steps2.jsonl",
+            "error429.jsonl",
+        ] {
+            for unit in ["step", "tool_use"] {
+                let deltas =
+                    stepguard_plugin_api::testing::usage_deltas(&OpenCodePlugin, unit, &real(file))
+                        .unwrap();
+                let live = deltas
+                    .iter()
+                    .fold(Tokens::default(), |sum, (_, t)| sum.saturating_add(*t));
+                assert_eq!(
+                    counts(live),
+                    counts(count(file, unit).tokens.unwrap_or_default()),
+                    "{file} {unit}"
+                );
+            }
+        }
+        // tools3: four model steps of 100 in, 20 out, each reported as it finishes.
+        let deltas =
+            stepguard_plugin_api::testing::usage_deltas(&OpenCodePlugin, "step", &real("tools3.jsonl"))
+                .unwrap();
+        assert_eq!(deltas.len(), 4);
+        assert!(deltas.iter().all(|(_, t)| counts(*t) == (100, 20, 0, 0)));
+    }
+
+    #[test]
+    fn cache_and_reasoning_tokens_count_as_input_and_output() {
+        let finish = r#"{"type":"step_finish","part":{"type":"step-finish","reason":"stop","tokens":{"total":1900,"input":100,"output":50,"reasoning":30,"cache":{"write":200,"read":1500}},"cost":0.01}}"#;
+        let mut c = OpenCodePlugin
+            .open_counter(&CounterRequest::new("step"))
+            .unwrap();
+        let report = c.feed(finish.as_bytes()).unwrap();
+        assert!(report.has(LineReport::USAGE));
+        let step = c.take_usage().unwrap();
+        assert_eq!(counts(step), (1800, 80, 1500, 30));
+        assert_eq!(step.total(), 1880);
+        assert_eq!(c.take_usage(), None);
+        assert_eq!(c.finish().tokens, Some(step));
     }
 }
