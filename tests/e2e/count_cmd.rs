@@ -74,7 +74,7 @@ fn human_output_is_one_summary_line_per_file() {
     assert_eq!(
         run.stdout,
         format!(
-            "{file}: Steps: 35 (legacy turns: 41) | success | tokens: 901300 in / 4903 out | cost: $0.5086 (provider claude, unit message, 0 noise lines)\n"
+            "{file}: Steps: 35 (legacy turns: 41) | success | tokens: 949582 in / 4927 out | cost: $0.5086 (provider claude, unit message, 0 noise lines)\n"
         )
     );
 }
@@ -168,7 +168,7 @@ fn empty_file_counts_nothing() {
             "terminated_by": null, "containment": null, "breached_at_step": null, "loops": [],
             "on_limit_decisions": [], "final_report": null, "model_calls": null,
             "max_tokens": null, "max_tokens_source": null, "max_cost_usd": null,
-            "max_cost_usd_source": null, "sub_agent_tokens": null,
+            "max_cost_usd_source": null, "sub_agent_tokens": {},
             "noise_lines": 0, "unknown_events": 0, "oversized_lines": 0, "truncated_last_line": false,
             "tokens": null, "cost_usd": null, "sub_agent_steps": {}
         })

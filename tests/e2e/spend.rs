@@ -219,3 +219,101 @@ fn cost_budgets_need_a_known_model_before_the_start() {
     let v: Value = sb.run(&["prices", "--json"]).json();
     assert!(v["models"].as_array().is_some_and(|m| m.len() > 10), "{v}");
 }
+
+#[test]
+#[ignore = "runs the real agent CLIs: .ci/install-agent-clis, then --run-ignored all"]
+fn without_the_gateway_claudes_stream_usage_keeps_the_token_budget() {
+    // Claude reports each message's usage as it arrives (100 input, and the first output
+    // tokens, per call): the third message crosses 250 and the tree is stopped.
+    let agent = Agent::start(Cli::Claude, Script::tool_rounds(12));
+    let run = agent.run(&["--max-tokens", "250", "--max-steps", "50"]);
+    run.assert_exit(3);
+    let rec = agent.last_record();
+    assert_eq!(rec["error_type"], "max_tokens", "{rec}");
+    assert_eq!(rec["terminated_by"], "tokens", "{rec}");
+    assert!(
+        rec["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("over the token budget of 250"),
+        "{rec}"
+    );
+    let calls = agent.server.main_requests().len();
+    assert!((3..=4).contains(&calls), "{calls} calls");
+}
+
+#[test]
+#[ignore = "runs the real agent CLIs: .ci/install-agent-clis, then --run-ignored all"]
+fn codex_gets_its_own_session_budget_as_a_second_line() {
+    // Without the gateway Codex reports usage only at the end of its turn, so its own session
+    // budget (added like Claude's --max-turns) is what stops it; the outcome is the same slug.
+    let agent = Agent::start(Cli::Codex, Script::tool_rounds(12));
+    let budget = (3 * PER_CALL).to_string();
+    let run = agent.run(&["--max-tokens", &budget, "--max-steps", "50"]);
+    run.assert_exit(3);
+    let rec = agent.last_record();
+    assert_eq!(rec["error_type"], "max_tokens", "{rec}");
+    let command: Vec<&str> = rec["command"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(
+        command.contains(&format!("features.rollout_budget.limit_tokens={budget}").as_str()),
+        "{command:?}"
+    );
+    let calls = agent.server.main_requests().len();
+    assert!(
+        (3..=4).contains(&calls),
+        "Codex stopped itself near its budget: {calls} calls"
+    );
+}
+
+#[test]
+#[ignore = "runs the real agent CLIs: .ci/install-agent-clis, then --run-ignored all"]
+fn without_the_gateway_a_cost_budget_prices_the_stream_as_the_commands_model() {
+    let agent = Agent::start(Cli::Claude, Script::tool_rounds(12));
+    let prices = price_file(&agent);
+    let run = agent.run_agent_args(
+        &[
+            "--max-cost-usd",
+            "0.025",
+            "--prices",
+            &prices,
+            "--max-steps",
+            "50",
+        ],
+        &["--model", "sg-test-model"],
+    );
+    run.assert_exit(3);
+    let rec = agent.last_record();
+    assert_eq!(rec["error_type"], "max_cost", "{rec}");
+    let calls = agent.server.main_requests().len();
+    assert!(
+        calls <= 4,
+        "{calls} calls for a budget of about two and a half"
+    );
+}
+
+#[test]
+fn sub_agent_usage_rolls_up_into_the_run_and_is_kept_per_sub_agent() {
+    let sb = Sandbox::new();
+    let file = crate::harness::fixture("streams/claude/sub_agent_usage.jsonl");
+    let rec: Value = sb.run(&["count", "-p", "claude", "--json", &file]).json();
+    let per_agent = rec["sub_agent_tokens"].as_object().unwrap();
+    assert_eq!(per_agent.len(), 2, "{rec}");
+    let steps = rec["sub_agent_steps"].as_object().unwrap();
+    assert!(per_agent.keys().all(|k| steps.contains_key(k)), "{rec}");
+    let sub_input: u64 = per_agent
+        .values()
+        .map(|t| t["input_tokens"].as_u64().unwrap())
+        .sum();
+    let total_input = rec["tokens"]["input_tokens"].as_u64().unwrap();
+    assert_eq!(sub_input, 8976 + 9255);
+    assert!(
+        total_input > sub_input,
+        "the run's total includes its sub-agents: {rec}"
+    );
+    assert_eq!(total_input, 83450);
+}

@@ -1229,8 +1229,8 @@ pub fn validate(loaded: &LoadedConfig, strict: bool) -> Vec<Diagnostic> {
         }
         if let Some((name, origin)) = &m.profile {
             // A profile may set only some budgets (tokens, cost, loops): any table defines it.
-            let known = budget::builtin_profile(name).is_some()
-                || loaded.model.profiles.contains_key(name);
+            let known =
+                budget::builtin_profile(name).is_some() || loaded.model.profiles.contains_key(name);
             if !known {
                 out.push(at(
                     Severity::Error,

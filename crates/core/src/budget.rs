@@ -791,13 +791,19 @@ mod tests {
         };
         let r = resolve(&req).unwrap();
         assert_eq!(r.max_steps, StepLimit::Limited(DEFAULT_MAX_STEPS));
-        assert_eq!((r.source.as_str(), r.profile.as_deref()), ("default", Some("cheap")));
+        assert_eq!(
+            (r.source.as_str(), r.profile.as_deref()),
+            ("default", Some("cheap"))
+        );
         // A profile nobody defined is still an error.
         let req = BudgetRequest {
             profile: Some(("nope".into(), Origin::Flag("--profile".into()))),
             ..req
         };
-        assert!(matches!(resolve(&req), Err(BudgetError::UnknownProfile { .. })));
+        assert!(matches!(
+            resolve(&req),
+            Err(BudgetError::UnknownProfile { .. })
+        ));
     }
 
     fn file(key: &str) -> Origin {

@@ -70,8 +70,8 @@ pub trait StepCounter: Send {
     /// Returns the token usage seen since the last call, as a delta (what it added to the
     /// run's totals), and forgets it; `None` when there was none (protocol 1.5; declare
     /// [`Manifest::reports_usage`]). The host asks only after a chunk whose lines set
-    /// [`LineReport::USAGE`], so mark those lines, and keeps a running sum to enforce token and
-    /// cost budgets with as the run goes.
+    /// [`LineReport::USAGE`], so mark those lines, and keeps a running sum to hold against a
+    /// token budget (and, priced, a cost budget) as the run goes.
     ///
     /// Report usage as early as the stream shows it, and let the deltas add up to
     /// [`CounterStats::tokens`]: when the stream's final numbers (a result event's) exceed what

@@ -101,9 +101,10 @@
 //! helpers [`testing::feed_all`] and [`testing::count`] give you both sides to compare).
 //!
 //! Token usage works the same way (protocol 1.5): the deltas [`StepCounter::take_usage`]
-//! returns after lines flagged [`LineReport::USAGE`] are what the host enforces token and cost
-//! budgets with as the run goes, and they should add up to [`CounterStats::tokens`], sub-agents
-//! included ([`testing::usage`] gives you the sum to compare). The rest of [`CounterStats`]
+//! returns after lines flagged [`LineReport::USAGE`] are what the host holds against a token
+//! budget (and, priced, a cost budget) as the run goes, and they should add up to
+//! [`CounterStats::tokens`], sub-agents included ([`testing::usage`] gives you the sum to
+//! compare). The rest of [`CounterStats`]
 //! (terminal event, cost, what the provider itself reported) has no per-line counterpart and is
 //! taken as given.
 //!

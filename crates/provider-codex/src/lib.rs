@@ -225,8 +225,7 @@ impl CodexCounter {
         self.tokens = Some(now);
         let delta = now.saturating_sub(before.unwrap_or_default());
         if !delta.is_zero() {
-            self.pending_usage =
-                Some(self.pending_usage.unwrap_or_default().saturating_add(delta));
+            self.pending_usage = Some(self.pending_usage.unwrap_or_default().saturating_add(delta));
             report.flags |= LineReport::USAGE;
         }
     }
@@ -1134,18 +1133,12 @@ mod tests {
             r#"{"type":"turn.completed","usage":{"input_tokens":650,"cached_input_tokens":300,"output_tokens":95,"reasoning_output_tokens":10}}"#,
         ]
         .join("\n");
-        let deltas = stepguard_plugin_api::testing::usage_deltas(
-            &CodexPlugin,
-            "item",
-            stream.as_bytes(),
-        )
-        .unwrap();
+        let deltas =
+            stepguard_plugin_api::testing::usage_deltas(&CodexPlugin, "item", stream.as_bytes())
+                .unwrap();
         let per_line: Vec<(u64, (u64, u64, u64, u64))> =
             deltas.iter().map(|(n, t)| (*n, counts(*t))).collect();
-        assert_eq!(
-            per_line,
-            [(2, (400, 80, 100, 10)), (4, (250, 15, 200, 0))]
-        );
+        assert_eq!(per_line, [(2, (400, 80, 100, 10)), (4, (250, 15, 200, 0))]);
         let (_, stats) =
             stepguard_plugin_api::testing::count(&CodexPlugin, "item", stream.as_bytes()).unwrap();
         assert_eq!(counts(stats.tokens.unwrap()), (650, 95, 300, 10));
@@ -1156,12 +1149,9 @@ mod tests {
             )
         };
         let legacy = [token_count(1000, 50), token_count(1800, 90)].join("\n");
-        let deltas = stepguard_plugin_api::testing::usage_deltas(
-            &CodexPlugin,
-            "item",
-            legacy.as_bytes(),
-        )
-        .unwrap();
+        let deltas =
+            stepguard_plugin_api::testing::usage_deltas(&CodexPlugin, "item", legacy.as_bytes())
+                .unwrap();
         let per_line: Vec<(u64, (u64, u64, u64, u64))> =
             deltas.iter().map(|(n, t)| (*n, counts(*t))).collect();
         assert_eq!(per_line, [(1, (1000, 50, 0, 0)), (2, (800, 40, 0, 0))]);
@@ -1187,8 +1177,17 @@ mod tests {
         assert_eq!(failed("budget reached"), "max_tokens");
         assert_eq!(failed("session budget exceeded"), "max_tokens");
         assert_eq!(failed("SessionBudgetExceeded"), "max_tokens");
-        assert_eq!(failed("stream disconnected before completion"), "provider_error");
-        assert_eq!(failed("exceeded retry limit, last status: 429"), "rate_limited");
-        assert_eq!(failed("monthly budget reached for this workspace"), "provider_error");
+        assert_eq!(
+            failed("stream disconnected before completion"),
+            "provider_error"
+        );
+        assert_eq!(
+            failed("exceeded retry limit, last status: 429"),
+            "rate_limited"
+        );
+        assert_eq!(
+            failed("monthly budget reached for this workspace"),
+            "provider_error"
+        );
     }
 }

@@ -49,6 +49,8 @@ pub(crate) enum Event {
     Loop(LoopFound),
     /// The model gateway forwarded, refused or failed a model call.
     Gateway(GatewayEvent),
+    /// A chunk of the stream reported this much more token usage.
+    StreamUsage(stepguard_plugin_api::Tokens),
 }
 
 /// Stops a run from another thread as a signal to stepguard would (slug `interrupted`).
@@ -313,6 +315,10 @@ impl Runner {
             watch: Arc::clone(&watch),
             recognition_lines: recognition.lines,
             loops: loops.map(LoopWatch::new),
+            // With a gateway its usage keeps the budgets; the stream's is only the fallback.
+            usage: spend.stream_usage
+                && gateway.is_none()
+                && (spend.max_tokens.is_some() || spend.max_cost_usd.is_some()),
         };
         let reader = std::thread::Builder::new()
             .name("stepguard-reader".into())
@@ -382,6 +388,8 @@ impl Runner {
         let mut loops_noticed = 0u32;
         let mut loop_wrapping = false;
         let model_calls = AtomicU64::new(0);
+        // Usage the stream reported so far (kept against the budgets without a gateway).
+        let mut stream_usage = stepguard_gateway::CallUsage::default();
         while child_exit.is_none() || reader_end.is_none() {
             if run.stop.is_some() {
                 // Stopped: the agent's exit and the reader's end have this long to arrive.
@@ -497,6 +505,20 @@ impl Runner {
                                 run.stop(TerminatedBy::Loop, Signal::TERM);
                             }
                         }
+                    }
+                }
+                Ok(Event::StreamUsage(delta)) => {
+                    stream_usage.add(&stepguard_gateway::CallUsage {
+                        input: delta.input_tokens,
+                        cached_input: delta.cached_input_tokens.unwrap_or(0),
+                        output: delta.output_tokens,
+                    });
+                    if run.terminated_by.is_none()
+                        && let Some(why) = spend_crossed(&spend, &stream_usage)
+                    {
+                        tracing::info!("{}", why.1);
+                        run.why.get_or_insert(why.1);
+                        run.stop(why.0, Signal::TERM);
                     }
                 }
                 Ok(Event::Gateway(event)) => match event {
@@ -855,6 +877,33 @@ fn finish(spec: Labels, ending: Ending, observers: &mut [&mut dyn RunObserver]) 
         o.finished(&mut report);
     }
     report
+}
+
+/// Whether the stream's usage so far has crossed a budget: which, and why, for the record.
+fn spend_crossed(
+    spend: &crate::spec::SpendLimits,
+    used: &stepguard_gateway::CallUsage,
+) -> Option<(TerminatedBy, String)> {
+    if let Some(max) = spend.max_tokens
+        && used.total() > max
+    {
+        return Some((
+            TerminatedBy::Tokens,
+            format!(
+                "the stream reported {} tokens, over the token budget of {max}; stopped",
+                used.total()
+            ),
+        ));
+    }
+    let max = spend.max_cost_usd?;
+    let model = spend.model.as_deref()?;
+    let cost = (spend.price.as_ref()?.0)(model, used)?;
+    (cost > max + 1e-9).then(|| {
+        (
+            TerminatedBy::Cost,
+            format!("the stream's usage costs ${cost:.4} as {model}, over the cost budget of ${max:.2}; stopped"),
+        )
+    })
 }
 
 /// The first rung of the loop ladder: what the model is told on its next call.

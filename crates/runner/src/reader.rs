@@ -68,6 +68,9 @@ pub(crate) struct StreamReader {
     pub recognition_lines: u64,
     /// Loop detection, when on.
     pub loops: Option<LoopWatch>,
+    /// Whether to ask the counter for the usage a chunk reported (protocol 1.5 plugins, when a
+    /// token or cost budget is kept from the stream).
+    pub usage: bool,
 }
 
 impl StreamReader {
@@ -86,6 +89,7 @@ impl StreamReader {
             watch,
             recognition_lines,
             mut loops,
+            usage,
         } = self;
         let mut lines = LineSplitter::new(pipe);
         let mut passthrough = true;
@@ -155,6 +159,21 @@ impl StreamReader {
                 match seen {
                     Ok(Some(found)) => {
                         let _ = events.send(Event::Loop(found));
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        plugin_error = Some(e);
+                        break;
+                    }
+                }
+            }
+            if usage && report.sum.has(LineReport::USAGE) {
+                feeding_since.store(started.elapsed().as_millis() as u64 + 1, Ordering::Relaxed);
+                let taken = counter.take_usage();
+                feeding_since.store(0, Ordering::Relaxed);
+                match taken {
+                    Ok(Some(delta)) => {
+                        let _ = events.send(Event::StreamUsage(delta));
                     }
                     Ok(None) => {}
                     Err(e) => {

@@ -266,6 +266,7 @@ impl RunReport {
             record.oversized_lines = None;
             record.truncated_last_line = None;
             record.sub_agent_steps = None;
+            record.sub_agent_tokens = None;
         } else if let Some(e) = &plugin_error {
             record.message = Some(e.to_string());
         } else if let Some(why) = &ending.why {

@@ -171,6 +171,9 @@ pub struct SpendLimits {
     /// The model the stream's usage is priced as when there is no gateway (known before the
     /// start from the agent's command).
     pub model: Option<String>,
+    /// Whether the provider's counters report usage line by line (protocol 1.5): without the
+    /// gateway, the budgets are kept from it.
+    pub stream_usage: bool,
 }
 
 /// How a run's model gateway is set up.

@@ -344,6 +344,21 @@ pub fn stream_record(meta: &RunMeta, stats: &RunStats, count: &StreamCount) -> R
     record.oversized_lines = Some(count.oversized_lines);
     record.truncated_last_line = Some(count.truncated_last_line);
     record.sub_agent_steps = Some(counter.sub_agent_steps.clone());
+    record.sub_agent_tokens = Some(
+        counter
+            .sub_agent_tokens
+            .iter()
+            .map(|(id, t)| {
+                let usage = stepguard_core::TokenUsage {
+                    input_tokens: t.input_tokens,
+                    output_tokens: t.output_tokens,
+                    cached_input_tokens: t.cached_input_tokens,
+                    reasoning_output_tokens: t.reasoning_output_tokens,
+                };
+                (id.clone(), usage)
+            })
+            .collect(),
+    );
     record.loops.clone_from(&count.loops);
     record
 }

@@ -473,16 +473,19 @@ mod tests {
             }
         }
         // tools3: four model steps of 100 in, 20 out, each reported as it finishes.
-        let deltas =
-            stepguard_plugin_api::testing::usage_deltas(&OpenCodePlugin, "step", &real("tools3.jsonl"))
-                .unwrap();
+        let deltas = stepguard_plugin_api::testing::usage_deltas(
+            &OpenCodePlugin,
+            "step",
+            &real("tools3.jsonl"),
+        )
+        .unwrap();
         assert_eq!(deltas.len(), 4);
         assert!(deltas.iter().all(|(_, t)| counts(*t) == (100, 20, 0, 0)));
     }
 
     #[test]
     fn cache_and_reasoning_tokens_count_as_input_and_output() {
-        let finish = r#"{"type":"step_finish","part":{"type":"step-finish","reason":"stop","tokens":{"total":1900,"input":100,"output":50,"reasoning":30,"cache":{"write":200,"read":1500}},"cost":0.01}}"#;
+        let finish = r#"{"type":"step_finish","part":{"type":"step-finish","reason":"stop","tokens":{"total":1880,"input":100,"output":50,"reasoning":30,"cache":{"write":200,"read":1500}},"cost":0.01}}"#;
         let mut c = OpenCodePlugin
             .open_counter(&CounterRequest::new("step"))
             .unwrap();

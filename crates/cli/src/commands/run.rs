@@ -84,7 +84,23 @@ pub fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
     }
     let unit = &selection.request.unit;
     let wrap_up = wrap_up_spec(args, &config, manifest, unit, &command)?;
-    let spend = spend_limits(args, &spend_budgets, &command, wrap_up.is_some())?;
+    let mut spend = spend_limits(args, &spend_budgets, &command, wrap_up.is_some())?;
+    spend.stream_usage = manifest.reports_usage;
+    // The provider's own token and cost budgets, as second lines of defence like its step limit.
+    if !args.no_native_limit {
+        if let (Some(native), Some(max)) = (&manifest.native_token_limit, spend.max_tokens)
+            && let Some(with) = native.command_for_tokens(&command, max)
+        {
+            tracing::info!("adding the provider's native token budget");
+            command = with;
+        }
+        if let (Some(native), Some(max)) = (&manifest.native_cost_limit, spend.max_cost_usd)
+            && let Some(with) = native.command_for_cost(&command, max)
+        {
+            tracing::info!("adding the provider's native cost budget");
+            command = with;
+        }
+    }
     tracing::info!(
         max_steps = %resolved.max_steps,
         source = %resolved.source,
@@ -313,6 +329,7 @@ fn spend_limits(
         max_cost_usd_source: Some(budgets.cost.source.clone()),
         price: None,
         model: command_model(command),
+        stream_usage: false,
     };
     if limits.max_cost_usd.is_none() {
         return Ok(limits);
