@@ -317,3 +317,30 @@ fn sub_agent_usage_rolls_up_into_the_run_and_is_kept_per_sub_agent() {
     );
     assert_eq!(total_input, 83450);
 }
+
+#[test]
+fn a_budget_nobody_could_keep_is_refused_before_the_start() {
+    // The fixture plugin reports no usage (protocol < 1.5): without the gateway a token budget
+    // would be recorded and never kept.
+    let sb = Sandbox::new();
+    let dir = crate::harness::plugin_dirs().good.display().to_string();
+    let run = sb.run(&[
+        "--plugin-dir",
+        &dir,
+        "run",
+        "-p",
+        "fixture",
+        "--max-tokens",
+        "1000",
+        "--",
+        "sh",
+        "-c",
+        "echo '{\"type\":\"step\"}'",
+    ]);
+    assert_eq!(run.code, Some(2), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("reports no token usage") && run.stderr.contains("--wrap-up"),
+        "{}",
+        run.stderr
+    );
+}

@@ -115,6 +115,12 @@ pub enum GatewayEvent {
         /// Their cost in dollars, when every call so far could be priced.
         cost_usd: Option<f64>,
     },
+    /// A model call's body could not be read (compressed, not JSON): it was not forwarded,
+    /// since it could be neither counted nor paced.
+    Unreadable {
+        /// What was wrong with it.
+        why: String,
+    },
     /// A cost budget is set and the model of a call has no price: the call was refused.
     Unpriced {
         /// The model's name as the call gave it.
@@ -196,50 +202,86 @@ pub(crate) struct Tally {
     pub(crate) recent: Vec<(u64, f64)>,
     /// Which budget made the last call the last.
     pub(crate) reason: Option<Budget>,
+    /// Main calls forwarded whose replies have not ended yet.
+    pub(crate) in_flight: u64,
+    /// Whether the tool-less last call went out and was answered (a wrap-up happened).
+    pub(crate) wrapped: bool,
+}
+
+/// What the next two main calls will likely use, in tokens and dollars.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct Estimate {
+    next: (u64, f64),
+    after: (u64, f64),
 }
 
 impl Tally {
-    /// What the next main call will likely use: the latest one's, grown as it last grew (a
-    /// conversation only gets longer).
-    fn estimate(&self) -> Option<(u64, f64)> {
+    /// What the next main call, and the one after it, will likely use: the largest of the
+    /// latest calls (a sub-agent's small call must not hide its parent's big one), grown as the
+    /// latest grew, since a conversation only gets longer.
+    fn estimate(&self) -> Option<Estimate> {
         let (t1, c1) = *self.recent.last()?;
-        let Some(&(t0, c0)) = self
+        let (tmax, cmax) = self
+            .recent
+            .iter()
+            .fold((0u64, 0f64), |(t, c), (ti, ci)| (t.max(*ti), c.max(*ci)));
+        let (gt, gc) = match self
             .recent
             .len()
             .checked_sub(2)
             .and_then(|i| self.recent.get(i))
-        else {
-            return Some((t1, c1));
+        {
+            Some(&(t0, c0)) => (t1.saturating_sub(t0), (c1 - c0).max(0.0)),
+            None => (0, 0.0),
         };
-        Some((t1 + t1.saturating_sub(t0), c1 + (c1 - c0).max(0.0)))
+        let next = (tmax.max(t1.saturating_add(gt)), cmax.max(c1 + gc));
+        let after = (next.0.saturating_add(gt), next.1 + gc);
+        Some(Estimate { next, after })
     }
 
     /// What the token and cost budgets say of the next main call: refuse it (the budget is
     /// spent or it would cross it), make it the last (the one after it would cross), or go on.
+    /// Calls still under way count at the estimate, so concurrent calls cannot all slip in.
     fn spend_plan(&self, pace: &Pace) -> Option<(bool, Budget)> {
         let est = self.estimate();
+        let pending = self.in_flight;
         if let Some(max) = pace.max_tokens {
-            let spent = self.usage.total();
-            let next = est.map_or(0, |e| e.0);
-            if spent >= max || spent.saturating_add(next) > max {
+            let e = est.unwrap_or_default();
+            let spent = self
+                .usage
+                .total()
+                .saturating_add(e.next.0.saturating_mul(pending));
+            if spent >= max || spent.saturating_add(e.next.0) > max {
                 return Some((true, Budget::Tokens));
             }
-            if est.is_some() && spent.saturating_add(next.saturating_mul(2)) > max {
+            if est.is_some() && spent.saturating_add(e.next.0).saturating_add(e.after.0) > max {
                 return Some((false, Budget::Tokens));
             }
         }
-        if let (Some(max), Some(spent)) = (pace.max_cost_usd, self.cost) {
+        if let (Some(max), Some(cost)) = (pace.max_cost_usd, self.cost) {
             // Dollars are summed in floating point: a nano-dollar of rounding is not a crossing.
             const EPS: f64 = 1e-9;
-            let next = est.map_or(0.0, |e| e.1);
-            if spent >= max - EPS || spent + next > max + EPS {
+            let e = est.unwrap_or_default();
+            let spent = cost + e.next.1 * pending as f64;
+            if spent >= max - EPS || spent + e.next.1 > max + EPS {
                 return Some((true, Budget::Cost));
             }
-            if est.is_some() && spent + 2.0 * next > max + EPS {
+            if est.is_some() && spent + e.next.1 + e.after.1 > max + EPS {
                 return Some((false, Budget::Cost));
             }
         }
         None
+    }
+
+    /// Whether the token or cost budget is already spent (side calls stop then too).
+    fn spent(&self, pace: &Pace) -> Option<Budget> {
+        if pace.max_tokens.is_some_and(|max| self.usage.total() >= max) {
+            return Some(Budget::Tokens);
+        }
+        match (pace.max_cost_usd, self.cost) {
+            (Some(max), Some(cost)) if cost >= max - 1e-9 => Some(Budget::Cost),
+            _ => None,
+        }
     }
 }
 
@@ -325,9 +367,13 @@ impl Shared {
             }
         };
         match plan {
-            Plan::Forward { .. } => t.forwarded += 1,
+            Plan::Forward { .. } => {
+                t.forwarded += 1;
+                t.in_flight += 1;
+            }
             Plan::Last { .. } => {
                 t.forwarded += 1;
+                t.in_flight += 1;
                 t.last_sent = true;
             }
             Plan::Refuse => {
@@ -338,6 +384,28 @@ impl Shared {
             Plan::Unpriced => {}
         }
         (plan, t.notice.take())
+    }
+
+    /// Whether a side call may still go out: not once the token or cost budget is spent.
+    pub(crate) fn side_allowed(&self) -> Option<Budget> {
+        self.tally().spent(&self.config.pace)
+    }
+
+    /// A main call's reply has ended (or failed): it is no longer under way. A reply that was
+    /// not a success does not count as a step, nor as the last call, so a retry takes its place.
+    pub(crate) fn settle(&self, last: bool, success: bool) {
+        let mut t = self.tally();
+        t.in_flight = t.in_flight.saturating_sub(1);
+        if success {
+            if last {
+                t.wrapped = true;
+            }
+        } else {
+            t.forwarded = t.forwarded.saturating_sub(1);
+            if last {
+                t.last_sent = false;
+            }
+        }
     }
 
     /// Adds one call's usage to the totals and tells the run; `main` calls feed the estimate.
@@ -445,7 +513,7 @@ impl Gateway {
 
     /// Whether the last model call went out tool-less with the wrap-up notice.
     pub fn wrapped_up(&self) -> bool {
-        self.shared.tally().last_sent
+        self.shared.tally().wrapped
     }
 
     /// Usage of every model call so far, side calls included.
@@ -456,6 +524,11 @@ impl Gateway {
     /// The cost of every model call so far, when each could be priced.
     pub fn cost_usd(&self) -> Option<f64> {
         self.shared.tally().cost
+    }
+
+    /// Whether the gateway answered any call itself because a budget was spent.
+    pub fn refused_any(&self) -> bool {
+        self.shared.tally().refused > 0
     }
 
     /// Which budget made the last call the last one, or refused a call (`None`: no budget did,

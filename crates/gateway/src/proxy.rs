@@ -44,16 +44,20 @@ const HOP_BY_HOP: [&str; 8] = [
     "host",
 ];
 
-/// Headers and query keys that carry credentials: never written to recordings.
-const SECRET_HEADERS: [&str; 7] = [
-    "authorization",
-    "proxy-authorization",
-    "x-api-key",
-    "x-goog-api-key",
-    "api-key",
+/// Parts of header names that mark credentials: such headers are never written to recordings.
+const SECRET_HEADER_PARTS: [&str; 7] = [
+    "auth",
+    "key",
+    "token",
+    "secret",
     "cookie",
-    "openai-organization",
+    "organization",
+    "account",
 ];
+
+fn secret_header(name: &str) -> bool {
+    SECRET_HEADER_PARTS.iter().any(|p| name.contains(p))
+}
 
 /// An HTTPS-or-HTTP client with the system's trust roots (`SSL_CERT_FILE` and `SSL_CERT_DIR`
 /// override them, as for other tools).
@@ -200,6 +204,18 @@ async fn handle(ctx: &Ctx, req: Request<Incoming>) -> Response<GBody> {
         );
     };
     let rest = rest.to_owned();
+    // Dot segments and encoded slashes could reach other paths than the one checked here.
+    let path_part = rest.split('?').next().unwrap_or("");
+    let lower = path_part.to_ascii_lowercase();
+    if path_part.split('/').any(|s| s == "." || s == "..")
+        || lower.contains("%2e")
+        || lower.contains("%2f")
+    {
+        return plain(
+            StatusCode::BAD_REQUEST,
+            "stepguard gateway: dot segments and encoded slashes are not forwarded",
+        );
+    }
     let Ok(uri) = target(&ctx.upstream, &rest) else {
         return plain(
             StatusCode::BAD_REQUEST,
@@ -222,20 +238,80 @@ async fn handle(ctx: &Ctx, req: Request<Incoming>) -> Response<GBody> {
             );
         }
     };
-    let (tools, model) = dialect.probe(&bytes).unwrap_or((false, None));
+    // A model call that cannot be read can be neither counted nor paced: never forwarded.
+    let encoded = parts
+        .headers
+        .get(header::CONTENT_ENCODING)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.eq_ignore_ascii_case("identity"));
+    let probed = match encoded {
+        Some(enc) => Err(format!("its body is compressed ({enc})")),
+        None => dialect
+            .probe(&bytes)
+            .ok_or_else(|| "its body is not the JSON of a model request".to_owned()),
+    };
+    let (tools, model) = match probed {
+        Ok(p) => p,
+        Err(why) => return unreadable(shared, &rest, &why),
+    };
     let model = model
         .or_else(|| Dialect::model_in_path(&rest))
         .unwrap_or_default();
     if !tools {
-        // Side calls cost too: with a cost budget, one that cannot be priced is not made.
+        // Side calls cost too: with a cost budget, one that cannot be priced is not made, and
+        // none is made once a budget is spent.
         if shared.config.pace.max_cost_usd.is_some() && !priced(shared, &model) {
             return unpriced(shared, &model);
         }
+        if shared.side_allowed().is_some() {
+            return refusal(shared, &parts, &rest, &bytes);
+        }
         record(shared, &parts, &rest, "side", Some(&bytes));
-        let meter = Meter::new(dialect, &model, false, false);
+        let meter = Meter::new(dialect, &model, false, false, bytes.len());
         return forward(ctx, &parts, uri, full(bytes), false, Some(meter)).await;
     }
     main_call(ctx, parts, rest, uri, bytes, &model).await
+}
+
+/// The gateway's own final answer to a call it will not make, in the call's dialect.
+fn refusal(
+    shared: &Shared,
+    parts: &hyper::http::request::Parts,
+    rest: &str,
+    bytes: &[u8],
+) -> Response<GBody> {
+    let count = {
+        let mut t = shared.tally();
+        t.refused += 1;
+        t.refused
+    };
+    (shared.config.on_event)(GatewayEvent::Refused { count });
+    record(shared, parts, rest, "refused", Some(bytes));
+    let json: Value = serde_json::from_slice(bytes).unwrap_or(Value::Null);
+    let (ctype, text) = shared.config.dialect.final_reply(rest, &json, REFUSAL_TEXT);
+    let mut resp = Response::new(full(text));
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(ctype));
+    resp
+}
+
+/// The answer to a model call whose body cannot be read: an error, and the run is told.
+fn unreadable(shared: &Shared, rest: &str, why: &str) -> Response<GBody> {
+    let path = rest.split('?').next().unwrap_or("");
+    let why = format!(
+        "stepguard gateway: a model call to {path} was not made: {why}, so it could be neither \
+         counted nor paced"
+    );
+    (shared.config.on_event)(GatewayEvent::Unreadable { why: why.clone() });
+    let mut resp = Response::new(full(
+        json!({"error": {"type": "invalid_request_error", "message": why}}).to_string(),
+    ));
+    *resp.status_mut() = StatusCode::UNSUPPORTED_MEDIA_TYPE;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
 }
 
 /// Whether the gateway can price calls to `model`.
@@ -318,7 +394,14 @@ async fn main_call(
             ("forward", false, notice)
         }
     };
-    let meter = Meter::new(dialect, model, true, last);
+    let meter = Meter::new(dialect, model, true, last, bytes.len());
+    // Chat completions stream usage only when asked: with a token or cost budget, ask.
+    let spend = pace.max_tokens.is_some() || pace.max_cost_usd.is_some();
+    let ask_usage = spend && dialect == Dialect::OpenAiChat;
+    let notice = match (notice, ask_usage) {
+        (None, true) => Some(String::new()),
+        (n, _) => n,
+    };
     let Some(notice) = notice else {
         record(shared, &parts, &rest, label, Some(&bytes));
         return forward(ctx, &parts, uri, full(bytes), false, Some(meter)).await;
@@ -328,7 +411,12 @@ async fn main_call(
             if last {
                 dialect.disable_tools(&mut json);
             }
-            dialect.add_notice(&mut json, &notice);
+            if !notice.is_empty() {
+                dialect.add_notice(&mut json, &notice);
+            }
+            if ask_usage && json["stream"] == true {
+                json["stream_options"]["include_usage"] = Value::Bool(true);
+            }
             Bytes::from(json.to_string())
         }
         // The probe read it as JSON, so this cannot happen; forward it untouched if it does.
@@ -346,15 +434,24 @@ struct Meter {
     main: bool,
     /// The last call: keep the reply's first MiB for its text.
     keep_text: bool,
+    /// The request's size, for an estimate when the reply reports no usage.
+    request_bytes: usize,
 }
 
 impl Meter {
-    fn new(dialect: Dialect, model: &str, main: bool, keep_text: bool) -> Self {
+    fn new(
+        dialect: Dialect,
+        model: &str,
+        main: bool,
+        keep_text: bool,
+        request_bytes: usize,
+    ) -> Self {
         Meter {
             dialect,
             model: model.to_owned(),
             main,
             keep_text,
+            request_bytes,
         }
     }
 }
@@ -393,12 +490,20 @@ async fn forward(
                     inner: rbody,
                     kept: Vec::new(),
                     scanner: Some(UsageScanner::new(meter.dialect, streamed)),
+                    reply_bytes: 0,
                     meter,
                     shared: Arc::clone(&ctx.shared),
                     done: false,
                 }
                 .boxed(),
-                _ => rbody.boxed(),
+                Some(meter) => {
+                    // Not a success: not a step, nor the last call; a retry takes its place.
+                    if meter.main {
+                        ctx.shared.settle(meter.keep_text, false);
+                    }
+                    rbody.boxed()
+                }
+                None => rbody.boxed(),
             };
             let mut back = Response::new(body);
             *back.status_mut() = rparts.status;
@@ -406,6 +511,9 @@ async fn forward(
             back
         }
         Err(e) => {
+            if let Some(meter) = meter.as_ref().filter(|m| m.main) {
+                ctx.shared.settle(meter.keep_text, false);
+            }
             let error = describe(&e, &ctx.upstream);
             if e.is_connect() {
                 (ctx.shared.config.on_event)(GatewayEvent::UpstreamFailed {
@@ -432,7 +540,12 @@ fn describe(e: &hyper_util::client::legacy::Error, upstream: &Uri) -> String {
     while let Some(inner) = cause.source() {
         cause = inner;
     }
-    let host = upstream.authority().map_or("?", |a| a.as_str());
+    // Host and port only: an upstream URL may carry `user:password@`.
+    let host = match (upstream.host(), upstream.port_u16()) {
+        (Some(h), Some(p)) => format!("{h}:{p}"),
+        (Some(h), None) => h.to_owned(),
+        _ => "?".to_owned(),
+    };
     format!(
         "stepguard gateway: cannot reach the model upstream {}://{host}: {cause}",
         upstream.scheme_str().unwrap_or("http")
@@ -458,7 +571,7 @@ fn record(
     let headers: serde_json::Map<String, Value> = parts
         .headers
         .iter()
-        .filter(|(k, _)| !SECRET_HEADERS.contains(&k.as_str()))
+        .filter(|(k, _)| !secret_header(k.as_str()))
         .map(|(k, v)| {
             (
                 k.as_str().to_owned(),
@@ -478,7 +591,19 @@ fn record(
         "body": body,
     });
     let file = dir.join(format!("{n:04}-{plan}.json"));
-    if let Err(e) = std::fs::write(&file, entry.to_string()) {
+    // Conversations may hold what the agent read: readable by the user only.
+    let written = {
+        use std::io::Write as _;
+        use std::os::unix::fs::OpenOptionsExt as _;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&file)
+            .and_then(|mut f| f.write_all(entry.to_string().as_bytes()))
+    };
+    if let Err(e) = written {
         tracing::warn!("cannot record a request to {}: {e}", file.display());
     }
 }
@@ -504,6 +629,8 @@ struct Tee {
     inner: Incoming,
     kept: Vec<u8>,
     scanner: Option<UsageScanner>,
+    /// Bytes of the reply so far.
+    reply_bytes: usize,
     meter: Meter,
     shared: Arc<Shared>,
     done: bool,
@@ -520,9 +647,27 @@ impl Tee {
                 self.shared.tally().final_text = Some(text);
             }
         }
-        if let Some(usage) = self.scanner.take().and_then(UsageScanner::finish) {
+        let pace = &self.shared.config.pace;
+        let spend = pace.max_tokens.is_some() || pace.max_cost_usd.is_some();
+        let usage = self
+            .scanner
+            .take()
+            .and_then(UsageScanner::finish)
+            .or_else(|| {
+                // A reply that reports no usage is still paid for: with a budget, count it at about
+                // four bytes a token rather than as nothing.
+                spend.then(|| crate::CallUsage {
+                    input: (self.meter.request_bytes / 4) as u64,
+                    cached_input: 0,
+                    output: (self.reply_bytes / 4) as u64,
+                })
+            });
+        if let Some(usage) = usage {
             self.shared
                 .account(&self.meter.model, self.meter.main, &usage);
+        }
+        if self.meter.main {
+            self.shared.settle(self.meter.keep_text, true);
         }
     }
 }
@@ -540,6 +685,7 @@ impl Body for Tee {
         match &polled {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
+                    this.reply_bytes = this.reply_bytes.saturating_add(data.len());
                     if this.meter.keep_text {
                         let room = KEEP_REPLY.saturating_sub(this.kept.len());
                         this.kept.extend_from_slice(&data[..data.len().min(room)]);

@@ -532,3 +532,161 @@ fn a_cost_budget_is_kept_with_prices_and_an_unpriced_model_is_never_called() {
         model: "claude-x".into()
     }));
 }
+
+fn pace(max_tokens: Option<u64>) -> Pace {
+    Pace {
+        limit: None,
+        steps: Arc::default(),
+        reply_cost: 1,
+        count_requests: true,
+        max_tokens,
+        max_cost_usd: None,
+        price: None,
+    }
+}
+
+#[test]
+fn the_estimate_grows_with_the_conversation_so_the_wrap_up_is_not_skipped() {
+    // Calls of 200 then 300 tokens: the next is likely 400 and the one after 500. With 500 of
+    // 1300 spent, 500 + 400 + 500 > 1300, so the next call is the last (not refused later).
+    let t = Tally {
+        usage: CallUsage {
+            input: 500,
+            cached_input: 0,
+            output: 0,
+        },
+        recent: vec![(200, 0.0), (300, 0.0)],
+        ..Tally::default()
+    };
+    assert_eq!(
+        t.spend_plan(&pace(Some(1300))),
+        Some((false, Budget::Tokens))
+    );
+    assert_eq!(t.spend_plan(&pace(Some(1400))), None);
+    // A sub-agent's small call does not hide its parent's big one.
+    let t = Tally {
+        usage: CallUsage {
+            input: 900,
+            cached_input: 0,
+            output: 0,
+        },
+        recent: vec![(800, 0.0), (50, 0.0)],
+        ..Tally::default()
+    };
+    assert_eq!(
+        t.spend_plan(&pace(Some(1600))),
+        Some((true, Budget::Tokens))
+    );
+    // Calls under way count at the estimate: two in flight of 100 each fill 800 + 200 = 1000.
+    let t = Tally {
+        usage: CallUsage {
+            input: 800,
+            cached_input: 0,
+            output: 0,
+        },
+        recent: vec![(100, 0.0)],
+        in_flight: 2,
+        ..Tally::default()
+    };
+    assert_eq!(
+        t.spend_plan(&pace(Some(1000))),
+        Some((true, Budget::Tokens))
+    );
+    // Nothing under way: room for this call and one more.
+    assert_eq!(
+        Tally { in_flight: 0, ..t }.spend_plan(&pace(Some(1000))),
+        None
+    );
+}
+
+#[test]
+fn once_a_budget_is_spent_side_calls_are_answered_too() {
+    let server = ModelServer::start(Script::tool_rounds(12)).unwrap();
+    let (mut cfg, _) = config(&server.url(), None, Arc::default());
+    cfg.pace.max_tokens = Some(240);
+    let gw = Gateway::start(cfg).unwrap();
+    let p = path(&gw, "/v1/messages");
+    for round in 0..2 {
+        send(gw.addr(), "POST", &p, &[], &anthropic(round, true));
+    }
+    assert_eq!(gw.usage().total(), 240);
+    let before = server.requests().len();
+    let (status, body) = send(gw.addr(), "POST", &p, &[], &anthropic(0, false));
+    assert_eq!(status, 200);
+    assert_eq!(
+        Dialect::AnthropicMessages.reply_text(body.as_bytes()),
+        REFUSAL_TEXT
+    );
+    assert_eq!(
+        server.requests().len(),
+        before,
+        "the side call was not made"
+    );
+    assert!(gw.refused_any());
+}
+
+#[test]
+fn calls_that_cannot_be_read_or_could_reach_other_paths_are_not_forwarded() {
+    let server = ModelServer::start(Script::tool_rounds(3)).unwrap();
+    let (cfg, seen) = config(&server.url(), Some(5), Arc::default());
+    let gw = Gateway::start(cfg).unwrap();
+    let p = path(&gw, "/v1/messages");
+    let (status, body) = send(
+        gw.addr(),
+        "POST",
+        &p,
+        &[("content-encoding", "gzip")],
+        "\u{1f}\u{8b}",
+    );
+    assert_eq!(status, 415, "{body}");
+    assert!(body.contains("compressed (gzip)"), "{body}");
+    let (status, _) = send(gw.addr(), "POST", &p, &[], "{\"tools\": [1, 2");
+    assert_eq!(status, 415);
+    assert!(
+        seen.lock()
+            .unwrap()
+            .iter()
+            .any(|e| matches!(e, GatewayEvent::Unreadable { .. }))
+    );
+    for sneaky in [
+        "/v1/messages/../complete",
+        "/v1/./messages",
+        "/v1/%2e%2e/x",
+        "/v1%2Fmessages",
+    ] {
+        let (status, _) = send(
+            gw.addr(),
+            "POST",
+            &path(&gw, sneaky),
+            &[],
+            &anthropic(0, true),
+        );
+        assert_eq!(status, 400, "{sneaky}");
+    }
+    assert!(server.requests().is_empty());
+    assert_eq!(gw.forwarded(), 0);
+}
+
+#[test]
+fn a_last_call_that_fails_is_retried_as_the_last_and_is_not_a_step() {
+    use stepguard_modelserver::{Fault, FaultKind};
+    // Round 3's first answer is an HTTP 500; the CLI's retry gets the real reply.
+    let script = Script::tool_rounds(12).fault(Fault::times(3, FaultKind::ServerError, 1));
+    let server = ModelServer::start(script).unwrap();
+    let (cfg, _) = config(&server.url(), Some(3), Arc::default());
+    let gw = Gateway::start(cfg).unwrap();
+    let p = path(&gw, "/v1/messages");
+    for round in 0..2 {
+        send(gw.addr(), "POST", &p, &[], &anthropic(round, true));
+    }
+    let (status, _) = send(gw.addr(), "POST", &p, &[], &anthropic(2, true));
+    assert_eq!(status, 500);
+    assert!(!gw.wrapped_up());
+    assert_eq!(gw.forwarded(), 2, "a failed call is not a step");
+    let (status, body) = send(gw.addr(), "POST", &p, &[], &anthropic(2, true));
+    assert_eq!(status, 200, "{body}");
+    assert!(gw.wrapped_up(), "the retry went out as the last call");
+    let main = server.main_requests();
+    assert_eq!(main.len(), 4);
+    assert!(main[2].tools_disabled && main[3].tools_disabled);
+}

@@ -140,8 +140,8 @@ impl UsageScanner {
                     let mut found = self.found.unwrap_or_default();
                     let cache_read = num(&u["cache_read_input_tokens"]);
                     let input = num(&u["input_tokens"])
-                        + cache_read
-                        + num(&u["cache_creation_input_tokens"]);
+                        .saturating_add(cache_read)
+                        .saturating_add(num(&u["cache_creation_input_tokens"]));
                     if input > 0 {
                         found.input = input;
                         found.cached_input = cache_read;
@@ -171,7 +171,8 @@ impl UsageScanner {
                     self.found = Some(CallUsage {
                         input: num(&u["promptTokenCount"]),
                         cached_input: num(&u["cachedContentTokenCount"]),
-                        output: num(&u["candidatesTokenCount"]) + num(&u["thoughtsTokenCount"]),
+                        output: num(&u["candidatesTokenCount"])
+                            .saturating_add(num(&u["thoughtsTokenCount"])),
                     });
                 }
             }

@@ -546,6 +546,13 @@ impl Runner {
                         }
                     }
                     GatewayEvent::Usage { .. } => {}
+                    GatewayEvent::Unreadable { why } => {
+                        if run.terminated_by.is_none() {
+                            tracing::error!("{why}");
+                            run.why = Some(why);
+                            run.stop(TerminatedBy::Bypassed, Signal::TERM);
+                        }
+                    }
                     GatewayEvent::Unpriced { model } => {
                         if run.terminated_by.is_none() {
                             let why = format!(
@@ -743,6 +750,15 @@ impl Runner {
                     TerminatedBy::Loop
                 } else {
                     TerminatedBy::WrapUp
+                });
+            }
+            // A budget spent without a wrap-up (a call that would itself have crossed it was
+            // answered by the gateway): the agent ended on that answer, and the budget ended it.
+            if !wrapped && gw.refused_any() && run.terminated_by.is_none() {
+                run.terminated_by = Some(match gw.reason() {
+                    Some(Budget::Tokens) => TerminatedBy::Tokens,
+                    Some(Budget::Cost) => TerminatedBy::Cost,
+                    _ => TerminatedBy::Budget,
                 });
             }
             let end = GatewayEnd {

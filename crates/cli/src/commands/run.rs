@@ -86,6 +86,19 @@ pub fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
     let wrap_up = wrap_up_spec(args, &config, manifest, unit, &command)?;
     let mut spend = spend_limits(args, &spend_budgets, &command, wrap_up.is_some())?;
     spend.stream_usage = manifest.reports_usage;
+    // Without the gateway the stream is the only meter: a plugin that reports no usage cannot
+    // keep a token or cost budget, and a budget nobody keeps is worse than none.
+    if (spend.max_tokens.is_some() || spend.max_cost_usd.is_some())
+        && wrap_up.is_none()
+        && !manifest.reports_usage
+    {
+        return Err(UsageError(format!(
+            "provider {} reports no token usage in its stream (plugin protocol < 1.5), so the \
+             token or cost budget cannot be kept without the model gateway: add --wrap-up",
+            manifest.name
+        ))
+        .into());
+    }
     // The provider's own token and cost budgets, as second lines of defence like its step limit.
     if !args.no_native_limit {
         if let (Some(native), Some(max)) = (&manifest.native_token_limit, spend.max_tokens)
