@@ -656,7 +656,7 @@ impl Tee {
             .or_else(|| {
                 // A reply that reports no usage is still paid for: with a budget, count it at about
                 // four bytes a token rather than as nothing.
-                spend.then(|| crate::CallUsage {
+                spend.then_some(crate::CallUsage {
                     input: (self.meter.request_bytes / 4) as u64,
                     cached_input: 0,
                     output: (self.reply_bytes / 4) as u64,
