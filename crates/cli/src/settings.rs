@@ -221,3 +221,14 @@ pub fn telemetry(
         &telemetry_settings(model),
     )
 }
+
+/// The price table in effect: the shipped one, with the models of `--prices FILE` over it.
+pub fn price_table(file: Option<&Path>) -> anyhow::Result<stepguard_prices::PriceTable> {
+    let builtin = stepguard_prices::PriceTable::builtin();
+    Ok(match file {
+        Some(path) => stepguard_prices::PriceTable::load_file(path)
+            .map_err(|e| crate::exit::UsageError(format!("--prices: {e}")))?
+            .merged_over(builtin),
+        None => builtin,
+    })
+}

@@ -59,34 +59,11 @@ impl Dialect {
         }
     }
 
-    /// Whether the request offers the model tools: a main request (one step of the agent), as
-    /// opposed to a side request (titles, routing, compaction), which offers none.
-    pub fn offers_tools(self, body: &Value) -> bool {
-        let tools = match self {
-            Dialect::Gemini => body.get("tools").and_then(Value::as_array).map(|tools| {
-                tools.iter().any(|t| {
-                    t.get("functionDeclarations")
-                        .or_else(|| t.get("function_declarations"))
-                        .and_then(Value::as_array)
-                        .is_some_and(|d| !d.is_empty())
-                })
-            }),
-            _ => body
-                .get("tools")
-                .and_then(Value::as_array)
-                .map(|t| !t.is_empty()),
-        };
-        tools.unwrap_or(false)
-    }
-
-    /// [`Dialect::offers_tools`] straight from the request bytes, without building a JSON value
-    /// (the hot path: most calls are forwarded as they came); `None` when the body is not JSON.
-    pub fn offers_tools_raw(self, body: &[u8]) -> Option<bool> {
-        self.probe(body).map(|(tools, _)| tools)
-    }
-
-    /// Whether a request offers tools, and the model it names in its body (Gemini names it in
-    /// the path: see [`Dialect::model_in_path`]), without building a JSON value.
+    /// Whether a request offers the model tools (a main request, one step of the agent, as
+    /// opposed to a side request: titles, routing, compaction), and the model it names in its
+    /// body (Gemini names it in the path: see [`Dialect::model_in_path`]). Read straight from the
+    /// bytes without building a JSON value, since most calls are forwarded as they came; `None`
+    /// when the body is not JSON.
     pub fn probe(self, body: &[u8]) -> Option<(bool, Option<String>)> {
         use serde::de::IgnoredAny;
         #[derive(serde::Deserialize)]
@@ -233,12 +210,7 @@ impl Dialect {
     /// The model name a request asks for, for replies the gateway writes itself.
     fn model_of(self, path: &str, body: &Value) -> String {
         match self {
-            Dialect::Gemini => path
-                .split("/models/")
-                .nth(1)
-                .and_then(|rest| rest.split(':').next())
-                .unwrap_or("gemini")
-                .to_owned(),
+            Dialect::Gemini => Self::model_in_path(path).unwrap_or_else(|| "gemini".to_owned()),
             _ => body
                 .get("model")
                 .and_then(Value::as_str)
@@ -526,6 +498,12 @@ impl FromStr for Dialect {
 mod tests {
     use super::*;
 
+    /// Whether `body` offers tools, as the gateway reads it.
+    fn offers_tools(d: Dialect, body: &Value) -> bool {
+        d.probe(body.to_string().as_bytes())
+            .is_some_and(|(tools, _)| tools)
+    }
+
     fn bodies() -> Vec<(Dialect, &'static str, Value)> {
         vec![
             (
@@ -578,35 +556,35 @@ mod tests {
     fn main_requests_offer_tools_and_side_requests_do_not() {
         for (d, path, body) in bodies() {
             assert!(d.is_model_path(path), "{d}");
-            assert!(d.offers_tools(&body), "{d}");
+            assert!(offers_tools(d, &body), "{d}");
             let mut side = body.clone();
             side["tools"] = json!([]);
-            assert!(!d.offers_tools(&side), "{d}");
+            assert!(!offers_tools(d, &side), "{d}");
             side.as_object_mut().unwrap().remove("tools");
-            assert!(!d.offers_tools(&side), "{d}");
+            assert!(!offers_tools(d, &side), "{d}");
         }
-        assert!(!Dialect::Gemini.offers_tools(&json!({"tools": [{"googleSearch": {}}]})));
-        // The byte probe agrees with the value check, and says when a body is not JSON.
-        for (d, _, body) in bodies() {
-            assert_eq!(
-                d.offers_tools_raw(body.to_string().as_bytes()),
-                Some(true),
-                "{d}"
-            );
+        assert!(!offers_tools(
+            Dialect::Gemini,
+            &json!({"tools": [{"googleSearch": {}}]})
+        ));
+        // A null list offers nothing; a body that is not JSON says so; the model is read.
+        for (d, path, body) in bodies() {
+            let model = d.probe(body.to_string().as_bytes()).and_then(|(_, m)| m);
+            let model = model.or_else(|| Dialect::model_in_path(path));
+            let expected = match d {
+                Dialect::AnthropicMessages => "claude",
+                Dialect::OpenAiResponses => "gpt",
+                Dialect::Gemini => "gemini-x",
+                Dialect::OpenAiChat => "m",
+            };
+            assert_eq!(model.as_deref(), Some(expected), "{d}");
             let mut side = body.clone();
             side["tools"] = json!(null);
-            assert_eq!(
-                d.offers_tools_raw(side.to_string().as_bytes()),
-                Some(false),
-                "{d}"
-            );
-            assert_eq!(d.offers_tools_raw(b"{\"tools\": [1"), None, "{d}");
+            assert!(!offers_tools(d, &side), "{d}");
+            assert_eq!(d.probe(b"{\"tools\": [1"), None, "{d}");
         }
         let search = json!({"tools": [{"googleSearch": {}}, {"function_declarations": []}]});
-        assert_eq!(
-            Dialect::Gemini.offers_tools_raw(search.to_string().as_bytes()),
-            Some(false)
-        );
+        assert!(!offers_tools(Dialect::Gemini, &search));
         assert!(!Dialect::AnthropicMessages.is_model_path("/v1/models"));
     }
 
@@ -614,7 +592,7 @@ mod tests {
     fn the_last_request_keeps_its_tools_but_may_not_use_them() {
         for (d, _, mut body) in bodies() {
             d.disable_tools(&mut body);
-            assert!(d.offers_tools(&body), "{d}: tool definitions kept");
+            assert!(offers_tools(d, &body), "{d}: tool definitions kept");
             match d {
                 Dialect::AnthropicMessages => {
                     assert_eq!(body["tool_choice"], json!({"type": "none"}))

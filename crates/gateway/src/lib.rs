@@ -76,6 +76,15 @@ pub type PriceFn = dyn Fn(&str, &CallUsage) -> Option<f64> + Send + Sync;
 #[derive(Clone)]
 pub struct Pricing(pub Arc<PriceFn>);
 
+impl Pace {
+    /// Whether calls to `model` can be priced (a cost budget needs it).
+    pub(crate) fn can_price(&self, model: &str) -> bool {
+        self.price
+            .as_ref()
+            .is_some_and(|p| (p.0)(model, &CallUsage::default()).is_some())
+    }
+}
+
 impl std::fmt::Debug for Pricing {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Pricing(..)")
@@ -302,16 +311,10 @@ impl Shared {
         let pace = &self.config.pace;
         let mut t = self.tally();
         if t.last_sent {
-            t.refused += 1;
             return (Plan::Refuse, None);
         }
         // A cost budget cannot be kept with a model it cannot price: fail closed.
-        if pace.max_cost_usd.is_some()
-            && pace
-                .price
-                .as_ref()
-                .is_none_or(|p| (p.0)(model, &CallUsage::default()).is_none())
-        {
+        if pace.max_cost_usd.is_some() && !pace.can_price(model) {
             return (Plan::Unpriced, None);
         }
         let forced = t.force_last;
@@ -376,11 +379,9 @@ impl Shared {
                 t.in_flight += 1;
                 t.last_sent = true;
             }
-            Plan::Refuse => {
-                t.refused += 1;
-                // Nothing more will be forwarded: the run is over for its model.
-                t.last_sent = true;
-            }
+            // Nothing more will be forwarded: the run is over for its model. The refusal
+            // itself is counted where it is answered.
+            Plan::Refuse => t.last_sent = true,
             Plan::Unpriced => {}
         }
         (plan, t.notice.take())

@@ -260,7 +260,7 @@ async fn handle(ctx: &Ctx, req: Request<Incoming>) -> Response<GBody> {
     if !tools {
         // Side calls cost too: with a cost budget, one that cannot be priced is not made, and
         // none is made once a budget is spent.
-        if shared.config.pace.max_cost_usd.is_some() && !priced(shared, &model) {
+        if shared.config.pace.max_cost_usd.is_some() && !shared.config.pace.can_price(&model) {
             return unpriced(shared, &model);
         }
         if shared.side_allowed().is_some() {
@@ -314,16 +314,6 @@ fn unreadable(shared: &Shared, rest: &str, why: &str) -> Response<GBody> {
     resp
 }
 
-/// Whether the gateway can price calls to `model`.
-fn priced(shared: &Shared, model: &str) -> bool {
-    shared
-        .config
-        .pace
-        .price
-        .as_ref()
-        .is_some_and(|p| (p.0)(model, &crate::CallUsage::default()).is_some())
-}
-
 /// The answer to a call whose model has no price while a cost budget is set: an error the CLI
 /// shows, never forwarded.
 fn unpriced(shared: &Shared, model: &str) -> Response<GBody> {
@@ -362,17 +352,7 @@ async fn main_call(
     // Only a call that changes is parsed into a value; the others go out as they came.
     let (label, last, notice) = match plan {
         Plan::Unpriced => return unpriced(shared, model),
-        Plan::Refuse => {
-            let count = shared.tally().refused;
-            (shared.config.on_event)(GatewayEvent::Refused { count });
-            record(shared, &parts, &rest, "refused", Some(&bytes));
-            let json: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-            let (ctype, text) = dialect.final_reply(&rest, &json, REFUSAL_TEXT);
-            let mut resp = Response::new(full(text));
-            resp.headers_mut()
-                .insert(header::CONTENT_TYPE, HeaderValue::from_static(ctype));
-            return resp;
-        }
+        Plan::Refuse => return refusal(shared, &parts, &rest, &bytes),
         Plan::Last { number } => {
             (shared.config.on_event)(GatewayEvent::Forwarded { number, last: true });
             ("last", true, Some(WRAP_UP_NOTICE.to_owned()))

@@ -3,21 +3,15 @@
 use std::io::Write as _;
 
 use stepguard_core::ExitCode;
-use stepguard_prices::{BUILTIN_TOML, PriceTable};
+use stepguard_prices::BUILTIN_TOML;
 
 use crate::args::PricesArgs;
-use crate::exit::UsageError;
 use crate::output;
 
 /// Runs `stepguard prices`: the shipped table as TOML (a template for `--prices` files), or with
 /// `--json` every model of the table in effect.
 pub fn run(args: &PricesArgs) -> anyhow::Result<ExitCode> {
-    let table = match &args.prices {
-        Some(path) => PriceTable::load_file(path)
-            .map_err(|e| UsageError(format!("--prices: {e}")))?
-            .merged_over(PriceTable::builtin()),
-        None => PriceTable::builtin(),
-    };
+    let table = crate::settings::price_table(args.prices.as_deref())?;
     if args.json {
         let models: Vec<_> = table.models().collect();
         output::json(&serde_json::json!({"taken": table.taken(), "models": models}))?;

@@ -347,20 +347,9 @@ fn spend_limits(
     if limits.max_cost_usd.is_none() {
         return Ok(limits);
     }
-    let table = match &args.prices {
-        Some(path) => stepguard_prices::PriceTable::load_file(path)
-            .map_err(|e| UsageError(format!("--prices: {e}")))?
-            .merged_over(stepguard_prices::PriceTable::builtin()),
-        None => stepguard_prices::PriceTable::builtin(),
-    };
-    let known = |model: &str| {
-        table.price(model).is_some()
-            || model
-                .split_once('/')
-                .is_some_and(|(_, m)| table.price(m).is_some())
-    };
+    let table = settings::price_table(args.prices.as_deref())?;
     match &limits.model {
-        Some(model) if !known(model) => {
+        Some(model) if price_of(&table, model).is_none() => {
             return Err(UsageError(format!(
                 "--max-cost-usd: the model `{model}` has no price in the price table (taken {}); \
                  add it to a price file given with --prices FILE (`stepguard prices` prints the \
@@ -382,13 +371,21 @@ fn spend_limits(
     }
     limits.price = Some(stepguard_gateway::Pricing(std::sync::Arc::new(
         move |model: &str, u: &stepguard_gateway::CallUsage| {
-            let price = table
-                .price(model)
-                .or_else(|| model.split_once('/').and_then(|(_, m)| table.price(m)))?;
+            let price = price_of(&table, model)?;
             Some(price.cost(u.input, u.cached_input, u.output))
         },
     )));
     Ok(limits)
+}
+
+/// The price of `model`, also as the model part of OpenCode's `provider/model`.
+fn price_of<'t>(
+    table: &'t stepguard_prices::PriceTable,
+    model: &str,
+) -> Option<&'t stepguard_prices::Price> {
+    table
+        .price(model)
+        .or_else(|| model.split_once('/').and_then(|(_, m)| table.price(m)))
 }
 
 /// The model an agent command names: `--model M`, `-m M` (also `--model=M`), or Codex's
