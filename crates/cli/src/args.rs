@@ -59,15 +59,16 @@ pub enum Command {
     History(HistoryArgs),
     /// Show one recorded run in full.
     Show(ShowArgs),
-    /// Figures over recorded runs: success rate, failure slugs, steps per run, a budget suggestion.
+    /// Figures over recorded runs: success rate, failure slugs, steps, tokens and cost per run,
+    /// budget suggestions.
     Stats(StatsArgs),
     /// List provider plugins, or explain whether a plugin file loads.
     Plugins(PluginsArgs),
     /// Run the agent-loop governor against a scripted scenario and print the JSON transcript
     /// (exit 0 when its expectations are met, 1 when not).
     Simulate(SimulateArgs),
-    /// Print the model price table `--max-cost-usd` uses (the shipped one, as a template for a
-    /// `--prices` file; with `--prices FILE`, the merged one as JSON under `--json`).
+    /// Print the model price table `--max-cost-usd` uses: the shipped one as TOML (a template for
+    /// a `--prices` file), the merged one with `--prices FILE`, every model as JSON with `--json`.
     Prices(PricesArgs),
     /// Print a shell completion script on stdout (bash, zsh, fish, elvish, powershell).
     Completions(CompletionsArgs),

@@ -52,7 +52,8 @@ impl ExitCode {
             ExitCode::AgentFailed => "the agent failed",
             ExitCode::Usage => "usage or configuration error",
             ExitCode::BudgetExceeded => {
-                "step budget exceeded (max_steps) or a loop detected (loop_detected)"
+                "a budget exceeded (max_steps, max_tokens, max_cost) or a loop detected \
+                 (loop_detected)"
             }
             ExitCode::Plugin => "plugin error",
             ExitCode::Timeout => "timeout (also: stalled, startup_hang)",
