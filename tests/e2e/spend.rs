@@ -200,7 +200,8 @@ fn cost_budgets_need_a_known_model_before_the_start() {
         "{}",
         run.stderr
     );
-    // A model the shipped table knows passes the check (the agent then fails to start here).
+    // A model the shipped table knows passes the check: stepguard goes on to start the agent,
+    // which does not exist here.
     let run = sb.run(&[
         "run",
         "-p",
@@ -215,7 +216,15 @@ fn cost_budgets_need_a_known_model_before_the_start() {
         "gpt-5",
         "go",
     ]);
-    assert!(!run.stderr.contains("has no price"), "{}", run.stderr);
+    assert_eq!(run.code, Some(2), "{}", run.stderr);
+    assert!(
+        !run.stderr.contains("has no price")
+            && run
+                .stderr
+                .contains("cannot run `sg-no-such-codex`: command not found"),
+        "{}",
+        run.stderr
+    );
     let v: Value = sb.run(&["prices", "--json"]).json();
     assert!(v["models"].as_array().is_some_and(|m| m.len() > 10), "{v}");
 }
