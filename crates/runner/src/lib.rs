@@ -44,18 +44,26 @@
 //! ```
 #![forbid(unsafe_code)]
 
+mod end;
 mod engine;
+mod event;
+mod launch;
+mod limit;
+mod observe;
 mod reader;
 mod report;
 mod spec;
 mod stream;
+mod supervise;
+mod watchdog;
 
-pub use engine::{Interrupter, Runner};
+pub use engine::Runner;
+pub use event::Interrupter;
+pub use observe::{Progress, RunObserver, RunStarted};
 pub use report::RunReport;
 pub use spec::{
-    Breach, Containment, LimitDecision, LimitPolicy, OnUnrecognized, Progress, Question,
-    RecognitionWindow, RunMeta, RunObserver, RunSpec, RunStarted, SpendLimits, StdinMode,
-    StopAtLimit, WrapUp,
+    Breach, Containment, LimitDecision, LimitPolicy, OnUnrecognized, Question, RecognitionWindow,
+    RunMeta, RunSpec, SpendLimits, StdinMode, StopAtLimit, WrapUp,
 };
 pub use stepguard_supervisor::{ExitStatus, Mechanism, StopReport};
 pub use stream::{

@@ -3,48 +3,16 @@
 
 use std::io::{Read, Write};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
 
-use stepguard_core::loops::LoopFound;
 use stepguard_core::{StepLedger, StepLimit};
 use stepguard_jsonl::{LineSplitter, SplitChunk};
 use stepguard_plugin_api::host::{CallError, Counter};
-use stepguard_plugin_api::{CounterStats, LineReport};
+use stepguard_plugin_api::{ChunkReport, LineReport};
 
-use crate::engine::Event;
+use crate::event::{Event, ReaderEnd, Resume, StreamWatch};
 use crate::stream::{LoopWatch, Recognition, reconcile};
-
-/// The engine's answer to a breach.
-pub(crate) enum Resume {
-    /// Keep counting under a new limit.
-    Continue(StepLimit),
-    /// Stop reading: the tree is being stopped.
-    Stop,
-}
-
-/// How the reader ended.
-pub(crate) struct ReaderEnd {
-    pub stats: Option<CounterStats>,
-    pub ledger: StepLedger,
-    pub oversized_lines: u64,
-    pub truncated_last_line: bool,
-    pub plugin_error: Option<CallError>,
-    pub recognition: Recognition,
-    /// The loops found, when loops were looked for.
-    pub loops: Option<Vec<LoopFound>>,
-}
-
-/// What the engine sees of the stream while the reader blocks on it.
-#[derive(Default)]
-pub(crate) struct StreamWatch {
-    /// When the first line arrived (ms since the run's start, plus one), 0 before.
-    pub first_output: AtomicU64,
-    /// True once a line was recognised as the provider's stream.
-    pub recognised: AtomicBool,
-    /// When the latest output arrived (ms since the run's start, plus one), 0 before any.
-    pub last_output: AtomicU64,
-}
 
 /// The reader thread's inputs.
 pub(crate) struct StreamReader {
@@ -74,31 +42,55 @@ pub(crate) struct StreamReader {
 }
 
 impl StreamReader {
+    /// Starts the reader on a thread of its own; `None` when it could not start, in which
+    /// case the engine has already been told that the stream ended, uncounted.
+    pub fn spawn(
+        self,
+        stdout: Option<std::process::ChildStdout>,
+        budget: StepLimit,
+    ) -> Option<std::thread::JoinHandle<()>> {
+        let events = self.events.clone();
+        let spawned = std::thread::Builder::new()
+            .name("stepguard-reader".into())
+            .spawn(move || {
+                let events = self.events.clone();
+                let end = match stdout {
+                    Some(pipe) => self.read(pipe),
+                    None => self.read(std::io::empty()),
+                };
+                let _ = events.send(Event::ReaderDone(Box::new(end)));
+            });
+        match spawned {
+            Ok(handle) => Some(handle),
+            Err(e) => {
+                // Without a reader nothing is counted: the engine fails closed.
+                tracing::error!("cannot start the stream reader: {e}");
+                let _ = events.send(Event::ReaderDone(Box::new(ReaderEnd {
+                    stats: None,
+                    ledger: StepLedger::new(budget),
+                    oversized_lines: 0,
+                    truncated_last_line: false,
+                    plugin_error: None,
+                    recognition: Recognition::default(),
+                    loops: None,
+                })));
+                None
+            }
+        }
+    }
+
     /// Reads `pipe` to its end (or to a breach the engine stops at) and reports how it ended.
     pub fn read(self, pipe: impl Read) -> ReaderEnd {
-        let StreamReader {
-            mut counter,
-            mut ledger,
-            mut output,
-            events,
-            resume,
-            steps,
-            feeding_since,
-            started,
-            term_on_breach,
-            watch,
-            recognition_lines,
-            mut loops,
-            usage,
-        } = self;
         let mut lines = LineSplitter::new(pipe);
-        let mut passthrough = true;
-        let mut oversized_lines = 0;
-        let mut plugin_error = None;
-        let mut recognition = Recognition::default();
-        let mut told_unrecognised = false;
-        // The per-line reports, summed: the counts that win over `finish()`'s.
-        let mut totals = LineReport::empty();
+        let mut reading = Reading {
+            reader: self,
+            passthrough: true,
+            oversized_lines: 0,
+            plugin_error: None,
+            recognition: Recognition::default(),
+            told_unrecognised: false,
+            totals: LineReport::empty(),
+        };
         loop {
             let chunk = match lines.next_chunk() {
                 Ok(Some(chunk)) => chunk,
@@ -108,126 +100,210 @@ impl StreamReader {
                     break;
                 }
             };
-            let now = started.elapsed().as_millis() as u64 + 1;
-            if watch.first_output.load(Ordering::Relaxed) == 0 {
-                watch.first_output.store(now, Ordering::Relaxed);
-            }
-            watch.last_output.store(now, Ordering::Relaxed);
+            reading.saw_output();
             let bytes = match chunk {
                 SplitChunk::Lines(bytes) => bytes,
                 SplitChunk::Oversized(len) => {
-                    oversized_lines += 1;
-                    recognition.lines += 1;
-                    tracing::warn!(
-                        bytes = len,
-                        "a line over the length cap was counted as noise and not passed through"
-                    );
+                    reading.oversized(len);
                     continue;
                 }
             };
-            let allowance = match ledger.limit() {
-                StepLimit::Limited(n) => u64::from(n).saturating_sub(ledger.steps()),
-                StepLimit::Unlimited => u64::MAX,
-            };
-            feeding_since.store(started.elapsed().as_millis() as u64 + 1, Ordering::Relaxed);
-            let fed = recognition.feed(&mut counter, bytes, allowance);
-            feeding_since.store(0, Ordering::Relaxed);
-            let report = match fed {
-                Ok(r) => r,
+            match reading.chunk(bytes) {
+                Ok(Chunk::Counted) => {}
+                Ok(Chunk::Breach { rest }) => {
+                    lines.give_back(rest);
+                    if !reading.breach() {
+                        return reading.end(false);
+                    }
+                }
                 Err(e) => {
                     // Fail closed: an agent we cannot count is an agent we cannot bound.
-                    plugin_error = Some(e);
+                    reading.plugin_error = Some(e);
                     break;
-                }
-            };
-            if recognition.recognised {
-                watch.recognised.store(true, Ordering::Relaxed);
-            } else if recognition.lines >= recognition_lines && !told_unrecognised {
-                told_unrecognised = true;
-                let _ = events.send(Event::Unrecognized {
-                    lines: recognition.lines,
-                });
-            }
-            stepguard_plugin_api::guest::add_report(&mut totals, &report.sum);
-            ledger.begin(u64::from(report.sum.steps_begun));
-            ledger.complete(u64::from(report.sum.steps_completed));
-            steps.store(ledger.steps(), Ordering::Relaxed);
-            if let Some(watch) = loops.as_mut() {
-                feeding_since.store(started.elapsed().as_millis() as u64 + 1, Ordering::Relaxed);
-                let seen = watch.after_chunk(&mut counter, &report, ledger.steps());
-                feeding_since.store(0, Ordering::Relaxed);
-                match seen {
-                    Ok(Some(found)) => {
-                        let _ = events.send(Event::Loop(found));
-                    }
-                    Ok(None) => {}
-                    Err(e) => {
-                        plugin_error = Some(e);
-                        break;
-                    }
-                }
-            }
-            if usage && report.sum.has(LineReport::USAGE) {
-                feeding_since.store(started.elapsed().as_millis() as u64 + 1, Ordering::Relaxed);
-                let taken = counter.take_usage();
-                feeding_since.store(0, Ordering::Relaxed);
-                match taken {
-                    Ok(Some(delta)) => {
-                        let _ = events.send(Event::StreamUsage(delta));
-                    }
-                    Ok(None) => {}
-                    Err(e) => {
-                        plugin_error = Some(e);
-                        break;
-                    }
-                }
-            }
-            // When nobody will be asked, signal the group at once, before even passing the line
-            // through: this is the latency users feel. The engine then stops the rest.
-            if report.stopped
-                && let Some(pgid) = term_on_breach
-            {
-                stepguard_supervisor::term_group(pgid);
-            }
-            let consumed = usize::try_from(report.consumed)
-                .unwrap_or(bytes.len())
-                .min(bytes.len());
-            if passthrough
-                && let Err(e) = output
-                    .write_all(&bytes[..consumed])
-                    .and_then(|()| output.flush())
-            {
-                // A closed downstream (e.g. `| head`) does not stop the agent; counting goes on.
-                tracing::debug!("passthrough stopped: {e}");
-                passthrough = false;
-            }
-            if report.stopped {
-                let rest = bytes.len() - consumed;
-                lines.give_back(rest);
-                let _ = events.send(Event::Breach {
-                    step: ledger.steps(),
-                });
-                match resume.recv() {
-                    Ok(Resume::Continue(limit)) => {
-                        ledger.set_limit(limit);
-                    }
-                    Ok(Resume::Stop) | Err(_) => {
-                        return ReaderEnd {
-                            stats: counter.finish().ok().map(|mut s| {
-                                reconcile(&mut s, &totals);
-                                s
-                            }),
-                            ledger,
-                            oversized_lines,
-                            truncated_last_line: false,
-                            plugin_error,
-                            recognition,
-                            loops: loops.map(|w| w.found),
-                        };
-                    }
                 }
             }
         }
+        let truncated = lines.last_line_unterminated;
+        reading.end(truncated)
+    }
+}
+
+/// What became of one chunk.
+enum Chunk {
+    /// Counted and passed through.
+    Counted,
+    /// Counted up to the line whose step exceeds the budget; `rest` bytes were not consumed.
+    Breach { rest: usize },
+}
+
+/// The reader's state while it reads.
+struct Reading {
+    reader: StreamReader,
+    /// False once the downstream closed: counting goes on, passing through does not.
+    passthrough: bool,
+    oversized_lines: u64,
+    plugin_error: Option<CallError>,
+    recognition: Recognition,
+    told_unrecognised: bool,
+    /// The per-line reports, summed: the counts that win over `finish()`'s.
+    totals: LineReport,
+}
+
+impl Reading {
+    /// Output came: the engine's clocks see it.
+    fn saw_output(&self) {
+        let r = &self.reader;
+        let now = r.started.elapsed().as_millis() as u64 + 1;
+        if r.watch.first_output.load(Ordering::Relaxed) == 0 {
+            r.watch.first_output.store(now, Ordering::Relaxed);
+        }
+        r.watch.last_output.store(now, Ordering::Relaxed);
+    }
+
+    /// A line over the length cap: noise, not passed through.
+    fn oversized(&mut self, len: u64) {
+        self.oversized_lines += 1;
+        self.recognition.lines += 1;
+        tracing::warn!(
+            bytes = len,
+            "a line over the length cap was counted as noise and not passed through"
+        );
+    }
+
+    /// Runs `call` on the counter with the engine's plugin clock running.
+    fn timed<T>(&mut self, call: impl FnOnce(&mut Counter, &mut Recognition) -> T) -> T {
+        let r = &mut self.reader;
+        r.feeding_since.store(
+            r.started.elapsed().as_millis() as u64 + 1,
+            Ordering::Relaxed,
+        );
+        let out = call(&mut r.counter, &mut self.recognition);
+        r.feeding_since.store(0, Ordering::Relaxed);
+        out
+    }
+
+    /// Counts one chunk of whole lines, tells the engine what it found, and passes through
+    /// what was counted.
+    fn chunk(&mut self, bytes: &[u8]) -> Result<Chunk, CallError> {
+        let allowance = match self.reader.ledger.limit() {
+            StepLimit::Limited(n) => u64::from(n).saturating_sub(self.reader.ledger.steps()),
+            StepLimit::Unlimited => u64::MAX,
+        };
+        let report =
+            self.timed(|counter, recognition| recognition.feed(counter, bytes, allowance))?;
+        self.judge_recognition();
+        self.apply(&report);
+        self.find_loops(&report)?;
+        self.take_usage(&report)?;
+        // When nobody will be asked, signal the group at once, before even passing the line
+        // through: this is the latency users feel. The engine then stops the rest.
+        if report.stopped
+            && let Some(pgid) = self.reader.term_on_breach
+        {
+            stepguard_supervisor::term_group(pgid);
+        }
+        let consumed = usize::try_from(report.consumed)
+            .unwrap_or(bytes.len())
+            .min(bytes.len());
+        self.pass_through(&bytes[..consumed]);
+        Ok(if report.stopped {
+            Chunk::Breach {
+                rest: bytes.len() - consumed,
+            }
+        } else {
+            Chunk::Counted
+        })
+    }
+
+    /// Recognised at last, or too many lines without: the engine is told once.
+    fn judge_recognition(&mut self) {
+        let r = &self.reader;
+        if self.recognition.recognised {
+            r.watch.recognised.store(true, Ordering::Relaxed);
+        } else if self.recognition.lines >= r.recognition_lines && !self.told_unrecognised {
+            self.told_unrecognised = true;
+            let _ = r.events.send(Event::Unrecognized {
+                lines: self.recognition.lines,
+            });
+        }
+    }
+
+    /// Applies a chunk's counts to the ledger.
+    fn apply(&mut self, report: &ChunkReport) {
+        stepguard_plugin_api::guest::add_report(&mut self.totals, &report.sum);
+        let r = &mut self.reader;
+        r.ledger.begin(u64::from(report.sum.steps_begun));
+        r.ledger.complete(u64::from(report.sum.steps_completed));
+        r.steps.store(r.ledger.steps(), Ordering::Relaxed);
+    }
+
+    /// Feeds the chunk's tool calls to the loop detector, when loops are looked for.
+    fn find_loops(&mut self, report: &ChunkReport) -> Result<(), CallError> {
+        let Some(mut watch) = self.reader.loops.take() else {
+            return Ok(());
+        };
+        let step = self.reader.ledger.steps();
+        let seen = self.timed(|counter, _| watch.after_chunk(counter, report, step));
+        self.reader.loops = Some(watch);
+        if let Some(found) = seen? {
+            let _ = self.reader.events.send(Event::Loop(found));
+        }
+        Ok(())
+    }
+
+    /// Takes the usage the chunk reported, when the budgets are kept from the stream.
+    fn take_usage(&mut self, report: &ChunkReport) -> Result<(), CallError> {
+        if !self.reader.usage || !report.sum.has(LineReport::USAGE) {
+            return Ok(());
+        }
+        if let Some(delta) = self.timed(|counter, _| counter.take_usage())? {
+            let _ = self.reader.events.send(Event::StreamUsage(delta));
+        }
+        Ok(())
+    }
+
+    /// Writes what was counted to the output, until the downstream closes.
+    fn pass_through(&mut self, counted: &[u8]) {
+        let output = &mut self.reader.output;
+        if self.passthrough
+            && let Err(e) = output.write_all(counted).and_then(|()| output.flush())
+        {
+            // A closed downstream (e.g. `| head`) does not stop the agent; counting goes on.
+            tracing::debug!("passthrough stopped: {e}");
+            self.passthrough = false;
+        }
+    }
+
+    /// Tells the engine of the breach and waits for its answer: true to go on counting
+    /// (under the new limit), false to stop reading.
+    fn breach(&mut self) -> bool {
+        let r = &mut self.reader;
+        let _ = r.events.send(Event::Breach {
+            step: r.ledger.steps(),
+        });
+        match r.resume.recv() {
+            Ok(Resume::Continue(limit)) => {
+                r.ledger.set_limit(limit);
+                true
+            }
+            Ok(Resume::Stop) | Err(_) => false,
+        }
+    }
+
+    /// How the reader ended: the counter's final stats, reconciled with the line reports.
+    fn end(self, truncated_last_line: bool) -> ReaderEnd {
+        let Reading {
+            reader,
+            mut plugin_error,
+            totals,
+            ..
+        } = self;
+        let StreamReader {
+            mut counter,
+            ledger,
+            loops,
+            ..
+        } = reader;
         let stats = match counter.finish() {
             Ok(mut s) => {
                 reconcile(&mut s, &totals);
@@ -241,10 +317,10 @@ impl StreamReader {
         ReaderEnd {
             stats,
             ledger,
-            oversized_lines,
-            truncated_last_line: lines.last_line_unterminated,
+            oversized_lines: self.oversized_lines,
+            truncated_last_line,
             plugin_error,
-            recognition,
+            recognition: self.recognition,
             loops: loops.map(|w| w.found),
         }
     }

@@ -9,9 +9,8 @@ use stepguard_plugin_api::CounterStats;
 use stepguard_plugin_api::host::CallError;
 use stepguard_supervisor::{ExitStatus, StopReport};
 
-use crate::engine::Labels;
-use crate::reader::ReaderEnd;
-use crate::spec::{LimitDecision, OnUnrecognized};
+use crate::event::ReaderEnd;
+use crate::spec::{Labels, LimitDecision, OnUnrecognized};
 use crate::stream::{StreamCount, run_stats, stream_record};
 
 /// How a run went, gathered by the engine.

@@ -3,13 +3,11 @@
 use std::io::Write;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use stepguard_core::StepLimit;
 use stepguard_core::loops::LoopSettings;
 use stepguard_plugin_api::host::Counter;
-
-use crate::report::RunReport;
 
 /// Where the agent's standard input comes from.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -315,44 +313,10 @@ impl LimitPolicy for StopAtLimit {
     }
 }
 
-/// The agent has started.
-#[derive(Clone, Debug)]
-pub struct RunStarted<'a> {
-    /// The agent's pid (also its process group id).
-    pub pid: u32,
-    /// The command as run.
-    pub command: &'a [String],
-    /// When it started.
-    pub started_at: SystemTime,
-    /// The budget.
+/// What the report needs of the spec once the run is under way.
+pub(crate) struct Labels {
+    pub command: Vec<String>,
     pub budget: StepLimit,
-    /// Where the budget came from.
-    pub budget_source: &'a str,
-    /// The run's labels.
-    pub meta: &'a RunMeta,
-}
-
-/// A progress tick (about five a second while the run goes on).
-#[derive(Clone, Copy, Debug)]
-pub struct Progress {
-    /// Steps begun so far.
-    pub steps: u64,
-    /// The limit in force (it changes when a policy allows more).
-    pub limit: StepLimit,
-    /// Time since the start.
-    pub elapsed: Duration,
-}
-
-/// Sees a run's start, progress and end; called on the thread that runs the engine, in
-/// registration order. Observers must be quick: they share the thread that enforces the budget.
-pub trait RunObserver {
-    /// The agent started (not called when it could not be started).
-    fn started(&mut self, _run: &RunStarted<'_>) {}
-
-    /// The run goes on.
-    fn tick(&mut self, _progress: &Progress) {}
-
-    /// The run ended. An observer may fill in what it knows of the record (the history
-    /// recorder sets `report.record.id`), so later observers see it.
-    fn finished(&mut self, _report: &mut RunReport) {}
+    pub budget_source: String,
+    pub meta: RunMeta,
 }

@@ -1,0 +1,168 @@
+//! The end of a run: the watchers are wound down within the drain's bound, the last word on
+//! the stream and the gateway's account are taken, and the report is built and shown to the
+//! observers.
+
+use std::sync::mpsc::Receiver;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime};
+
+use stepguard_core::verdict::TerminatedBy;
+use stepguard_gateway::{Budget, Gateway};
+use stepguard_supervisor::Reaper;
+use stepguard_supervisor::guard::Guardian;
+
+use crate::event::Event;
+use crate::observe::RunObserver;
+use crate::report::{Ending, GatewayEnd, RunReport};
+use crate::spec::{Labels, OnUnrecognized};
+use crate::supervise::{DRAIN, Engine};
+
+/// The run's helpers that outlive supervision and are wound down at its end.
+pub(crate) struct Leftovers<'e> {
+    pub events: &'e Receiver<Event>,
+    pub reaper: Reaper,
+    pub guardian: Option<Guardian>,
+    pub signals: Option<signal_hook::iterator::Handle>,
+    pub reader: Option<JoinHandle<()>>,
+    pub stderr_done: Option<Receiver<()>>,
+}
+
+/// Winds the run down and gathers how it went.
+pub(crate) fn wind_down(
+    mut engine: Engine<'_>,
+    leftovers: Leftovers<'_>,
+    pgid: u32,
+    start: Instant,
+    started_at: SystemTime,
+) -> Ending {
+    release(&engine, leftovers);
+    judge_unrecognised_end(&mut engine);
+    let gateway = engine.gateway.take().map(|gw| account(&mut engine, gw));
+    let steps_seen = engine.steps();
+    let containment = engine.control_mechanism();
+    let control = engine.control;
+    Ending {
+        started_at,
+        duration: start.elapsed(),
+        pid: Some(pgid),
+        reader: engine.reader_end,
+        child_exit: engine.child_exit,
+        terminated_by: control.terminated_by,
+        stop: control.stop,
+        breached_at: control.breached_at,
+        decisions: control.decisions,
+        spawn_error: None,
+        steps_seen,
+        containment: Some(containment),
+        why: control.why,
+        unrecognized: engine.on_unrecognized,
+        gateway,
+        spend: engine.spend,
+    }
+}
+
+/// Lets every helper thread go: the prompt, the reaper, the guardian, the signal listener,
+/// the reader and the stderr copier, each within the drain's bound.
+fn release(engine: &Engine<'_>, leftovers: Leftovers<'_>) {
+    // A withdrawn question: give the prompt a moment to leave the terminal tidy.
+    if engine.control.asks() && engine.control.policy_away() {
+        let until = Instant::now() + Duration::from_millis(500);
+        while let Ok(event) = leftovers
+            .events
+            .recv_timeout(until.saturating_duration_since(Instant::now()))
+        {
+            if matches!(event, Event::Decided(..)) {
+                break;
+            }
+        }
+    }
+    drop(leftovers.reaper);
+    if let Some(g) = leftovers.guardian {
+        g.release();
+    }
+    if let Some(signals) = leftovers.signals {
+        // Ends the listener thread. The handlers stay installed (doing nothing) for the
+        // life of the process: signal-hook never restores the default actions.
+        signals.close();
+    }
+    // A reader still blocked (a pipe held open, a plugin stuck) is left behind, not joined.
+    if let Some(reader) = leftovers.reader.filter(|_| engine.reader_end.is_some()) {
+        let _ = reader.join();
+    }
+    // The agent's last words on stderr come before the summary (bounded like the drain).
+    if let Some(done) = leftovers.stderr_done {
+        let _ = done.recv_timeout(
+            engine
+                .drain_until
+                .map_or(DRAIN, |d| d.saturating_duration_since(Instant::now())),
+        );
+    }
+}
+
+/// Output that ended before the recognition window closed, none of it recognised.
+fn judge_unrecognised_end(engine: &mut Engine<'_>) {
+    let Some(end) = engine
+        .reader_end
+        .as_ref()
+        .filter(|e| e.recognition.failed())
+    else {
+        return;
+    };
+    if engine.control.terminated_by.is_some() {
+        return;
+    }
+    let Some(why) = engine.dogs.unrecognised_at_end(end.recognition.lines) else {
+        return;
+    };
+    match engine.on_unrecognized {
+        OnUnrecognized::Stop => engine.control.why = Some(why),
+        OnUnrecognized::Warn => tracing::warn!("{why}"),
+    }
+}
+
+/// The gateway's account: an agent that ended by itself after its last call went out
+/// tool-less was ended by the budget (or the loop), gracefully.
+fn account(engine: &mut Engine<'_>, gw: Gateway) -> GatewayEnd {
+    let wrapped = gw.wrapped_up();
+    let loop_wrapping = engine.loop_wrapping();
+    let control = &mut engine.control;
+    if wrapped && control.terminated_by.is_none() {
+        control.terminated_by = Some(if loop_wrapping {
+            TerminatedBy::Loop
+        } else {
+            TerminatedBy::WrapUp
+        });
+    }
+    // A budget spent without a wrap-up (a call that would itself have crossed it was answered
+    // by the gateway): the agent ended on that answer, and the budget ended it.
+    if !wrapped && gw.refused_any() && control.terminated_by.is_none() {
+        control.terminated_by = Some(match gw.reason() {
+            Some(Budget::Tokens) => TerminatedBy::Tokens,
+            Some(Budget::Cost) => TerminatedBy::Cost,
+            _ => TerminatedBy::Budget,
+        });
+    }
+    let end = GatewayEnd {
+        model_calls: gw.forwarded(),
+        final_report: gw.final_text().filter(|_| wrapped),
+        counts_steps: engine.counts_requests,
+        usage: gw.usage(),
+        cost_usd: gw.cost_usd(),
+        reason: gw.reason(),
+    };
+    gw.stop();
+    end
+}
+
+/// Builds the report and lets the observers see it.
+pub(crate) fn finish(
+    labels: Labels,
+    ending: Ending,
+    observers: &mut [&mut dyn RunObserver],
+) -> RunReport {
+    let mut report = RunReport::new(&labels, ending);
+    for o in observers.iter_mut() {
+        o.finished(&mut report);
+    }
+    report
+}
