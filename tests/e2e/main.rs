@@ -8,6 +8,7 @@
 mod agents;
 mod harness;
 
+mod architecture;
 mod claude;
 mod cli_edges;
 mod codex;

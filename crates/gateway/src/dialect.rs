@@ -225,146 +225,11 @@ impl Dialect {
     pub fn final_reply(self, path: &str, body: &Value, text: &str) -> (&'static str, String) {
         let model = self.model_of(path, body);
         let streamed = self.is_streamed(path, body);
-        let usage0 = json!({"input_tokens": 0, "output_tokens": 0});
-        match (self, streamed) {
-            (Dialect::AnthropicMessages, false) => (
-                JSON,
-                json!({
-                    "id": "msg_stepguard", "type": "message", "role": "assistant", "model": model,
-                    "content": [{"type": "text", "text": text}],
-                    "stop_reason": "end_turn", "stop_sequence": null, "usage": usage0,
-                })
-                .to_string(),
-            ),
-            (Dialect::AnthropicMessages, true) => {
-                let mut out = String::new();
-                sse(
-                    &mut out,
-                    Some("message_start"),
-                    &json!({"type": "message_start", "message": {
-                    "id": "msg_stepguard", "type": "message", "role": "assistant", "model": model,
-                    "content": [], "stop_reason": null, "stop_sequence": null, "usage": usage0}}),
-                );
-                sse(
-                    &mut out,
-                    Some("content_block_start"),
-                    &json!({"type": "content_block_start",
-                    "index": 0, "content_block": {"type": "text", "text": ""}}),
-                );
-                sse(
-                    &mut out,
-                    Some("content_block_delta"),
-                    &json!({"type": "content_block_delta",
-                    "index": 0, "delta": {"type": "text_delta", "text": text}}),
-                );
-                sse(
-                    &mut out,
-                    Some("content_block_stop"),
-                    &json!({"type": "content_block_stop", "index": 0}),
-                );
-                sse(
-                    &mut out,
-                    Some("message_delta"),
-                    &json!({"type": "message_delta",
-                    "delta": {"stop_reason": "end_turn", "stop_sequence": null},
-                    "usage": {"output_tokens": 0}}),
-                );
-                sse(
-                    &mut out,
-                    Some("message_stop"),
-                    &json!({"type": "message_stop"}),
-                );
-                (SSE, out)
-            }
-            (Dialect::OpenAiResponses, streamed) => {
-                let item = json!({"type": "message", "id": "msg_stepguard", "status": "completed",
-                    "role": "assistant",
-                    "content": [{"type": "output_text", "text": text, "annotations": []}]});
-                let response = json!({"id": "resp_stepguard", "object": "response",
-                    "status": "completed", "model": model, "output": [item.clone()],
-                    "usage": {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}});
-                if !streamed {
-                    return (JSON, response.to_string());
-                }
-                let mut out = String::new();
-                let created = json!({"id": "resp_stepguard", "object": "response",
-                    "status": "in_progress", "model": model, "output": []});
-                sse(
-                    &mut out,
-                    Some("response.created"),
-                    &json!({"type": "response.created",
-                    "sequence_number": 0, "response": created}),
-                );
-                sse(
-                    &mut out,
-                    Some("response.output_item.added"),
-                    &json!({
-                    "type": "response.output_item.added", "sequence_number": 1,
-                    "output_index": 0, "item": {"type": "message", "id": "msg_stepguard",
-                    "status": "in_progress", "role": "assistant", "content": []}}),
-                );
-                sse(
-                    &mut out,
-                    Some("response.output_text.delta"),
-                    &json!({
-                    "type": "response.output_text.delta", "sequence_number": 2,
-                    "item_id": "msg_stepguard", "output_index": 0, "content_index": 0,
-                    "delta": text}),
-                );
-                sse(
-                    &mut out,
-                    Some("response.output_item.done"),
-                    &json!({
-                    "type": "response.output_item.done", "sequence_number": 3,
-                    "output_index": 0, "item": item}),
-                );
-                sse(
-                    &mut out,
-                    Some("response.completed"),
-                    &json!({"type": "response.completed",
-                    "sequence_number": 4, "response": response}),
-                );
-                (SSE, out)
-            }
-            (Dialect::Gemini, streamed) => {
-                let chunk = json!({
-                    "candidates": [{"content": {"role": "model", "parts": [{"text": text}]},
-                        "finishReason": "STOP", "index": 0}],
-                    "usageMetadata": {"promptTokenCount": 0, "candidatesTokenCount": 0,
-                        "totalTokenCount": 0},
-                    "modelVersion": model,
-                });
-                if !streamed {
-                    return (JSON, chunk.to_string());
-                }
-                let mut out = String::new();
-                sse(&mut out, None, &chunk);
-                (SSE, out)
-            }
-            (Dialect::OpenAiChat, false) => (
-                JSON,
-                json!({"id": "chatcmpl-stepguard", "object": "chat.completion", "created": 0,
-                    "model": model, "choices": [{"index": 0, "finish_reason": "stop",
-                    "message": {"role": "assistant", "content": text}}],
-                    "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}})
-                .to_string(),
-            ),
-            (Dialect::OpenAiChat, true) => {
-                let mut out = String::new();
-                let chunk = |delta: Value, finish: Value| {
-                    json!({"id": "chatcmpl-stepguard", "object": "chat.completion.chunk",
-                        "created": 0, "model": model,
-                        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
-                };
-                sse(
-                    &mut out,
-                    None,
-                    &chunk(json!({"role": "assistant", "content": text}), Value::Null),
-                );
-                sse(&mut out, None, &chunk(json!({}), json!("stop")));
-                out.push_str("data: [DONE]\n\n");
-                (SSE, out)
-            }
+        match self {
+            Dialect::AnthropicMessages => final_anthropic(&model, text, streamed),
+            Dialect::OpenAiResponses => final_responses(&model, text, streamed),
+            Dialect::Gemini => final_gemini(&model, text, streamed),
+            Dialect::OpenAiChat => final_chat(&model, text, streamed),
         }
     }
 
@@ -492,6 +357,157 @@ impl FromStr for Dialect {
             .find(|d| d.as_str() == s)
             .ok_or_else(|| UnknownDialect(s.to_owned()))
     }
+}
+
+/// The gateway's own final reply in the Anthropic Messages dialect.
+fn final_anthropic(model: &str, text: &str, streamed: bool) -> (&'static str, String) {
+    let usage0 = json!({"input_tokens": 0, "output_tokens": 0});
+    if !streamed {
+        return (
+            JSON,
+            json!({
+                "id": "msg_stepguard", "type": "message", "role": "assistant", "model": model,
+                "content": [{"type": "text", "text": text}],
+                "stop_reason": "end_turn", "stop_sequence": null, "usage": usage0,
+            })
+            .to_string(),
+        );
+    }
+    let mut out = String::new();
+    sse(
+        &mut out,
+        Some("message_start"),
+        &json!({"type": "message_start", "message": {
+        "id": "msg_stepguard", "type": "message", "role": "assistant", "model": model,
+        "content": [], "stop_reason": null, "stop_sequence": null, "usage": usage0}}),
+    );
+    sse(
+        &mut out,
+        Some("content_block_start"),
+        &json!({"type": "content_block_start",
+        "index": 0, "content_block": {"type": "text", "text": ""}}),
+    );
+    sse(
+        &mut out,
+        Some("content_block_delta"),
+        &json!({"type": "content_block_delta",
+        "index": 0, "delta": {"type": "text_delta", "text": text}}),
+    );
+    sse(
+        &mut out,
+        Some("content_block_stop"),
+        &json!({"type": "content_block_stop", "index": 0}),
+    );
+    sse(
+        &mut out,
+        Some("message_delta"),
+        &json!({"type": "message_delta",
+        "delta": {"stop_reason": "end_turn", "stop_sequence": null},
+        "usage": {"output_tokens": 0}}),
+    );
+    sse(
+        &mut out,
+        Some("message_stop"),
+        &json!({"type": "message_stop"}),
+    );
+    (SSE, out)
+}
+
+/// The gateway's own final reply in the OpenAI Responses dialect.
+fn final_responses(model: &str, text: &str, streamed: bool) -> (&'static str, String) {
+    let item = json!({"type": "message", "id": "msg_stepguard", "status": "completed",
+        "role": "assistant",
+        "content": [{"type": "output_text", "text": text, "annotations": []}]});
+    let response = json!({"id": "resp_stepguard", "object": "response",
+        "status": "completed", "model": model, "output": [item.clone()],
+        "usage": {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}});
+    if !streamed {
+        return (JSON, response.to_string());
+    }
+    let mut out = String::new();
+    let created = json!({"id": "resp_stepguard", "object": "response",
+        "status": "in_progress", "model": model, "output": []});
+    sse(
+        &mut out,
+        Some("response.created"),
+        &json!({"type": "response.created",
+        "sequence_number": 0, "response": created}),
+    );
+    sse(
+        &mut out,
+        Some("response.output_item.added"),
+        &json!({
+        "type": "response.output_item.added", "sequence_number": 1,
+        "output_index": 0, "item": {"type": "message", "id": "msg_stepguard",
+        "status": "in_progress", "role": "assistant", "content": []}}),
+    );
+    sse(
+        &mut out,
+        Some("response.output_text.delta"),
+        &json!({
+        "type": "response.output_text.delta", "sequence_number": 2,
+        "item_id": "msg_stepguard", "output_index": 0, "content_index": 0,
+        "delta": text}),
+    );
+    sse(
+        &mut out,
+        Some("response.output_item.done"),
+        &json!({
+        "type": "response.output_item.done", "sequence_number": 3,
+        "output_index": 0, "item": item}),
+    );
+    sse(
+        &mut out,
+        Some("response.completed"),
+        &json!({"type": "response.completed",
+        "sequence_number": 4, "response": response}),
+    );
+    (SSE, out)
+}
+
+/// The gateway's own final reply in the Gemini dialect.
+fn final_gemini(model: &str, text: &str, streamed: bool) -> (&'static str, String) {
+    let chunk = json!({
+        "candidates": [{"content": {"role": "model", "parts": [{"text": text}]},
+            "finishReason": "STOP", "index": 0}],
+        "usageMetadata": {"promptTokenCount": 0, "candidatesTokenCount": 0,
+            "totalTokenCount": 0},
+        "modelVersion": model,
+    });
+    if !streamed {
+        return (JSON, chunk.to_string());
+    }
+    let mut out = String::new();
+    sse(&mut out, None, &chunk);
+    (SSE, out)
+}
+
+/// The gateway's own final reply in the OpenAI Chat Completions dialect.
+fn final_chat(model: &str, text: &str, streamed: bool) -> (&'static str, String) {
+    if !streamed {
+        return (
+            JSON,
+            json!({"id": "chatcmpl-stepguard", "object": "chat.completion", "created": 0,
+            "model": model, "choices": [{"index": 0, "finish_reason": "stop",
+            "message": {"role": "assistant", "content": text}}],
+            "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}})
+            .to_string(),
+        );
+    }
+    let mut out = String::new();
+    let chunk = |delta: Value, finish: Value| {
+        json!({"id": "chatcmpl-stepguard", "object": "chat.completion.chunk",
+            "created": 0, "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+    };
+    sse(
+        &mut out,
+        None,
+        &chunk(json!({"role": "assistant", "content": text}), Value::Null),
+    );
+    sse(&mut out, None, &chunk(json!({}), json!("stop")));
+    out.push_str("data: [DONE]\n\n");
+    (SSE, out)
 }
 
 #[cfg(test)]

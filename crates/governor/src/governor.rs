@@ -313,6 +313,29 @@ impl Governor {
                 content,
             });
         }
+        let (classification, report) = self.classify_attempt(response, executed, &mut slugs);
+        slugs.dedup();
+        let attempt = AttemptReport {
+            step: self.step,
+            turn: self.turn,
+            attempt: self.attempt,
+            classification,
+            slugs: slugs.clone(),
+            executed,
+        };
+        self.attempts.push(attempt.clone());
+        self.advance(&attempt, report, tools_offered, response);
+        attempt
+    }
+
+    /// What an attempt came to: `progress` (a real tool ran), `final_report` (with the
+    /// report), or `failed` (with the slugs saying why).
+    fn classify_attempt(
+        &self,
+        response: &ModelResponse,
+        executed: u32,
+        slugs: &mut Vec<FailureSlug>,
+    ) -> (&'static str, Option<serde_json::Value>) {
         let text = response.text.as_deref().unwrap_or_default();
         let mut report = None;
         let classification = if executed > 0 {
@@ -348,18 +371,19 @@ impl Governor {
             }
             "failed"
         };
-        slugs.dedup();
-        let attempt = AttemptReport {
-            step: self.step,
-            turn: self.turn,
-            attempt: self.attempt,
-            classification,
-            slugs: slugs.clone(),
-            executed,
-        };
-        self.attempts.push(attempt.clone());
+        (classification, report)
+    }
 
-        match classification {
+    /// Moves on after an attempt: finish with the report, a new turn after progress, or a
+    /// retry (with a notice, once per turn) until the retries run out.
+    fn advance(
+        &mut self,
+        attempt: &AttemptReport,
+        report: Option<serde_json::Value>,
+        tools_offered: bool,
+        response: &ModelResponse,
+    ) {
+        match attempt.classification {
             "final_report" => {
                 let status = if tools_offered {
                     format!("finished after {} step{}", self.step, plural(self.step))
@@ -388,18 +412,17 @@ impl Governor {
                 }
             }
             _ => {
-                events::failed_attempt(&self.def.name, &attempt, response);
+                events::failed_attempt(&self.def.name, attempt, response);
                 if !tools_offered {
                     self.fail(FailureSlug::MaxSteps);
                 } else if self.attempt >= self.def.max_retries {
                     self.fail(FailureSlug::RetriesExhausted);
                 } else if !self.notice_sent_this_turn {
                     self.notice_sent_this_turn = true;
-                    self.notice = Some(notice_for(&slugs));
+                    self.notice = Some(notice_for(&attempt.slugs));
                 }
             }
         }
-        attempt
     }
 
     fn fail(&mut self, slug: FailureSlug) {

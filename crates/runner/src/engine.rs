@@ -2,8 +2,8 @@
 //! the agent and its watchers, supervision ([`crate::supervise`]) owns every decision while it
 //! runs, and the end ([`crate::end`]) winds it down and builds the report.
 
-use std::sync::Mutex;
 use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use rustix::process::Signal;
@@ -15,7 +15,7 @@ use stepguard_plugin_api::host::Counter;
 use stepguard_supervisor::Reaper;
 
 use crate::end::{Leftovers, finish, wind_down};
-use crate::event::{Event, Interrupter};
+use crate::event::{Event, Interrupter, Resume};
 use crate::launch::{self, Agent, Env, Launch};
 use crate::limit::{AtLimit, Supervision};
 use crate::observe::{RunObserver, RunStarted};
@@ -84,26 +84,15 @@ impl Runner {
                 return finish(labels, ending, observers);
             }
         };
-        for o in observers.iter_mut() {
-            o.started(&RunStarted {
-                pid: agent.pgid,
-                command: &labels.command,
-                started_at,
-                budget: labels.budget,
-                budget_source: &labels.budget_source,
-                meta: &labels.meta,
-            });
-        }
         let run = Run {
             labels,
-            parts,
             agent,
             gateway,
             shared,
             start,
             started_at,
         };
-        run.supervise(events_tx, &events, observers)
+        run.supervise(parts, events_tx, &events, observers)
     }
 }
 
@@ -207,7 +196,7 @@ fn start_agent(
         Some(w) => {
             let pace = Pace {
                 limit: labels.budget.get().map(u64::from),
-                steps: std::sync::Arc::clone(&shared.steps),
+                steps: Arc::clone(&shared.steps),
                 reply_cost: w.reply_cost,
                 count_requests: launch.counts_requests,
                 max_tokens: spend.max_tokens,
@@ -239,7 +228,6 @@ fn start_agent(
 /// A run whose agent has started.
 struct Run {
     labels: Labels,
-    parts: Parts,
     agent: Agent,
     gateway: Option<Gateway>,
     shared: Shared,
@@ -247,86 +235,84 @@ struct Run {
     started_at: SystemTime,
 }
 
+/// The threads that watch a started agent.
+struct Watchers {
+    reaper: Reaper,
+    signals: Option<signal_hook::iterator::Handle>,
+    /// `None`: the reader could not start (the engine was told the stream ended, uncounted).
+    reader: Option<std::thread::JoinHandle<()>>,
+    stderr_done: Option<Receiver<()>>,
+    /// Where the engine tells the reader how to go on after a breach.
+    resume: Sender<Resume>,
+}
+
 impl Run {
-    /// Starts the watchers, supervises the run to its end and reports it.
+    /// Starts the watchers (stderr, the reaper, the signal listener, the reader: counting
+    /// starts before anyone is told), tells the observers, supervises the run to its end and
+    /// reports it.
     fn supervise(
         mut self,
+        parts: Parts,
         events_tx: Sender<Event>,
         events: &Receiver<Event>,
         observers: &mut [&mut dyn RunObserver],
     ) -> RunReport {
-        let Parts {
-            launch,
-            reading,
-            clocks,
-            grace,
-            on_limit,
-            ask_timeout,
-            on_unrecognized,
-            spend,
-        } = self.parts;
-        let asks = on_limit.asks();
-        let stderr_done = match (launch.stderr, self.agent.stderr.take()) {
-            (Some(writer), Some(pipe)) => launch::forward_stderr(pipe, writer),
-            _ => None,
-        };
-        let (resume_tx, resume) = mpsc::channel();
-        let reaper = Reaper::start(self.agent.pgid, events_tx.clone(), Event::ChildExited);
-        let signals = launch
-            .forward_signals
-            .then(|| launch::listen_for_signals(events_tx.clone()))
-            .flatten();
-        let reader = StreamReader {
-            counter: reading.counter,
-            ledger: StepLedger::new(self.labels.budget),
-            output: reading.output,
-            events: events_tx.clone(),
-            resume,
-            steps: std::sync::Arc::clone(&self.shared.steps),
-            feeding_since: std::sync::Arc::clone(&self.shared.feeding_since),
-            started: self.start,
-            // Nobody will be asked: the reader may signal the group at once.
-            term_on_breach: (!asks).then_some(self.agent.pgid),
-            watch: std::sync::Arc::clone(&self.shared.watch),
-            recognition_lines: reading.recognition.lines,
-            loops: reading.loops.map(LoopWatch::new),
-            // With a gateway its usage keeps the budgets; the stream's is only the fallback.
-            usage: spend.stream_usage
-                && self.gateway.is_none()
-                && (spend.max_tokens.is_some() || spend.max_cost_usd.is_some()),
-        };
-        let reader = reader.spawn(self.agent.stdout.take(), self.labels.budget);
+        let asks = parts.on_limit.asks();
+        let watchers = self.watch(
+            parts.launch.stderr,
+            parts.launch.forward_signals,
+            parts.reading,
+            &parts.spend,
+            asks,
+            &events_tx,
+        );
+        for o in observers.iter_mut() {
+            o.started(&RunStarted {
+                pid: self.agent.pgid,
+                command: &self.labels.command,
+                started_at: self.started_at,
+                budget: self.labels.budget,
+                budget_source: &self.labels.budget_source,
+                meta: &self.labels.meta,
+            });
+        }
         let at_limit = AtLimit {
-            policy: on_limit,
-            ask_timeout,
+            policy: parts.on_limit,
+            ask_timeout: parts.ask_timeout,
             answers: events_tx,
         };
         let tree = &self.agent.tree;
-        let mut control = Supervision::new(tree, grace, self.labels.budget, at_limit, resume_tx);
-        if reader.is_none() {
+        let mut control = Supervision::new(
+            tree,
+            parts.grace,
+            self.labels.budget,
+            at_limit,
+            watchers.resume,
+        );
+        if watchers.reader.is_none() {
             // Without a reader nothing is counted: fail closed.
             control.stop(TerminatedBy::Plugin, Signal::TERM);
         }
         let mut engine = Engine::new(Launched {
             control,
-            dogs: Watchdogs::new(self.start, clocks),
+            dogs: Watchdogs::new(self.start, parts.clocks),
             shared: self.shared,
             tree,
-            grace,
+            grace: parts.grace,
             start: self.start,
             gateway: self.gateway,
-            counts_requests: launch.counts_requests,
-            on_unrecognized,
-            spend,
+            counts_requests: parts.launch.counts_requests,
+            on_unrecognized: parts.on_unrecognized,
+            spend: parts.spend,
         });
         engine.supervise(events, observers);
         let leftovers = Leftovers {
             events,
-            reaper,
+            reaper: watchers.reaper,
             guardian: self.agent.guardian.take(),
-            signals,
-            reader,
-            stderr_done,
+            signals: watchers.signals,
+            reader: watchers.reader,
+            stderr_done: watchers.stderr_done,
         };
         let ending = wind_down(
             engine,
@@ -338,5 +324,54 @@ impl Run {
         // Removes the run's cgroup (empty by now).
         drop(self.agent);
         finish(self.labels, ending, observers)
+    }
+
+    /// Starts the threads that watch the agent: its stderr, the reaper, the signal listener
+    /// and the reader.
+    fn watch(
+        &mut self,
+        stderr: Option<Box<dyn std::io::Write + Send>>,
+        forward_signals: bool,
+        reading: ReadingParts,
+        spend: &SpendLimits,
+        asks: bool,
+        events_tx: &Sender<Event>,
+    ) -> Watchers {
+        let stderr_done = match (stderr, self.agent.stderr.take()) {
+            (Some(writer), Some(pipe)) => launch::forward_stderr(pipe, writer),
+            _ => None,
+        };
+        let (resume, resume_rx) = mpsc::channel();
+        let reaper = Reaper::start(self.agent.pgid, events_tx.clone(), Event::ChildExited);
+        let signals = forward_signals
+            .then(|| launch::listen_for_signals(events_tx.clone()))
+            .flatten();
+        let reader = StreamReader {
+            counter: reading.counter,
+            ledger: StepLedger::new(self.labels.budget),
+            output: reading.output,
+            events: events_tx.clone(),
+            resume: resume_rx,
+            steps: Arc::clone(&self.shared.steps),
+            feeding_since: Arc::clone(&self.shared.feeding_since),
+            started: self.start,
+            // Nobody will be asked: the reader may signal the group at once.
+            term_on_breach: (!asks).then_some(self.agent.pgid),
+            watch: Arc::clone(&self.shared.watch),
+            recognition_lines: reading.recognition.lines,
+            loops: reading.loops.map(LoopWatch::new),
+            // With a gateway its usage keeps the budgets; the stream's is only the fallback.
+            usage: spend.stream_usage
+                && self.gateway.is_none()
+                && (spend.max_tokens.is_some() || spend.max_cost_usd.is_some()),
+        };
+        let reader = reader.spawn(self.agent.stdout.take(), self.labels.budget);
+        Watchers {
+            reaper,
+            signals,
+            reader,
+            stderr_done,
+            resume,
+        }
     }
 }

@@ -157,17 +157,7 @@ impl TelemetryConfig {
         if traces_endpoint.is_none() && metrics_endpoint.is_none() {
             return None;
         }
-        if !cfg!(feature = "tls") {
-            let https = [&traces_endpoint, &metrics_endpoint]
-                .into_iter()
-                .flatten()
-                .find(|e| e.starts_with("https://"));
-            if let Some(endpoint) = https {
-                warnings.push(format!(
-                    "telemetry: this stepguard was built without TLS and cannot reach {endpoint}"
-                ));
-            }
-        }
+        warn_without_tls(&[&traces_endpoint, &metrics_endpoint], &mut warnings);
 
         let protocol =
             match var("OTEL_EXPORTER_OTLP_PROTOCOL").or_else(|| settings.protocol.clone()) {
@@ -198,35 +188,12 @@ impl TelemetryConfig {
             .or_else(|| settings.service_name.clone().filter(|s| !s.is_empty()))
             .unwrap_or_else(|| DEFAULT_SERVICE_NAME.to_owned());
 
-        let temporality = match var("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE") {
-            None => Temporality::Delta,
-            Some(t) => match t.trim().to_ascii_lowercase().as_str() {
-                "delta" => Temporality::Delta,
-                "cumulative" => Temporality::Cumulative,
-                "lowmemory" => Temporality::LowMemory,
-                _ => {
-                    warnings.push(format!(
-                        "telemetry: unknown OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE={t}; \
-                         using delta"
-                    ));
-                    Temporality::Delta
-                }
-            },
-        };
-
+        let temporality = temporality(
+            var("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE"),
+            &mut warnings,
+        );
         let tracestate = var("TRACESTATE");
-        let traceparent = var("TRACEPARENT").and_then(|tp| {
-            let tp = tp.trim().to_owned();
-            if remote_parent(&tp, None).is_some() {
-                Some(tp)
-            } else {
-                warnings.push(format!(
-                    "telemetry: TRACEPARENT={tp} is not a valid W3C traceparent; the run starts \
-                     a trace of its own"
-                ));
-                None
-            }
-        });
+        let traceparent = var("TRACEPARENT").and_then(|tp| traceparent(&tp, &mut warnings));
 
         Some(TelemetryConfig {
             traces_endpoint,
@@ -255,6 +222,56 @@ impl TelemetryConfig {
         self.traceparent
             .as_deref()
             .and_then(|tp| remote_parent(tp, self.tracestate.as_deref()))
+    }
+}
+
+/// A metrics temporality preference (`OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE`);
+/// delta when unset or unknown.
+fn temporality(value: Option<String>, warnings: &mut Vec<String>) -> Temporality {
+    let Some(t) = value else {
+        return Temporality::Delta;
+    };
+    match t.trim().to_ascii_lowercase().as_str() {
+        "delta" => Temporality::Delta,
+        "cumulative" => Temporality::Cumulative,
+        "lowmemory" => Temporality::LowMemory,
+        _ => {
+            warnings.push(format!(
+                "telemetry: unknown OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE={t}; \
+                 using delta"
+            ));
+            Temporality::Delta
+        }
+    }
+}
+
+/// A valid W3C `TRACEPARENT`, or `None` with a warning.
+fn traceparent(value: &str, warnings: &mut Vec<String>) -> Option<String> {
+    let tp = value.trim().to_owned();
+    if remote_parent(&tp, None).is_some() {
+        Some(tp)
+    } else {
+        warnings.push(format!(
+            "telemetry: TRACEPARENT={tp} is not a valid W3C traceparent; the run starts a trace \
+             of its own"
+        ));
+        None
+    }
+}
+
+/// Warns about an HTTPS endpoint when this build has no TLS.
+fn warn_without_tls(endpoints: &[&Option<String>], warnings: &mut Vec<String>) {
+    if cfg!(feature = "tls") {
+        return;
+    }
+    let https = endpoints
+        .iter()
+        .filter_map(|e| e.as_deref())
+        .find(|e| e.starts_with("https://"));
+    if let Some(endpoint) = https {
+        warnings.push(format!(
+            "telemetry: this stepguard was built without TLS and cannot reach {endpoint}"
+        ));
     }
 }
 
