@@ -42,7 +42,10 @@ fn markdown_under(dir: &Path) -> Vec<PathBuf> {
 /// Returns the path of `file` relative to the workspace, for messages.
 fn shown(file: &Path) -> String {
     let root = workspace();
-    file.strip_prefix(&root).unwrap_or(file).display().to_string()
+    file.strip_prefix(&root)
+        .unwrap_or(file)
+        .display()
+        .to_string()
 }
 
 /// One line of a Markdown file, and whether it is inside a fenced code block.
@@ -177,11 +180,7 @@ fn broken_links(file: &Path) -> Vec<String> {
                 None
             };
             if let Some(why) = why {
-                problems.push(format!(
-                    "{}:{}: {target}: {why}",
-                    shown(file),
-                    line.number
-                ));
+                problems.push(format!("{}:{}: {target}: {why}", shown(file), line.number));
             }
         }
     }
@@ -193,7 +192,11 @@ fn every_relative_link_points_at_a_file_and_a_heading() {
     let files = doc_files();
     assert!(files.len() > 10, "the manual is missing: {files:?}");
     let problems: Vec<String> = files.iter().flat_map(|f| broken_links(f)).collect();
-    assert!(problems.is_empty(), "broken links:\n{}", problems.join("\n"));
+    assert!(
+        problems.is_empty(),
+        "broken links:\n{}",
+        problems.join("\n")
+    );
 }
 
 #[test]
@@ -213,8 +216,14 @@ fn the_link_check_finds_a_missing_file_and_a_missing_heading() {
     .unwrap();
     let problems = broken_links(&a);
     assert_eq!(problems.len(), 2, "{problems:?}");
-    assert!(problems[0].contains("missing.md: no such file"), "{problems:?}");
-    assert!(problems[1].contains("no heading `#not-a-heading`"), "{problems:?}");
+    assert!(
+        problems[0].contains("missing.md: no such file"),
+        "{problems:?}"
+    );
+    assert!(
+        problems[1].contains("no heading `#not-a-heading`"),
+        "{problems:?}"
+    );
 }
 
 #[test]
@@ -247,11 +256,25 @@ fn the_summary_lists_every_page() {
         .filter(|p| !p.ends_with("SUMMARY.md"))
         .collect();
     let missing: Vec<String> = pages.difference(&listed).map(|p| shown(p)).collect();
-    assert!(missing.is_empty(), "pages not in docs/SUMMARY.md: {missing:?}");
-    for page in ["run", "budgets", "loops", "wrap-up", "plugins", "history", "telemetry"] {
+    assert!(
+        missing.is_empty(),
+        "pages not in docs/SUMMARY.md: {missing:?}"
+    );
+    for page in [
+        "run",
+        "budgets",
+        "loops",
+        "wrap-up",
+        "plugins",
+        "history",
+        "telemetry",
+    ] {
         assert!(listed.contains(&docs.join(format!("{page}.md"))), "{page}");
     }
 }
+
+/// Environment assignments before a command (`NAME=value stepguard …`).
+type Env = Vec<(String, String)>;
 
 /// One example command of the manual, to run.
 #[derive(Debug, PartialEq)]
@@ -259,7 +282,7 @@ struct Example {
     /// Where it is, as `FILE:LINE`.
     place: String,
     /// Environment assignments before the command (`NAME=value stepguard …`).
-    env: Vec<(String, String)>,
+    env: Env,
     /// The arguments after `stepguard`.
     args: Vec<String>,
     /// The exit code its `# exit N` comment names, else 0.
@@ -306,7 +329,7 @@ fn shell_words(line: &str) -> (Option<Vec<String>>, String) {
 
 /// Returns the environment assignments and the stepguard arguments of a command line, or
 /// `None` when it does not run stepguard (`stepguard …` or `cargo run -q -p stepguard-cli -- …`).
-fn stepguard_args(words: &[String]) -> Option<(Vec<(String, String)>, Vec<String>)> {
+fn stepguard_args(words: &[String]) -> Option<(Env, Vec<String>)> {
     let assigns = words
         .iter()
         .take_while(|w| w.split_once('=').is_some_and(|(k, _)| is_env_name(k)))
@@ -465,7 +488,12 @@ fn run_example(sb: &Sandbox, example: &Example) -> Option<String> {
             example.args.join(" "),
             run.code,
             example.exit,
-            run.stderr.lines().rev().take(5).collect::<Vec<_>>().join(" / ")
+            run.stderr
+                .lines()
+                .rev()
+                .take(5)
+                .collect::<Vec<_>>()
+                .join(" / ")
         )
     })
 }
@@ -521,7 +549,11 @@ fn examples_are_parsed_marked_and_refused() {
     let found = examples("t.md", text);
     assert_eq!(found.not_run, 1);
     assert_eq!(found.unmarked.len(), 1, "{:?}", found.unmarked);
-    assert!(found.unmarked[0].starts_with("t.md:5:"), "{:?}", found.unmarked);
+    assert!(
+        found.unmarked[0].starts_with("t.md:5:"),
+        "{:?}",
+        found.unmarked
+    );
     let got: Vec<(&str, Vec<&str>, i32)> = found
         .run
         .iter()
