@@ -153,9 +153,20 @@ fn anchors(text: &str) -> BTreeSet<String> {
     out
 }
 
-/// Returns every broken relative link of `file`, as `FILE:LINE: TARGET: why`.
+/// Whether `path` (an existing file) is inside the directory `dir`.
+fn inside(path: &Path, dir: &Path) -> bool {
+    let canonical = |p: &Path| p.canonicalize().unwrap();
+    canonical(path).starts_with(canonical(dir))
+}
+
+/// Returns every broken relative link of `file`; a page of the book (a file under a directory
+/// with a `SUMMARY.md`) may link only inside the book, as `FILE:LINE: TARGET: why`.
 fn broken_links(file: &Path) -> Vec<String> {
     let text = std::fs::read_to_string(file).unwrap();
+    let book = file
+        .ancestors()
+        .skip(1)
+        .find(|d| d.join("SUMMARY.md").exists());
     let mut problems = Vec::new();
     for line in lines(&text).iter().filter(|l| !l.in_code) {
         for target in link_targets(line.text) {
@@ -170,6 +181,8 @@ fn broken_links(file: &Path) -> Vec<String> {
             };
             let why = if !dest.exists() {
                 Some("no such file".to_string())
+            } else if book.is_some_and(|b| !inside(&dest, b)) {
+                Some("leaves docs/: the book has no other files".to_string())
             } else if anchor.is_empty() {
                 None
             } else if dest.extension().is_none_or(|e| e != "md") {
@@ -216,6 +229,16 @@ fn the_link_check_finds_a_missing_file_and_a_missing_heading() {
     .unwrap();
     let problems = broken_links(&a);
     assert_eq!(problems.len(), 2, "{problems:?}");
+    std::fs::create_dir(dir.path().join("book")).unwrap();
+    std::fs::write(dir.path().join("book/SUMMARY.md"), "- [Page](page.md)\n").unwrap();
+    let page = dir.path().join("book/page.md");
+    std::fs::write(&page, "[out](../b.md) [in](SUMMARY.md)\n").unwrap();
+    let problems_in_book = broken_links(&page);
+    assert_eq!(problems_in_book.len(), 1, "{problems_in_book:?}");
+    assert!(
+        problems_in_book[0].contains("leaves docs/"),
+        "{problems_in_book:?}"
+    );
     assert!(
         problems[0].contains("missing.md: no such file"),
         "{problems:?}"
