@@ -595,3 +595,49 @@ fn examples_are_parsed_marked_and_refused() {
     );
     assert_eq!(found.run[1].env, [("X_Y".to_string(), "1".to_string())]);
 }
+
+/// Returns the part of `text` from the heading `heading` to the next heading of its level.
+fn section<'a>(text: &'a str, heading: &str) -> &'a str {
+    let start = text.find(heading).expect("the section") + heading.len();
+    let level = heading.len() - heading.trim_start_matches('#').len();
+    let next = format!("\n{} ", "#".repeat(level));
+    let end = text[start..].find(&next).map_or(text.len(), |i| start + i);
+    &text[start..end]
+}
+
+/// Returns the numbers in the first column of the Markdown tables in `text`.
+fn table_codes(text: &str) -> BTreeSet<u8> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("| ")?.split(' ').next()?.parse().ok())
+        .collect()
+}
+
+#[test]
+fn the_exit_codes_and_slugs_are_the_ones_the_code_defines() {
+    use stepguard_core::{ExitCode, FailureSlug};
+    let codes: BTreeSet<u8> = ExitCode::ALL.iter().map(|c| c.code()).collect();
+    let root = workspace();
+    let page = std::fs::read_to_string(root.join("docs/exit-codes.md")).unwrap();
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    assert_eq!(table_codes(section(&page, "## Exit codes")), codes);
+    assert_eq!(table_codes(section(&readme, "## Exit codes")), codes);
+    for code in ExitCode::ALL {
+        let row = format!("| {} | {} |", code.code(), code.meaning());
+        let readme_rows = section(&readme, "## Exit codes").replace('`', "");
+        assert!(
+            readme_rows.contains(&row),
+            "README.md's exit codes lack `{row}`"
+        );
+    }
+    let slugs: BTreeSet<&str> = FailureSlug::ALL.iter().map(|s| s.as_str()).collect();
+    let listed = section(&page, "## Failure slugs")
+        .split("The legacy")
+        .next()
+        .unwrap_or("")
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|w| w.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
+        .collect::<BTreeSet<&str>>();
+    assert_eq!(listed, slugs);
+}
