@@ -17,6 +17,7 @@ mod config_cmd;
 mod containment;
 mod count_cmd;
 mod dist;
+mod docs;
 mod fail_closed;
 mod gemini;
 mod history_cmd;
