@@ -4,10 +4,8 @@
 use std::collections::BTreeMap;
 
 use serde::Serialize;
-use stepguard_config::{LoadedConfig, Severity};
-use stepguard_core::loop_settings::LoopLimit;
-use stepguard_core::spend::ResolvedLimit;
-use stepguard_core::{ExitCode, Origin, StepLimit, budget};
+use stepguard_config::{LoadedConfig, LoopLimit, Origin, ResolvedLimit, Severity, budget};
+use stepguard_core::{ExitCode, StepLimit};
 
 use crate::args::{Cli, ConfigArgs};
 use crate::{output, providers, settings};

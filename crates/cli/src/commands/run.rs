@@ -4,7 +4,8 @@
 
 use std::io::{self, IsTerminal as _};
 
-use stepguard_core::{ExitCode, budget};
+use stepguard_config::budget;
+use stepguard_core::ExitCode;
 use stepguard_runner::{
     Containment, LimitPolicy, OnUnrecognized, RunMeta, RunObserver, RunSpec, Runner, SpendLimits,
     StopAtLimit, WrapUp,
@@ -331,7 +332,7 @@ fn wrap_up_spec(
 /// price for the model, known from the command (or, through the gateway, from each call).
 fn spend_limits(
     args: &RunArgs,
-    budgets: &stepguard_core::ResolvedSpend,
+    budgets: &stepguard_config::ResolvedSpend,
     command: &[String],
     gateway: bool,
 ) -> anyhow::Result<SpendLimits> {
