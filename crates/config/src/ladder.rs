@@ -230,3 +230,138 @@ fn apply_ceiling<L: Limit>(
     resolved.uncapped = Some(requested);
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A limit the ladder has never seen (say, a pool of agents), to show that a new limit needs
+    /// only its [`Limit`]: whole numbers from 1 to 9, no "unlimited".
+    struct Pool;
+
+    impl Limit for Pool {
+        type Value = u32;
+        const NAME: LimitName = LimitName::Steps;
+        const CEILING_KEY: &'static str = "max_pool_ceiling";
+
+        fn parse(raw: &RawValue) -> Result<u32, InvalidValue> {
+            match raw {
+                RawValue::Integer(n @ 1..=9) => Ok(u32::try_from(*n).unwrap_or(9)),
+                other => Err(InvalidValue::NotANumber {
+                    value: other.shown(),
+                    expected: "1 to 9",
+                }),
+            }
+        }
+
+        fn tighter(a: u32, b: u32) -> u32 {
+            a.min(b)
+        }
+
+        fn describe(value: u32) -> String {
+            format!("{value} agents")
+        }
+
+        fn show_ceiling(value: u32) -> String {
+            value.to_string()
+        }
+
+        fn check_ceiling(value: u32) -> Result<(), InvalidValue> {
+            Self::parse(&RawValue::Integer(i64::from(value))).map(drop)
+        }
+    }
+
+    fn setting(n: i64, origin: Origin) -> Setting {
+        Setting {
+            value: RawValue::Integer(n),
+            origin,
+        }
+    }
+
+    fn file(key: &str) -> Origin {
+        Origin::File {
+            path: "/p/stepguard.toml".into(),
+            key: key.into(),
+        }
+    }
+
+    #[test]
+    fn the_first_explicit_level_decides_and_every_one_is_validated() {
+        let flag = setting(3, Origin::Flag("--pool".into()));
+        let global = setting(5, file("pool"));
+        let r = resolve::<Pool>(&Levels {
+            explicit: vec![
+                None,
+                Candidate::raw(Some(&flag)),
+                Candidate::raw(Some(&global)),
+            ],
+            profile: None,
+            default: 2,
+            ceiling: None,
+        })
+        .unwrap();
+        assert_eq!(
+            (r.value, r.source.as_str(), r.explicit_level),
+            (3, "--pool", Some(1))
+        );
+        let bad = setting(0, file("pool"));
+        let err = resolve::<Pool>(&Levels {
+            explicit: vec![Candidate::raw(Some(&flag)), Candidate::raw(Some(&bad))],
+            profile: None,
+            default: 2,
+            ceiling: None,
+        })
+        .unwrap_err();
+        assert_eq!(
+            err,
+            LimitError::invalid(
+                LimitName::Steps,
+                &file("pool"),
+                InvalidValue::NotANumber {
+                    value: "0".into(),
+                    expected: "1 to 9"
+                }
+            )
+        );
+    }
+
+    #[test]
+    fn the_profile_bounds_the_default_is_last_and_the_ceiling_bounds_all() {
+        let flag = setting(6, Origin::Flag("--pool".into()));
+        let policy = file("policy.max_pool_ceiling");
+        let levels = |explicit: Option<&Setting>, profile: Option<u32>, ceiling: Option<u32>| {
+            resolve::<Pool>(&Levels {
+                explicit: vec![Candidate::raw(explicit)],
+                profile: profile.map(|value| ProfileLevel::Builtin { name: "big", value }),
+                default: 2,
+                ceiling: ceiling.map(|c| (c, &policy)),
+            })
+            .unwrap()
+        };
+        let r = levels(Some(&flag), Some(4), None);
+        assert_eq!((r.value, r.source.as_str()), (4, "profile big"));
+        assert_eq!(r.explicit, Some(6));
+        let r = levels(Some(&flag), Some(8), None);
+        assert_eq!(
+            (r.value, r.source.as_str(), r.explicit),
+            (6, "--pool", None)
+        );
+        let r = levels(None, None, None);
+        assert_eq!((r.value, r.source.as_str()), (2, "default"));
+        let r = levels(Some(&flag), None, Some(5));
+        assert_eq!(
+            (r.value, r.source.as_str(), r.uncapped),
+            (5, "policy max_pool_ceiling (/p/stepguard.toml)", Some(6))
+        );
+        assert_eq!(
+            r.warnings,
+            [
+                "--pool asks for 6 agents, above the policy ceiling of 5 set in \
+              /p/stepguard.toml: policy.max_pool_ceiling; using 5"
+            ]
+        );
+        // The default lowered by the ceiling is nobody's request: no warning.
+        let r = levels(None, None, Some(1));
+        assert_eq!((r.value, r.warnings.len()), (1, 0));
+    }
+}

@@ -1290,4 +1290,6 @@ fn at(severity: Severity, origin: &Origin, message: impl Into<String>) -> Diagno
 }
 
 #[cfg(test)]
+mod ladder_tests;
+#[cfg(test)]
 mod tests;
