@@ -1,5 +1,5 @@
 //! The config model: everything the config files in effect say, merged, each value remembering
-//! its file and key. The parser builds it; the precedence ladder ([`crate::ladder`]) reads it.
+//! its file and key. The parser builds it; the precedence ladder (`ladder`) reads it.
 
 use std::collections::BTreeMap;
 
@@ -12,9 +12,9 @@ pub struct LevelSettings {
     pub max_steps: Option<Setting>,
     /// The legacy `max_turns` at this level.
     pub max_turns: Option<Setting>,
-    /// `max_tokens` at this level (resolved by [`crate::spend::resolve`]).
+    /// `max_tokens` at this level (resolved by `spend::resolve`).
     pub max_tokens: Option<Setting>,
-    /// `max_cost_usd` at this level (resolved by [`crate::spend::resolve`]).
+    /// `max_cost_usd` at this level (resolved by `spend::resolve`).
     pub max_cost_usd: Option<Setting>,
 }
 
@@ -86,8 +86,8 @@ pub struct LoopConfig {
 
 /// Everything the config files in effect say, merged, each value remembering its file and key.
 ///
-/// Produced by this crate's parser; consumed by the resolvers ([`crate::budget::resolve`],
-/// [`crate::spend::resolve`], [`crate::loop_settings::resolve`]).
+/// Produced by this crate's parser; consumed by the resolvers (`budget::resolve`,
+/// `spend::resolve`, `loop_settings::resolve`).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ConfigModel {
     /// Global `max_steps` / `max_turns` (top level or `[defaults]`).
@@ -109,7 +109,7 @@ pub struct ConfigModel {
     /// last model call tool-less so the agent ends with a summary (`--wrap-up`).
     pub wrap_up: Option<(bool, Origin)>,
     /// `[loops]` and the `loop_limit` keys of task types and profiles (resolved by
-    /// [`crate::loop_settings::resolve`]).
+    /// `loop_settings::resolve`).
     pub loops: LoopConfig,
     /// `[telemetry]`: OpenTelemetry export settings (`endpoint`, `protocol`, `headers`,
     /// `service_name`, `flush_timeout`), kept as given; the environment overrides them.

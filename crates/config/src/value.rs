@@ -276,7 +276,7 @@ impl LimitError {
 /// A loop limit: the same call (or cycle) this many times is a loop, or no loop detection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum LoopLimit {
-    /// This many recurrences are a loop (2 to [`crate::loop_settings::MAX_LOOP_SETTING`]).
+    /// This many recurrences are a loop (2 to 1000, `loop_settings::MAX_LOOP_SETTING`).
     Limited(u32),
     /// No loop detection.
     Off,
