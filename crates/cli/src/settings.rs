@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use anyhow::Context as _;
 use stepguard_config::{
     BudgetRequest, ConfigError, ConfigModel, ConfigSource, LevelSettings, LoadedConfig,
-    LoopRequest, Origin, ResolvedLoops, ResolvedSpend, SearchPaths, Setting, SpendRequest,
-    loop_settings, spend,
+    LoopRequest, Origin, ResolvedBudget, ResolvedLoops, ResolvedSpend, SearchPaths, Setting,
+    SpendRequest, budget, loop_settings, spend,
 };
 
 use crate::args::BudgetArgs;
@@ -182,6 +182,34 @@ pub fn spend_request<'a>(args: &'a BudgetArgs, model: &'a ConfigModel) -> SpendR
 /// value is an error naming where it was set (exit 2).
 pub fn resolve_spend(args: &BudgetArgs, model: &ConfigModel) -> anyhow::Result<ResolvedSpend> {
     Ok(spend::resolve(&spend_request(args, model))?)
+}
+
+/// Every limit of a command (step budget, loop settings, token and cost budgets), resolved once
+/// from its flags, the environment and the config files on `stepguard-config`'s ladder.
+#[derive(Debug)]
+pub struct Limits {
+    /// The step budget.
+    pub budget: ResolvedBudget,
+    /// The loop settings.
+    pub loops: ResolvedLoops,
+    /// The token and cost budgets.
+    pub spend: ResolvedSpend,
+}
+
+impl Limits {
+    /// Resolves every limit: the budget, then the loop settings (`--loop-limit` is
+    /// `loop_limit`), then the token and cost budgets; the first bad value is the error.
+    pub fn resolve(
+        args: &BudgetArgs,
+        loop_limit: Option<&str>,
+        model: &ConfigModel,
+    ) -> anyhow::Result<Self> {
+        Ok(Limits {
+            budget: budget::resolve(&budget_request(args, model))?,
+            loops: resolve_loops(loop_limit, args, model)?,
+            spend: resolve_spend(args, model)?,
+        })
+    }
 }
 
 /// Returns the `[telemetry]` table of the config files in effect as the exporter's settings
