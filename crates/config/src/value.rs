@@ -1,7 +1,7 @@
 //! Values before and after validation: a raw value with where it was set, why a value of any
 //! limit was refused, and the one error of the precedence ladder ([`LimitError`]).
 //!
-//! Every limit (steps, tokens, cost, loop limit, loop window) refuses bad values with the same
+//! Every limit (steps, tokens, cost, loop limit) refuses bad values with the same
 //! error type: [`LimitError::InvalidValue`] names the limit, where the value was set and why it
 //! was refused ([`InvalidValue`], whose texts say what the limit accepts).
 
@@ -108,8 +108,6 @@ pub enum LimitName {
     Cost,
     /// `loop_limit` / `loops.limit`: "loop limit".
     LoopLimit,
-    /// `loops.window`: "loop window".
-    LoopWindow,
 }
 
 impl fmt::Display for LimitName {
@@ -119,7 +117,6 @@ impl fmt::Display for LimitName {
             LimitName::Tokens => "token budget",
             LimitName::Cost => "cost budget",
             LimitName::LoopLimit => "loop limit",
-            LimitName::LoopWindow => "loop window",
         })
     }
 }
