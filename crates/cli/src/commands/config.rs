@@ -8,8 +8,9 @@ use stepguard_config::{LoadedConfig, LoopLimit, Origin, ResolvedLimit, Severity}
 use stepguard_core::{ExitCode, StepLimit};
 
 use crate::args::{Cli, ConfigArgs};
+use crate::session::Session;
 use crate::settings::Limits;
-use crate::{output, providers, settings};
+use crate::{output, providers};
 
 #[derive(Serialize)]
 struct ConfigReport<'a> {
@@ -121,21 +122,15 @@ fn policy_report<'a>(loaded: &'a LoadedConfig, provider: Option<&str>) -> Policy
 /// Runs `stepguard config`: exit 0, or 2 when the provider options (or a policy's unit) are
 /// wrong, after the report.
 pub fn run(cli: &Cli, args: &ConfigArgs) -> anyhow::Result<ExitCode> {
-    let loaded = settings::load_config(cli.config.as_deref())?;
-    let limits = Limits::resolve(
-        &args.budget,
-        args.loops.loop_limit.as_deref(),
-        &loaded.model,
-    )?;
-    let registry = providers::load_registry(
-        &cli.plugin_dir,
-        settings::allow_override(&loaded, cli.allow_override),
-    );
+    let session = Session::load(cli)?;
+    let loaded = &session.config;
+    let limits = session.limits(&args.budget, args.loops.loop_limit.as_deref())?;
+    let registry = session.registry();
     if let Some(name) = &args.provider {
         registry.get(name)?;
     }
     let (errors, option_warnings): (Vec<_>, Vec<_>) =
-        providers::check_config(&registry, &loaded.model, args.provider.as_deref())
+        providers::check_config(registry, &loaded.model, args.provider.as_deref())
             .into_iter()
             .partition(|d| d.severity == Severity::Error);
     let mut warnings: Vec<String> = loaded.diagnostics().map(|d| d.to_string()).collect();
@@ -143,7 +138,7 @@ pub fn run(cli: &Cli, args: &ConfigArgs) -> anyhow::Result<ExitCode> {
     warnings.extend(limits.spend.warnings.iter().cloned());
     warnings.extend(limits.loops.warnings.iter().cloned());
     warnings.extend(option_warnings.iter().map(ToString::to_string));
-    let mut report = config_report(args, &loaded, &limits);
+    let mut report = config_report(args, loaded, &limits);
     report.errors = errors.iter().map(providers::located).collect();
     report.warnings = warnings;
     let code = if report.errors.is_empty() {

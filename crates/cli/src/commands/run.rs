@@ -14,6 +14,7 @@ use stepguard_runner::{
 use crate::args::{Cli, ContainmentArg, OnLimit, RunArgs, StdinMode, Unrecognized};
 use crate::exit::UsageError;
 use crate::recording::{HistoryRecorder, SummaryFile};
+use crate::session::Session;
 use crate::settings::Limits;
 use crate::terminal::{AskOnTerminal, StatusLine};
 use crate::{output, providers, settings};
@@ -21,15 +22,12 @@ use stepguard_telemetry::TelemetryObserver;
 
 /// Runs `stepguard run`.
 pub fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
-    let config = settings::load_config(cli.config.as_deref())?;
+    let session = Session::load(cli)?;
+    let config = &session.config;
     for d in config.diagnostics() {
         output::diag("warning", d.to_string().trim_start_matches("warning: "));
     }
-    let limits = Limits::resolve(
-        &args.budget,
-        args.loops.loop_limit.as_deref(),
-        &config.model,
-    )?;
+    let limits = session.limits(&args.budget, args.loops.loop_limit.as_deref())?;
     for w in limits
         .budget
         .warnings
@@ -39,22 +37,18 @@ pub fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
     {
         output::diag("warning", w);
     }
-    let registry = providers::load_registry(
-        &cli.plugin_dir,
-        settings::allow_override(&config, cli.allow_override),
-    );
     let selection = providers::select(
-        &registry,
+        session.registry(),
         &args.provider,
         args.unit.as_deref(),
-        Some(&config),
+        Some(config),
     )?;
     let manifest = selection.provider.manifest();
     preflight(args, manifest)?;
     let counter = selection.provider.open_counter(&selection.request)?;
     warn_without_tool_calls(manifest, &limits);
     let unit = &selection.request.unit;
-    let agent = agent_command(args, &config, manifest, unit, &limits)?;
+    let agent = agent_command(args, config, manifest, unit, &limits)?;
     tracing::info!(
         max_steps = %limits.budget.max_steps,
         source = %limits.budget.source,
@@ -83,14 +77,14 @@ pub fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
         cwd: Some(cwd.display().to_string()),
     };
     spec.loops = limits.loops.settings.filter(|_| manifest.tool_calls);
-    spec.on_limit = limit_policy(args, &config, manifest, &status);
+    spec.on_limit = limit_policy(args, config, manifest, &status);
     spec.output = status.passthrough();
     spec.stderr = status.agent_stderr();
     spec.expects = manifest.expects.clone();
     spec.wrap_up = agent.wrap_up;
     spec.spend = agent.spend;
-    apply_run_options(&mut spec, args, &config);
-    let report = supervise(cli, args, &config, &cwd, spec, &mut status);
+    apply_run_options(&mut spec, args, config);
+    let report = supervise(&session, args, &cwd, spec, &mut status);
     Ok(report_outcome(&report))
 }
 
@@ -265,21 +259,18 @@ fn apply_run_options(spec: &mut RunSpec, args: &RunArgs, config: &LoadedConfig) 
 /// Runs the spec with its observers: the status line, the history recorder, the summary file
 /// and, when asked for, OpenTelemetry.
 fn supervise(
-    cli: &Cli,
+    session: &Session<'_>,
     args: &RunArgs,
-    config: &LoadedConfig,
     cwd: &std::path::Path,
     mut spec: RunSpec,
     status: &mut StatusLine,
 ) -> RunReport {
-    let db = (!args.no_record).then(|| {
-        stepguard_store::default_location(cli.db.as_deref(), config.project_dir().as_deref(), cwd)
-    });
+    let db = (!args.no_record).then(|| session.history_db(cwd));
     let mut recorder = HistoryRecorder::new(db);
     let mut summary = SummaryFile(args.summary_file.clone());
     // OpenTelemetry, when asked for: the run's span is known before the agent starts, so the
     // agent's own traces nest under it (TRACEPARENT). It exports once, at the end, bounded.
-    let mut telemetry = settings::telemetry(&config.model).map(TelemetryObserver::new);
+    let mut telemetry = settings::telemetry(&session.config.model).map(TelemetryObserver::new);
     if let Some(t) = &telemetry {
         spec.env
             .extend(t.child_env().into_iter().map(|(k, v)| (k.into(), v.into())));
