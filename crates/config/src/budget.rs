@@ -378,11 +378,7 @@ impl fmt::Display for ShadowedLegacy {
 /// rule and is not reported; neither is a shadowed value equal to the winner, since nothing is
 /// lost. [`resolve`] warns about each; `validate` uses it to say why a `max_turns` is unused.
 pub fn shadowed_legacy(req: &BudgetRequest<'_>) -> Vec<ShadowedLegacy> {
-    let empty = LevelSettings::default();
-    let task = req
-        .task_type
-        .and_then(|t| req.config.task_types.get(t))
-        .unwrap_or(&empty);
+    let task = req.task_level();
     let global = &req.config.global;
     let task_scope = format!(" (task type `{}`)", req.task_type.unwrap_or_default());
     // (legacy, the max_steps that beats it, how to name the winner's level).

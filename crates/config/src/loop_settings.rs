@@ -64,6 +64,7 @@ pub struct Loops;
 impl Limit for Loops {
     type Value = LoopLimit;
     const NAME: LimitName = LimitName::LoopLimit;
+    // No policy sets a ceiling for loops, so the ladder never names one.
     const CEILING_KEY: &'static str = "loop_limit_ceiling";
 
     fn parse(raw: &RawValue) -> Result<LoopLimit, InvalidValue> {
