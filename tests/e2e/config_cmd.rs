@@ -220,6 +220,72 @@ fn config_invalid_values_exit_2_naming_the_source() {
     }
 }
 
+/// A bad value of any limit, by flag or by environment, in any command that resolves limits,
+/// is one kind of error (`budget`), exit 2, naming the limit and where it was set.
+#[test]
+fn a_bad_value_of_any_limit_is_one_error_kind() {
+    let sb = sandbox();
+    let limits = [
+        (
+            "--max-steps",
+            "STEPGUARD_MAX_STEPS",
+            "abc",
+            "invalid budget at",
+        ),
+        (
+            "--max-tokens",
+            "STEPGUARD_MAX_TOKENS",
+            "abc",
+            "invalid token budget at",
+        ),
+        (
+            "--max-cost-usd",
+            "STEPGUARD_MAX_COST_USD",
+            "1e3",
+            "invalid cost budget at",
+        ),
+        (
+            "--loop-limit",
+            "STEPGUARD_LOOP_LIMIT",
+            "1",
+            "invalid loop limit at",
+        ),
+    ];
+    for (flag, var, bad, words) in limits {
+        let by_flag = sb.run(&["config", "--json", flag, bad]);
+        let by_env = sb.run_env(&["config", "--json"], &[(var, bad)]);
+        for (run, origin) in [(by_flag, flag.to_owned()), (by_env, format!("env {var}"))] {
+            assert_eq!(run.code, Some(2), "{origin}: {}", run.stderr);
+            let v = run.json();
+            assert_eq!(v["error"]["kind"], "budget", "{origin}: {v}");
+            let message = v["error"]["message"].as_str().unwrap();
+            assert!(
+                message.starts_with(&format!("{words} {origin}: ")),
+                "{origin}: {message}"
+            );
+        }
+    }
+    // The same for `run` (before anything starts) and `count`.
+    let run = sb.run(&["run", "-p", "claude", "--max-tokens", "abc", "--", "true"]);
+    assert_eq!(run.code, Some(2), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("invalid token budget at --max-tokens"),
+        "{}",
+        run.stderr
+    );
+    let run = sb.run(&[
+        "count",
+        "-p",
+        "claude",
+        "--json",
+        "--loop-limit",
+        "1",
+        "x.jsonl",
+    ]);
+    assert_eq!(run.code, Some(2), "{}", run.stderr);
+    assert_eq!(run.json()["error"]["kind"], "budget", "{}", run.stdout);
+}
+
 #[test]
 fn explicit_config_replaces_discovery_and_missing_file_is_exit_2() {
     let sb = sandbox();

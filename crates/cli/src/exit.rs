@@ -1,7 +1,7 @@
 //! The one place where errors and run outcomes become process exit codes.
 
-use stepguard_config::ConfigError;
-use stepguard_core::{BudgetError, ExitCode};
+use stepguard_config::{ConfigError, LimitError};
+use stepguard_core::ExitCode;
 use stepguard_plugin_api::host::{CallError, LoadError};
 use stepguard_plugin_host::LookupError;
 
@@ -36,7 +36,9 @@ pub fn classify(err: &anyhow::Error) -> (ExitCode, &'static str) {
         if cause.is::<ConfigError>() {
             return (ExitCode::Usage, "config");
         }
-        if cause.is::<BudgetError>() {
+        // A bad value of any limit (steps, tokens, cost, loop limit) or an unknown profile: one
+        // kind for all of them, exit 2 like every other mistake on the command line or in a file.
+        if cause.is::<LimitError>() {
             return (ExitCode::Usage, "budget");
         }
         if cause.is::<UsageError>() {

@@ -15,6 +15,7 @@ pub mod exit;
 pub mod output;
 pub mod providers;
 pub mod recording;
+pub mod session;
 pub mod settings;
 pub mod terminal;
 

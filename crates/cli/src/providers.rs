@@ -3,8 +3,8 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use stepguard_config::{ConfigModel, Origin};
 use stepguard_config::{Diagnostic, LoadedConfig, Severity, did_you_mean};
-use stepguard_core::{ConfigModel, Origin};
 use stepguard_plugin_api::host::Provider;
 use stepguard_plugin_api::{CounterRequest, Manifest, ProviderBox};
 use stepguard_plugin_host::{LoadFailure, LoadPolicy, PLUGIN_PATH_ENV, Registry};

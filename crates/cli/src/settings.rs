@@ -4,10 +4,11 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
-use stepguard_config::{ConfigError, ConfigSource, LoadedConfig, SearchPaths};
-use stepguard_core::loop_settings::{self, LoopRequest, ResolvedLoops};
-use stepguard_core::spend::{self, ResolvedSpend, SpendRequest};
-use stepguard_core::{BudgetRequest, ConfigModel, LevelSettings, Origin, Setting};
+use stepguard_config::{
+    BudgetRequest, ConfigError, ConfigModel, ConfigSource, LevelSettings, LoadedConfig,
+    LoopRequest, Origin, ResolvedBudget, ResolvedLoops, ResolvedSpend, SearchPaths, Setting,
+    SpendRequest, budget, loop_settings, spend,
+};
 
 use crate::args::BudgetArgs;
 
@@ -110,7 +111,7 @@ fn profile_choice(args: &BudgetArgs) -> Option<(String, Origin)> {
 
 /// Resolves the loop settings of a command: `--loop-limit` (`loop_limit`),
 /// `STEPGUARD_LOOP_LIMIT`, then the config for the task type and profile of `budget` (see
-/// [`stepguard_core::loop_settings`]).
+/// [`stepguard_config::loop_settings`]).
 pub fn resolve_loops(
     loop_limit: Option<&str>,
     budget: &BudgetArgs,
@@ -177,17 +178,43 @@ pub fn spend_request<'a>(args: &'a BudgetArgs, model: &'a ConfigModel) -> SpendR
 
 /// Resolves the token and cost budgets of a command: `--max-tokens` / `--max-cost-usd`,
 /// `STEPGUARD_MAX_TOKENS` / `STEPGUARD_MAX_COST_USD`, then the config for the task type and
-/// profile of `args`, bounded by the policy's ceilings (see [`stepguard_core::spend`]). A bad
+/// profile of `args`, bounded by the policy's ceilings (see [`stepguard_config::spend`]). A bad
 /// value is an error naming where it was set (exit 2).
 pub fn resolve_spend(args: &BudgetArgs, model: &ConfigModel) -> anyhow::Result<ResolvedSpend> {
     Ok(spend::resolve(&spend_request(args, model))?)
 }
 
+/// Every limit of a command (step budget, loop settings, token and cost budgets), resolved once
+/// from its flags, the environment and the config files on `stepguard-config`'s ladder.
+#[derive(Debug)]
+pub struct Limits {
+    /// The step budget.
+    pub budget: ResolvedBudget,
+    /// The loop settings.
+    pub loops: ResolvedLoops,
+    /// The token and cost budgets.
+    pub spend: ResolvedSpend,
+}
+
+impl Limits {
+    /// Resolves every limit: the budget, then the loop settings (`--loop-limit` is
+    /// `loop_limit`), then the token and cost budgets; the first bad value is the error.
+    pub fn resolve(
+        args: &BudgetArgs,
+        loop_limit: Option<&str>,
+        model: &ConfigModel,
+    ) -> anyhow::Result<Self> {
+        Ok(Limits {
+            budget: budget::resolve(&budget_request(args, model))?,
+            loops: resolve_loops(loop_limit, args, model)?,
+            spend: resolve_spend(args, model)?,
+        })
+    }
+}
+
 /// Returns the `[telemetry]` table of the config files in effect as the exporter's settings
 /// (the `OTEL_*` environment overrides them key by key).
-pub fn telemetry_settings(
-    model: &stepguard_core::budget::ConfigModel,
-) -> stepguard_telemetry::TelemetrySettings {
+pub fn telemetry_settings(model: &ConfigModel) -> stepguard_telemetry::TelemetrySettings {
     let text = |key: &str| {
         model
             .telemetry
@@ -213,9 +240,7 @@ pub fn telemetry_settings(
 
 /// Returns the run's telemetry exporter when the environment or `[telemetry]` asks for one
 /// (nothing is created, and no network touched, otherwise).
-pub fn telemetry(
-    model: &stepguard_core::budget::ConfigModel,
-) -> Option<stepguard_telemetry::TelemetryConfig> {
+pub fn telemetry(model: &ConfigModel) -> Option<stepguard_telemetry::TelemetryConfig> {
     stepguard_telemetry::TelemetryConfig::resolve(
         |name| std::env::var(name).ok(),
         &telemetry_settings(model),

@@ -17,13 +17,19 @@
 //!
 //! Loop settings: `[loops]` (`limit`, `window`, `ignore_tools`) and `loop_limit` in
 //! `[task_types.T]` and `[profiles.NAME]` are validated as they are parsed (a bad value is an
-//! error naming its key) and resolved by [`stepguard_core::loop_settings::resolve`].
+//! error naming its key) and resolved by [`loop_settings::resolve`].
 //!
 //! Token and cost budgets: `max_tokens` and `max_cost_usd` are read wherever `max_steps` is
 //! (top level, `[defaults]`, `[task_types.T]`, `[profiles.NAME]`), and `[policy]` may set
 //! `max_tokens_ceiling` and `max_cost_usd_ceiling` (the lowest of the policy files wins). Each
 //! is validated as it is parsed (a bad value is an error naming its key) and resolved by
-//! [`stepguard_core::spend::resolve`].
+//! [`spend::resolve`].
+//!
+//! Resolution: one precedence ladder ([`ladder`]: flag → env → task type → global config →
+//! profile bound → policy ceiling, each value with its provenance) resolves every limit of a
+//! run: the step budget ([`budget::resolve`]), the token and cost budgets ([`spend::resolve`])
+//! and the loop limit ([`loop_settings::resolve`]). Each limit declares how its values are parsed
+//! and validated ([`ladder::Limit`]); a bad value of any of them is a [`LimitError`].
 //!
 //! Parsing reports problems as [`Diagnostic`]s that name the file and the key (and line and column
 //! for syntax errors). Unknown keys are warnings with a "did you mean" when a known key is close.
@@ -41,13 +47,19 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use stepguard_core::budget::{self, ProfileSettings};
-use stepguard_core::loop_settings::{self, LoopLimit};
-use stepguard_core::spend::{self, SpendKind};
-use stepguard_core::{
-    BudgetError, BudgetRequest, Ceiling, ConfigModel, LevelSettings, Origin, PolicySettings,
-    RawValue, Setting, StepLimit,
-};
+pub mod budget;
+pub mod ladder;
+pub mod loop_settings;
+pub mod model;
+pub mod spend;
+pub mod value;
+
+pub use budget::{BudgetRequest, ResolvedBudget};
+pub use ladder::{Limit, Resolved};
+pub use loop_settings::{LoopRequest, ResolvedLoops};
+pub use model::{Ceiling, ConfigModel, LevelSettings, LoopConfig, PolicySettings, ProfileSettings};
+pub use spend::{ResolvedLimit, ResolvedSpend, SpendRequest};
+pub use value::{InvalidValue, LimitError, LimitName, LoopLimit, Origin, RawValue, Setting};
 
 /// The file name looked for in the working directory and its parents.
 pub const PROJECT_FILE: &str = "stepguard.toml";
@@ -554,7 +566,7 @@ fn merge_policy(files: &mut [ParsedFile]) -> PolicySettings {
     policy
 }
 
-fn overlay_loops(into: &mut loop_settings::LoopConfig, from: &loop_settings::LoopConfig) {
+fn overlay_loops(into: &mut LoopConfig, from: &LoopConfig) {
     if from.limit.is_some() {
         into.limit.clone_from(&from.limit);
     }
@@ -680,10 +692,10 @@ impl Parser<'_> {
                 "max_steps" => self.out.model.global.max_steps = Some(self.setting(key, value)),
                 "max_turns" => self.out.model.global.max_turns = Some(self.setting(key, value)),
                 "max_tokens" => {
-                    self.out.model.global.max_tokens = self.spend(SpendKind::Tokens, key, value);
+                    self.out.model.global.max_tokens = self.spend::<spend::Tokens>(key, value);
                 }
                 "max_cost_usd" => {
-                    self.out.model.global.max_cost_usd = self.spend(SpendKind::Cost, key, value);
+                    self.out.model.global.max_cost_usd = self.spend::<spend::Cost>(key, value);
                 }
                 "profile" => match value.as_str() {
                     Some(name) => {
@@ -870,9 +882,9 @@ impl Parser<'_> {
         for (key, value) in table {
             let path = format!("policy.{key}");
             match key.as_str() {
-                "max_steps_ceiling" => match Ceiling::from_setting(&self.setting(&path, value)) {
+                "max_steps_ceiling" => match budget::parse_ceiling(&self.setting(&path, value)) {
                     Ok(ceiling) => self.out.model.policy.max_steps_ceiling = Some(ceiling),
-                    Err(BudgetError::InvalidValue { reason, .. }) => {
+                    Err(LimitError::InvalidValue { reason, .. }) => {
                         self.diag(Severity::Error, &path, reason.to_string());
                     }
                     Err(other) => self.diag(Severity::Error, &path, other.to_string()),
@@ -977,9 +989,9 @@ impl Parser<'_> {
             match (key.as_str(), task_type) {
                 ("max_steps", _) => level.max_steps = Some(self.setting(&path, value)),
                 ("max_turns", _) => level.max_turns = Some(self.setting(&path, value)),
-                ("max_tokens", _) => level.max_tokens = self.spend(SpendKind::Tokens, &path, value),
+                ("max_tokens", _) => level.max_tokens = self.spend::<spend::Tokens>(&path, value),
                 ("max_cost_usd", _) => {
-                    level.max_cost_usd = self.spend(SpendKind::Cost, &path, value);
+                    level.max_cost_usd = self.spend::<spend::Cost>(&path, value);
                 }
                 ("loop_limit", Some(name)) => {
                     if let Some(limit) = self.loop_limit(&path, value) {
@@ -1004,8 +1016,8 @@ impl Parser<'_> {
             let path = format!("{prefix}.{key}");
             match key.as_str() {
                 "max_steps" => profile.max_steps = Some(self.setting(&path, value)),
-                "max_tokens" => profile.max_tokens = self.spend(SpendKind::Tokens, &path, value),
-                "max_cost_usd" => profile.max_cost_usd = self.spend(SpendKind::Cost, &path, value),
+                "max_tokens" => profile.max_tokens = self.spend::<spend::Tokens>(&path, value),
+                "max_cost_usd" => profile.max_cost_usd = self.spend::<spend::Cost>(&path, value),
                 "loop_limit" => {
                     if let Some(limit) = self.loop_limit(&path, value) {
                         self.out.model.loops.profiles.insert(name.to_owned(), limit);
@@ -1019,10 +1031,10 @@ impl Parser<'_> {
 
     /// Validates a token or cost budget at `path`; a bad one is an error diagnostic naming the
     /// key (and is left out of the model).
-    fn spend(&mut self, kind: SpendKind, path: &str, value: &toml::Value) -> Option<Setting> {
+    fn spend<L: Limit>(&mut self, path: &str, value: &toml::Value) -> Option<Setting> {
         let setting = self.setting(path, value);
-        match kind.check(&setting.value) {
-            Ok(()) => Some(setting),
+        match L::parse(&setting.value) {
+            Ok(_) => Some(setting),
             Err(reason) => {
                 self.diag(Severity::Error, path, reason.to_string());
                 None
@@ -1032,7 +1044,7 @@ impl Parser<'_> {
 
     /// Validates a loop limit at `path`; a bad one is an error diagnostic naming the key.
     fn loop_limit(&mut self, path: &str, value: &toml::Value) -> Option<(LoopLimit, Origin)> {
-        match LoopLimit::from_raw(&raw_value(value)) {
+        match loop_settings::parse_loop_limit(&raw_value(value)) {
             Ok(limit) => Some((limit, self.origin(path))),
             Err(reason) => {
                 self.diag(Severity::Error, path, reason.to_string());
@@ -1181,15 +1193,17 @@ pub fn validate(loaded: &LoadedConfig, strict: bool) -> Vec<Diagnostic> {
             // Token and cost budgets are validated as they are parsed.
             .chain(file.shadowed.iter().filter(|s| !is_spend_setting(s)));
         for setting in all_settings {
-            if let Err(reason) = StepLimit::from_raw(&setting.value) {
+            if let Err(reason) = budget::parse_max_steps(&setting.value) {
                 out.push(at(Severity::Error, &setting.origin, reason.to_string()));
             }
         }
         for level in &levels {
             match (&level.max_steps, &level.max_turns) {
                 (Some(s), Some(t)) => {
-                    if let (Ok(a), Ok(b)) = (s.limit(), t.limit())
-                        && a != b
+                    if let (Ok(a), Ok(b)) = (
+                        budget::parse_max_steps(&s.value),
+                        budget::parse_max_steps(&t.value),
+                    ) && a != b
                     {
                         let message = format!(
                             "`max_steps` ({a}) and `max_turns` ({b}) are both set at one level; \
@@ -1251,9 +1265,9 @@ pub fn validate(loaded: &LoadedConfig, strict: bool) -> Vec<Diagnostic> {
 /// Returns true for a `max_tokens` or `max_cost_usd` setting.
 fn is_spend_setting(setting: &Setting) -> bool {
     match &setting.origin {
-        Origin::File { key, .. } => [SpendKind::Tokens, SpendKind::Cost]
-            .iter()
-            .any(|k| key.rsplit('.').next() == Some(k.key())),
+        Origin::File { key, .. } => {
+            matches!(key.rsplit('.').next(), Some("max_tokens" | "max_cost_usd"))
+        }
         _ => false,
     }
 }
@@ -1275,5 +1289,7 @@ fn at(severity: Severity, origin: &Origin, message: impl Into<String>) -> Diagno
     }
 }
 
+#[cfg(test)]
+mod ladder_tests;
 #[cfg(test)]
 mod tests;

@@ -675,7 +675,7 @@ loop_limit = 3
              here: max_steps, max_turns, max_tokens, max_cost_usd",
         ]
     );
-    assert_eq!(f.model.loops, loop_settings::LoopConfig::default());
+    assert_eq!(f.model.loops, LoopConfig::default());
     let f = parse("[loops]\nlimit = 6\nwindow = 4\nignore_tools = \"read\"\n");
     assert_eq!(
         messages(&f.diagnostics),

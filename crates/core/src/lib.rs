@@ -3,11 +3,11 @@
 //! stepguard gives coding agents one provider-agnostic step budget, `max_steps`. This crate holds
 //! the rules every other crate agrees on, with no I/O, so it can be embedded in any agent loop:
 //!
-//! * [`budget`]: budget values, their sources and the precedence that resolves them
-//!   ([`budget::resolve`]), profiles, the policy ceiling no other source can exceed, and the
-//!   legacy `max_turns` spelling with its deprecation;
-//! * [`spend`]: the token and cost budgets (`max_tokens`, `max_cost_usd`), their sources and
-//!   the precedence that resolves them ([`spend::resolve`]), mirroring the step budget's;
+//! * [`budget`]: the step limit ([`StepLimit`]), the default budget and the built-in profiles'
+//!   budgets (where a run's budget comes from is resolved by `stepguard-config`'s precedence
+//!   ladder, not here);
+//! * [`loops`]: loop detection over the run's tool calls ([`loops::LoopDetector`]) and its
+//!   settings;
 //! * [`ledger`]: [`StepLedger`], which counts steps begun and completed and says when a run is
 //!   over budget: a budget of N lets N steps happen, and step N+1 beginning is over budget;
 //! * [`slug`]: [`FailureSlug`], the stable machine-readable reasons runs fail;
@@ -18,8 +18,8 @@
 //!
 //! # Stability
 //!
-//! Slug strings, outcome names, exit code numbers and the JSON field names of [`RunStats`] and
-//! [`ResolvedBudget`] are public interface and change only with a major version. Enums that will
+//! Slug strings, outcome names, exit code numbers, the JSON field names of [`RunStats`] and the JSON
+//! form of [`StepLimit`] are public interface and change only with a major version. Enums that will
 //! grow are `#[non_exhaustive]`.
 //!
 //! # Example
@@ -38,21 +38,15 @@
 pub mod budget;
 pub mod exit;
 pub mod ledger;
-pub mod loop_settings;
 pub mod loops;
 pub mod record;
 pub mod slug;
-pub mod spend;
 pub mod stats;
 pub mod verdict;
 
-pub use budget::{
-    BudgetError, BudgetRequest, Ceiling, ConfigModel, LevelSettings, Origin, PolicySettings,
-    RawValue, ResolvedBudget, Setting, StepLimit,
-};
+pub use budget::StepLimit;
 pub use exit::ExitCode;
 pub use ledger::{BudgetStatus, StepLedger};
 pub use record::{RECORD_SCHEMA_VERSION, RunRecord};
 pub use slug::FailureSlug;
-pub use spend::{ResolvedSpend, SpendError, SpendRequest};
 pub use stats::{Outcome, RunStats, TokenUsage};

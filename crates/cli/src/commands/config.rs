@@ -4,13 +4,13 @@
 use std::collections::BTreeMap;
 
 use serde::Serialize;
-use stepguard_config::{LoadedConfig, Severity};
-use stepguard_core::loop_settings::LoopLimit;
-use stepguard_core::spend::ResolvedLimit;
-use stepguard_core::{ExitCode, Origin, StepLimit, budget};
+use stepguard_config::{LoadedConfig, LoopLimit, Origin, ResolvedLimit, Severity};
+use stepguard_core::{ExitCode, StepLimit};
 
 use crate::args::{Cli, ConfigArgs};
-use crate::{output, providers, settings};
+use crate::session::Session;
+use crate::settings::Limits;
+use crate::{output, providers};
 
 #[derive(Serialize)]
 struct ConfigReport<'a> {
@@ -122,30 +122,45 @@ fn policy_report<'a>(loaded: &'a LoadedConfig, provider: Option<&str>) -> Policy
 /// Runs `stepguard config`: exit 0, or 2 when the provider options (or a policy's unit) are
 /// wrong, after the report.
 pub fn run(cli: &Cli, args: &ConfigArgs) -> anyhow::Result<ExitCode> {
-    let loaded = settings::load_config(cli.config.as_deref())?;
-    let resolved = budget::resolve(&settings::budget_request(&args.budget, &loaded.model))?;
-    let spend = settings::resolve_spend(&args.budget, &loaded.model)?;
-    let loops = settings::resolve_loops(
-        args.loops.loop_limit.as_deref(),
-        &args.budget,
-        &loaded.model,
-    )?;
-    let registry = providers::load_registry(
-        &cli.plugin_dir,
-        settings::allow_override(&loaded, cli.allow_override),
-    );
+    let session = Session::load(cli)?;
+    let loaded = &session.config;
+    let limits = session.limits(&args.budget, args.loops.loop_limit.as_deref())?;
+    let registry = session.registry();
     if let Some(name) = &args.provider {
         registry.get(name)?;
     }
     let (errors, option_warnings): (Vec<_>, Vec<_>) =
-        providers::check_config(&registry, &loaded.model, args.provider.as_deref())
+        providers::check_config(registry, &loaded.model, args.provider.as_deref())
             .into_iter()
             .partition(|d| d.severity == Severity::Error);
     let mut warnings: Vec<String> = loaded.diagnostics().map(|d| d.to_string()).collect();
-    warnings.extend(resolved.warnings.iter().cloned());
-    warnings.extend(spend.warnings.iter().cloned());
-    warnings.extend(loops.warnings.iter().cloned());
+    warnings.extend(limits.budget.warnings.iter().cloned());
+    warnings.extend(limits.spend.warnings.iter().cloned());
+    warnings.extend(limits.loops.warnings.iter().cloned());
     warnings.extend(option_warnings.iter().map(ToString::to_string));
+    let mut report = config_report(args, loaded, &limits);
+    report.errors = errors.iter().map(providers::located).collect();
+    report.warnings = warnings;
+    let code = if report.errors.is_empty() {
+        ExitCode::Success
+    } else {
+        ExitCode::Usage
+    };
+    if args.json {
+        output::json(&report)?;
+        return Ok(code);
+    }
+    print_report(&report, &limits)?;
+    Ok(code)
+}
+
+/// Builds the report of the limits and the config files in effect (without errors and
+/// warnings).
+fn config_report<'a>(
+    args: &'a ConfigArgs,
+    loaded: &'a LoadedConfig,
+    limits: &'a Limits,
+) -> ConfigReport<'a> {
     let provider_options = loaded
         .model
         .providers
@@ -158,10 +173,11 @@ pub fn run(cli: &Cli, args: &ConfigArgs) -> anyhow::Result<ExitCode> {
             )
         })
         .collect();
-    let report = ConfigReport {
-        max_steps: resolved.max_steps,
-        source: &resolved.source,
-        source_file: resolved.source_file.as_deref(),
+    let (budget, spend, loops) = (&limits.budget, &limits.spend, &limits.loops);
+    ConfigReport {
+        max_steps: budget.max_steps,
+        source: &budget.source,
+        source_file: budget.source_file.as_deref(),
         max_tokens: spend.tokens.value,
         max_tokens_source: &spend.tokens.source,
         max_tokens_source_file: spend.tokens.source_file.as_deref(),
@@ -173,24 +189,21 @@ pub fn run(cli: &Cli, args: &ConfigArgs) -> anyhow::Result<ExitCode> {
         loop_limit_source_file: loops.source_file.as_deref(),
         loop_window: loops.window,
         loop_ignore_tools: &loops.ignore_tools,
-        profile: resolved.profile.as_deref(),
+        profile: budget.profile.as_deref(),
         task_type: args.budget.task_type.as_deref(),
         provider: args.provider.as_deref(),
         config_files: loaded.settings_files().map(|f| f.path.as_str()).collect(),
         provider_options,
-        policy: policy_report(&loaded, args.provider.as_deref()),
-        errors: errors.iter().map(providers::located).collect(),
-        warnings,
-    };
-    let code = if report.errors.is_empty() {
-        ExitCode::Success
-    } else {
-        ExitCode::Usage
-    };
-    if args.json {
-        output::json(&report)?;
-        return Ok(code);
+        policy: policy_report(loaded, args.provider.as_deref()),
+        errors: Vec::new(),
+        warnings: Vec::new(),
     }
+}
+
+/// Prints the report as text: the limits with their sources, the files, the policy, the
+/// provider options, then the warnings and errors on stderr.
+fn print_report(report: &ConfigReport<'_>, limits: &Limits) -> std::io::Result<()> {
+    let (resolved, loops) = (&limits.budget, &limits.loops);
     let from = match report.source_file {
         // The policy's label already names its file.
         Some(file) if !report.source.contains(file) => format!("{} in {file}", report.source),
@@ -231,18 +244,9 @@ pub fn run(cli: &Cli, args: &ConfigArgs) -> anyhow::Result<ExitCode> {
             report.loop_ignore_tools.join(", ")
         }
     ))?;
-    print_spend(
-        "max_tokens",
-        "token budget",
-        &spend.tokens,
-        resolved.profile.as_deref(),
-    )?;
-    print_spend(
-        "max_cost_usd",
-        "cost budget",
-        &spend.cost,
-        resolved.profile.as_deref(),
-    )?;
+    let profile = resolved.profile.as_deref();
+    print_spend("max_tokens", "token budget", &limits.spend.tokens, profile)?;
+    print_spend("max_cost_usd", "cost budget", &limits.spend.cost, profile)?;
     if report.config_files.is_empty() {
         output::line("config files: none found")?;
     } else {
@@ -264,7 +268,7 @@ pub fn run(cli: &Cli, args: &ConfigArgs) -> anyhow::Result<ExitCode> {
     for e in &report.errors {
         output::diag("error", e);
     }
-    Ok(code)
+    Ok(())
 }
 
 /// Prints a token or cost budget as `KEY: VALUE (from SOURCE[ in FILE])`, with a line when the

@@ -12,20 +12,18 @@ use stepguard_runner::{
 };
 
 use crate::args::{Cli, CountArgs};
+use crate::session::Session;
 use crate::{output, providers, settings};
 
 /// Runs `stepguard count`.
 pub fn run(cli: &Cli, args: &CountArgs) -> anyhow::Result<ExitCode> {
-    let config = settings::load_config(cli.config.as_deref())?;
-    let registry = providers::load_registry(
-        &cli.plugin_dir,
-        settings::allow_override(&config, cli.allow_override),
-    );
+    let session = Session::load(cli)?;
+    let config = &session.config;
     let selection = providers::select(
-        &registry,
+        session.registry(),
         &args.provider,
         args.unit.as_deref(),
-        Some(&config),
+        Some(config),
     )?;
     if selection.request.unit == stepguard_plugin_api::host::REQUEST_UNIT {
         return Err(crate::exit::UsageError(format!(

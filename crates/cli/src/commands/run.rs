@@ -4,51 +4,93 @@
 
 use std::io::{self, IsTerminal as _};
 
-use stepguard_core::{ExitCode, budget};
+use stepguard_config::LoadedConfig;
+use stepguard_core::ExitCode;
 use stepguard_runner::{
-    Containment, LimitPolicy, OnUnrecognized, RunMeta, RunObserver, RunSpec, Runner, SpendLimits,
-    StopAtLimit, WrapUp,
+    Containment, LimitPolicy, OnUnrecognized, RunMeta, RunObserver, RunReport, RunSpec, Runner,
+    SpendLimits, StopAtLimit, WrapUp,
 };
 
 use crate::args::{Cli, ContainmentArg, OnLimit, RunArgs, StdinMode, Unrecognized};
 use crate::exit::UsageError;
 use crate::recording::{HistoryRecorder, SummaryFile};
+use crate::session::Session;
+use crate::settings::Limits;
 use crate::terminal::{AskOnTerminal, StatusLine};
 use crate::{output, providers, settings};
 use stepguard_telemetry::TelemetryObserver;
 
 /// Runs `stepguard run`.
 pub fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
-    let config = settings::load_config(cli.config.as_deref())?;
+    let session = Session::load(cli)?;
+    let config = &session.config;
     for d in config.diagnostics() {
         output::diag("warning", d.to_string().trim_start_matches("warning: "));
     }
-    let resolved = budget::resolve(&settings::budget_request(&args.budget, &config.model))?;
-    let loops = settings::resolve_loops(
-        args.loops.loop_limit.as_deref(),
-        &args.budget,
-        &config.model,
-    )?;
-    let spend_budgets = settings::resolve_spend(&args.budget, &config.model)?;
-    for w in resolved
+    let limits = session.limits(&args.budget, args.loops.loop_limit.as_deref())?;
+    for w in limits
+        .budget
         .warnings
         .iter()
-        .chain(&loops.warnings)
-        .chain(&spend_budgets.warnings)
+        .chain(&limits.loops.warnings)
+        .chain(&limits.spend.warnings)
     {
         output::diag("warning", w);
     }
-    let registry = providers::load_registry(
-        &cli.plugin_dir,
-        settings::allow_override(&config, cli.allow_override),
-    );
     let selection = providers::select(
-        &registry,
+        session.registry(),
         &args.provider,
         args.unit.as_deref(),
-        Some(&config),
+        Some(config),
     )?;
     let manifest = selection.provider.manifest();
+    preflight(args, manifest)?;
+    let counter = selection.provider.open_counter(&selection.request)?;
+    warn_without_tool_calls(manifest, &limits);
+    let unit = &selection.request.unit;
+    let agent = agent_command(args, config, manifest, unit, &limits)?;
+    tracing::info!(
+        max_steps = %limits.budget.max_steps,
+        source = %limits.budget.source,
+        provider = %manifest.name,
+        unit = %unit,
+        "step budget"
+    );
+    tracing::info!(
+        loop_limit = %limits.loops.limit,
+        source = %limits.loops.source,
+        window = limits.loops.window,
+        "loop limit"
+    );
+
+    let cwd = std::env::current_dir().unwrap_or_default();
+    let mut status = StatusLine::new(!args.quiet, &manifest.name, unit);
+    let mut spec = RunSpec::new(agent.command, counter, limits.budget.max_steps);
+    spec.budget_source = limits.budget.source.clone();
+    spec.meta = RunMeta {
+        provider: manifest.name.clone(),
+        plugin_version: Some(manifest.version.clone()),
+        plugin_source: Some(selection.source.clone()),
+        unit: Some(unit.clone()),
+        task_type: args.budget.task_type.clone(),
+        profile: limits.budget.profile.clone(),
+        cwd: Some(cwd.display().to_string()),
+    };
+    spec.loops = limits.loops.settings.filter(|_| manifest.tool_calls);
+    spec.on_limit = limit_policy(args, config, manifest, &status);
+    spec.output = status.passthrough();
+    spec.stderr = status.agent_stderr();
+    spec.expects = manifest.expects.clone();
+    spec.wrap_up = agent.wrap_up;
+    spec.spend = agent.spend;
+    apply_run_options(&mut spec, args, config);
+    let report = supervise(&session, args, &cwd, spec, &mut status);
+    Ok(report_outcome(&report))
+}
+
+/// Refuses a command line the provider's manifest says cannot be counted (its `preflight`
+/// rules), unless `--no-preflight`.
+fn preflight(args: &RunArgs, manifest: &stepguard_plugin_api::Manifest) -> anyhow::Result<()> {
     if !args.no_preflight
         && let Some(rule) = manifest.preflight_failure(&args.command)
     {
@@ -58,8 +100,12 @@ pub fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
         ))
         .into());
     }
-    let counter = selection.provider.open_counter(&selection.request)?;
-    // Loop detection needs the plugin's tool calls; say so when someone asked for a limit.
+    Ok(())
+}
+
+/// Loop detection needs the plugin's tool calls; says so when someone asked for a limit.
+fn warn_without_tool_calls(manifest: &stepguard_plugin_api::Manifest, limits: &Limits) {
+    let loops = &limits.loops;
     let asked_for_loops = loops.source != "default" && !loops.source.starts_with("profile ");
     if !manifest.tool_calls && loops.settings.is_some() && asked_for_loops {
         output::diag(
@@ -71,20 +117,38 @@ pub fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
             ),
         );
     }
+}
 
+/// The agent's command with the provider's native limits added, the model gateway and the
+/// token and cost budgets, all checked before anything starts.
+struct AgentCommand {
+    command: Vec<String>,
+    wrap_up: Option<WrapUp>,
+    spend: SpendLimits,
+}
+
+/// Plans the agent's command: the provider's native step limit, the model gateway, the token
+/// and cost budgets (refused when nothing can keep them) and the provider's native token and
+/// cost budgets, as second lines of defence like its step limit.
+fn agent_command(
+    args: &RunArgs,
+    config: &LoadedConfig,
+    manifest: &stepguard_plugin_api::Manifest,
+    unit: &str,
+    limits: &Limits,
+) -> anyhow::Result<AgentCommand> {
     let mut command = args.command.clone();
     if let (Some(native), Some(limit), false) = (
         &manifest.native_limit,
-        resolved.max_steps.get(),
+        limits.budget.max_steps.get(),
         args.no_native_limit,
     ) && let Some(extra) = native.args_for(&command, limit)
     {
         tracing::info!(args = ?extra, "adding the provider's native limit");
         command.extend(extra);
     }
-    let unit = &selection.request.unit;
-    let wrap_up = wrap_up_spec(args, &config, manifest, unit, &command)?;
-    let mut spend = spend_limits(args, &spend_budgets, &command, wrap_up.is_some())?;
+    let wrap_up = wrap_up_spec(args, config, manifest, unit, &command)?;
+    let mut spend = spend_limits(args, &limits.spend, &command, wrap_up.is_some())?;
     spend.stream_usage = manifest.reports_usage;
     // Without the gateway the stream is the only meter: a plugin that reports no usage cannot
     // keep a token or cost budget, and a budget nobody keeps is worse than none.
@@ -99,7 +163,6 @@ pub fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
         ))
         .into());
     }
-    // The provider's own token and cost budgets, as second lines of defence like its step limit.
     if !args.no_native_limit {
         if let (Some(native), Some(max)) = (&manifest.native_token_limit, spend.max_tokens)
             && let Some(with) = native.command_for_tokens(&command, max)
@@ -114,65 +177,49 @@ pub fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
             command = with;
         }
     }
-    tracing::info!(
-        max_steps = %resolved.max_steps,
-        source = %resolved.source,
-        provider = %manifest.name,
-        unit = %unit,
-        "step budget"
-    );
-    tracing::info!(
-        loop_limit = %loops.limit,
-        source = %loops.source,
-        window = loops.window,
-        "loop limit"
-    );
+    Ok(AgentCommand {
+        command,
+        wrap_up,
+        spend,
+    })
+}
 
-    let cwd = std::env::current_dir().unwrap_or_default();
-    let mut status = StatusLine::new(!args.quiet, &manifest.name, unit);
-    // Without a terminal to ask on, `ask` behaves like `stop`.
+/// What happens at the limit: ask on the terminal (`--on-limit ask`, without the gateway and
+/// with a terminal to ask on; else `ask` behaves like `stop`), or stop.
+fn limit_policy(
+    args: &RunArgs,
+    config: &LoadedConfig,
+    manifest: &stepguard_plugin_api::Manifest,
+    status: &StatusLine,
+) -> Box<dyn LimitPolicy> {
     let ask = args.on_limit == OnLimit::Ask
-        && !wrap_up_on(args, &config)
+        && !wrap_up_on(args, config)
         && io::stdin().is_terminal()
         && io::stderr().is_terminal();
-    let on_limit: Box<dyn LimitPolicy> = if ask {
-        let ceiling = config
-            .model
-            .policy
-            .max_steps_ceiling
-            .as_ref()
-            .map(|c| c.max_steps);
-        Box::new(AskOnTerminal::new(&manifest.name, status.clone(), ceiling))
-    } else {
-        Box::new(StopAtLimit)
-    };
-    let mut spec = RunSpec::new(command, counter, resolved.max_steps);
-    spec.budget_source = resolved.source.clone();
-    spec.meta = RunMeta {
-        provider: manifest.name.clone(),
-        plugin_version: Some(manifest.version.clone()),
-        plugin_source: Some(selection.source.clone()),
-        unit: Some(unit.clone()),
-        task_type: args.budget.task_type.clone(),
-        profile: resolved.profile.clone(),
-        cwd: Some(cwd.display().to_string()),
-    };
+    if !ask {
+        return Box::new(StopAtLimit);
+    }
+    let ceiling = config
+        .model
+        .policy
+        .max_steps_ceiling
+        .as_ref()
+        .map(|c| c.max_steps);
+    Box::new(AskOnTerminal::new(&manifest.name, status.clone(), ceiling))
+}
+
+/// Sets the options of the run that come straight from its flags and the config: grace,
+/// timeouts, stdin, the unrecognized-stream policy, signals, containment and the trampoline.
+fn apply_run_options(spec: &mut RunSpec, args: &RunArgs, config: &LoadedConfig) {
     spec.grace = args.grace;
     spec.timeout = args.timeout;
-    spec.loops = loops.settings.filter(|_| manifest.tool_calls);
     spec.idle_timeout = args.idle_timeout;
     spec.startup_timeout = Some(args.startup_timeout);
     spec.stdin = match args.stdin {
         StdinMode::Inherit => stepguard_runner::StdinMode::Inherit,
         StdinMode::Null => stepguard_runner::StdinMode::Null,
     };
-    spec.on_limit = on_limit;
     spec.ask_timeout = Some(args.ask_timeout);
-    spec.output = status.passthrough();
-    spec.stderr = status.agent_stderr();
-    spec.expects = manifest.expects.clone();
-    spec.wrap_up = wrap_up;
-    spec.spend = spend;
     // The flag beats `[run] unrecognized_stream`; stopping is the default (fail closed).
     let warn = match args.unrecognized {
         Some(what) => what == Unrecognized::Warn,
@@ -207,26 +254,38 @@ pub fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
             None
         }
     };
+}
 
-    let db = (!args.no_record).then(|| {
-        stepguard_store::default_location(cli.db.as_deref(), config.project_dir().as_deref(), &cwd)
-    });
+/// Runs the spec with its observers: the status line, the history recorder, the summary file
+/// and, when asked for, OpenTelemetry.
+fn supervise(
+    session: &Session<'_>,
+    args: &RunArgs,
+    cwd: &std::path::Path,
+    mut spec: RunSpec,
+    status: &mut StatusLine,
+) -> RunReport {
+    let db = (!args.no_record).then(|| session.history_db(cwd));
     let mut recorder = HistoryRecorder::new(db);
     let mut summary = SummaryFile(args.summary_file.clone());
     // OpenTelemetry, when asked for: the run's span is known before the agent starts, so the
     // agent's own traces nest under it (TRACEPARENT). It exports once, at the end, bounded.
-    let mut telemetry = settings::telemetry(&config.model).map(TelemetryObserver::new);
+    let mut telemetry = settings::telemetry(&session.config.model).map(TelemetryObserver::new);
     if let Some(t) = &telemetry {
         spec.env
             .extend(t.child_env().into_iter().map(|(k, v)| (k.into(), v.into())));
     }
-    let mut observers: Vec<&mut dyn RunObserver> = vec![&mut status, &mut recorder, &mut summary];
+    let mut observers: Vec<&mut dyn RunObserver> = vec![status, &mut recorder, &mut summary];
     // Last: it sees the record's history id, after the summary file is written.
     if let Some(t) = telemetry.as_mut() {
         observers.push(t);
     }
-    let report = Runner::new(spec).run(&mut observers);
+    Runner::new(spec).run(&mut observers)
+}
 
+/// Says how the run ended (why stepguard ended it, then the summary line) and returns its
+/// exit code.
+fn report_outcome(report: &RunReport) -> ExitCode {
     let failed_itself = report.spawn_error.is_some()
         || matches!(
             report.terminated_by,
@@ -249,11 +308,11 @@ pub fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
         report.summary_line(),
         super::history::loops_brief(report.record.loops.as_deref().unwrap_or_default())
     ));
-    Ok(report.exit_code)
+    report.exit_code
 }
 
 /// Whether the run has a model gateway: `--no-wrap-up`, else `--wrap-up`, else the config.
-fn wrap_up_on(args: &RunArgs, config: &stepguard_config::LoadedConfig) -> bool {
+fn wrap_up_on(args: &RunArgs, config: &LoadedConfig) -> bool {
     if args.no_wrap_up {
         false
     } else if args.wrap_up {
@@ -267,7 +326,7 @@ fn wrap_up_on(args: &RunArgs, config: &stepguard_config::LoadedConfig) -> bool {
 /// how its CLI reaches its model, and the command must say where (a usage error names the fix).
 fn wrap_up_spec(
     args: &RunArgs,
-    config: &stepguard_config::LoadedConfig,
+    config: &LoadedConfig,
     manifest: &stepguard_plugin_api::Manifest,
     unit: &str,
     command: &[String],
@@ -331,7 +390,7 @@ fn wrap_up_spec(
 /// price for the model, known from the command (or, through the gateway, from each call).
 fn spend_limits(
     args: &RunArgs,
-    budgets: &stepguard_core::ResolvedSpend,
+    budgets: &stepguard_config::ResolvedSpend,
     command: &[String],
     gateway: bool,
 ) -> anyhow::Result<SpendLimits> {

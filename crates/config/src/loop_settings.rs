@@ -1,5 +1,6 @@
 //! Loop settings: the loop limit, the window and the exempt tools, where each comes from, and the
-//! precedence that resolves them, mirroring the budget's ([`crate::budget`]).
+//! precedence levels the limit is resolved from on the shared ladder ([`crate::ladder`]), as the
+//! budget is ([`crate::budget`]).
 //!
 //! Precedence of the limit, highest first:
 //!
@@ -19,12 +20,12 @@
 //! The window (`loops.window`) and the exempt tools (`loops.ignore_tools`) are set in config
 //! files only, at one level. A window below the effective limit is widened to it, with a warning.
 //!
-//! Values from files are validated when the file is parsed (`stepguard-config`), so [`resolve`]
+//! Values from files are validated when the file is parsed, so [`resolve`]
 //! sees only valid ones there; the flag and the environment are validated here.
 //!
 //! ```
-//! use stepguard_core::ConfigModel;
-//! use stepguard_core::loop_settings::{LoopLimit, LoopRequest, resolve};
+//! use stepguard_config::{ConfigModel, LoopLimit};
+//! use stepguard_config::loop_settings::{LoopRequest, resolve};
 //!
 //! let config = ConfigModel::default();
 //! let r = resolve(&LoopRequest::new(&config)).unwrap();
@@ -32,19 +33,16 @@
 //! assert_eq!(r.settings.map(|s| s.window), Some(20));
 //! ```
 
-use std::collections::BTreeMap;
-use std::fmt;
-
-use serde::Serialize;
-
-use crate::budget::{ConfigModel, Origin, RawValue, Setting};
-use crate::loops::{DEFAULT_LOOP_LIMIT, LoopSettings};
+use crate::ladder::{self, Candidate, Levels, Limit, ProfileLevel};
+use crate::model::ConfigModel;
+use crate::value::{InvalidValue, LimitError, LimitName, LoopLimit, Origin, RawValue, Setting};
+use stepguard_core::loops::{DEFAULT_LOOP_LIMIT, LoopSettings};
 
 /// The largest loop limit or window accepted; anything above is almost certainly a typo (say
 /// `off` for no loop detection instead).
 pub const MAX_LOOP_SETTING: u32 = 1000;
 
-/// The built-in profiles' loop limits (the profiles of [`crate::budget::BUILTIN_PROFILES`]).
+/// The built-in profiles' loop limits (the profiles of [`stepguard_core::budget::BUILTIN_PROFILES`]).
 ///
 /// * `smoke` (3) and `strict` (3): small runs in which the same call three times is already a
 ///   loop, not a retry;
@@ -59,181 +57,99 @@ const LIMIT_EXPECTED: &str = "a whole number from 2 to 1000, or \"off\"";
 /// What a window accepts, for messages.
 const WINDOW_EXPECTED: &str = "a whole number from 2 to 1000";
 
-/// A loop limit: the same call (or cycle) this many times is a loop, or no loop detection.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum LoopLimit {
-    /// This many recurrences are a loop (2 to [`MAX_LOOP_SETTING`]).
-    Limited(u32),
-    /// No loop detection.
-    Off,
-}
+/// The loop limit as a limit of the ladder (it has no policy ceiling).
+#[derive(Clone, Copy, Debug)]
+pub struct Loops;
 
-impl LoopLimit {
-    /// Returns the finite limit, or `None` when off.
-    pub const fn get(self) -> Option<u32> {
-        match self {
-            LoopLimit::Limited(n) => Some(n),
-            LoopLimit::Off => None,
-        }
+impl Limit for Loops {
+    type Value = LoopLimit;
+    const NAME: LimitName = LimitName::LoopLimit;
+    // No policy sets a ceiling for loops, so the ladder never names one.
+    const CEILING_KEY: &'static str = "loop_limit_ceiling";
+
+    fn parse(raw: &RawValue) -> Result<LoopLimit, InvalidValue> {
+        parse_loop_limit(raw)
     }
 
-    /// Returns the tighter of two limits (`off` is the loosest).
-    pub fn min(self, other: LoopLimit) -> LoopLimit {
-        match (self, other) {
-            (LoopLimit::Limited(a), LoopLimit::Limited(b)) => LoopLimit::Limited(a.min(b)),
-            (LoopLimit::Limited(a), LoopLimit::Off) | (LoopLimit::Off, LoopLimit::Limited(a)) => {
-                LoopLimit::Limited(a)
-            }
-            (LoopLimit::Off, LoopLimit::Off) => LoopLimit::Off,
-        }
+    fn tighter(a: LoopLimit, b: LoopLimit) -> LoopLimit {
+        a.min(b)
     }
 
-    /// Validates a raw value from any source (flag, env, file): a whole number from 2 to
-    /// [`MAX_LOOP_SETTING`], or `off`.
-    pub fn from_raw(raw: &RawValue) -> Result<LoopLimit, InvalidLoopValue> {
-        if let RawValue::Text(s) = raw
-            && s.trim().eq_ignore_ascii_case("off")
-        {
-            return Ok(LoopLimit::Off);
-        }
-        whole_number(raw, LIMIT_EXPECTED).map(LoopLimit::Limited)
+    fn describe(value: LoopLimit) -> String {
+        format!("a loop limit of {value}")
+    }
+
+    fn show_ceiling(value: LoopLimit) -> String {
+        value.to_string()
+    }
+
+    fn check_ceiling(_: LoopLimit) -> Result<(), InvalidValue> {
+        Ok(())
     }
 }
 
-impl fmt::Display for LoopLimit {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            LoopLimit::Limited(n) => write!(f, "{n}"),
-            LoopLimit::Off => f.write_str("off"),
-        }
+/// Validates a raw loop limit from any source (flag, env, file): a whole number from 2 to
+/// [`MAX_LOOP_SETTING`], or `off`.
+pub fn parse_loop_limit(raw: &RawValue) -> Result<LoopLimit, InvalidValue> {
+    if let RawValue::Text(s) = raw
+        && s.trim().eq_ignore_ascii_case("off")
+    {
+        return Ok(LoopLimit::Off);
     }
-}
-
-impl Serialize for LoopLimit {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        match self {
-            LoopLimit::Limited(n) => s.serialize_u32(*n),
-            LoopLimit::Off => s.serialize_none(),
-        }
-    }
+    whole_number(raw, LIMIT_EXPECTED).map(LoopLimit::Limited)
 }
 
 /// Validates a raw `loops.window`: a whole number from 2 to [`MAX_LOOP_SETTING`].
-pub fn window_from_raw(raw: &RawValue) -> Result<u32, InvalidLoopValue> {
+pub fn window_from_raw(raw: &RawValue) -> Result<u32, InvalidValue> {
     whole_number(raw, WINDOW_EXPECTED)
 }
 
-fn whole_number(raw: &RawValue, expected: &'static str) -> Result<u32, InvalidLoopValue> {
+fn whole_number(raw: &RawValue, expected: &'static str) -> Result<u32, InvalidValue> {
     let n = match raw {
         RawValue::Integer(n) => *n,
         RawValue::Text(s) => match s.trim().parse::<i64>() {
             Ok(n) => n,
             Err(_) if s.trim().parse::<f64>().is_ok() => {
-                return Err(InvalidLoopValue::NotWhole {
+                return Err(InvalidValue::NotWhole {
                     value: format!("{s:?}"),
                     expected,
                 });
             }
             Err(_) => {
-                return Err(InvalidLoopValue::NotANumber {
+                return Err(InvalidValue::NotANumber {
                     value: format!("{s:?}"),
                     expected,
                 });
             }
         },
         RawValue::Float(f) => {
-            return Err(InvalidLoopValue::NotWhole {
+            return Err(InvalidValue::NotWhole {
                 value: f.to_string(),
                 expected,
             });
         }
         RawValue::Other(kind) => {
-            return Err(InvalidLoopValue::WrongType {
+            return Err(InvalidValue::WrongType {
                 found: kind.clone(),
                 expected,
             });
         }
     };
     if n < 2 {
-        Err(InvalidLoopValue::TooSmall { value: n, expected })
+        Err(InvalidValue::TooSmall {
+            value: n.to_string(),
+            expected,
+        })
     } else {
         u32::try_from(n)
             .ok()
             .filter(|n| *n <= MAX_LOOP_SETTING)
-            .ok_or(InvalidLoopValue::TooLarge { value: n, expected })
+            .ok_or(InvalidValue::TooLarge {
+                value: n.to_string(),
+                max: "1000",
+                expected,
+            })
     }
-}
-
-/// Why a loop limit or window was refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum InvalidLoopValue {
-    /// 0, 1 or negative: a loop is a call made at least twice.
-    #[error("{value} is below 2 (a loop is a call made at least twice); use {expected}")]
-    TooSmall {
-        /// The value given.
-        value: i64,
-        /// What is accepted.
-        expected: &'static str,
-    },
-    /// Above [`MAX_LOOP_SETTING`].
-    #[error("{value} is above the maximum of 1000; use {expected}")]
-    TooLarge {
-        /// The value given.
-        value: i64,
-        /// What is accepted.
-        expected: &'static str,
-    },
-    /// A fractional number.
-    #[error("{value} is not a whole number; use {expected}")]
-    NotWhole {
-        /// The value given, as written.
-        value: String,
-        /// What is accepted.
-        expected: &'static str,
-    },
-    /// Text that is not a number (nor `off`, for a limit).
-    #[error("{value} is not a number; use {expected}")]
-    NotANumber {
-        /// The value given, quoted.
-        value: String,
-        /// What is accepted.
-        expected: &'static str,
-    },
-    /// A value of the wrong type (a boolean, an array …).
-    #[error("expected {expected}, found {found}")]
-    WrongType {
-        /// The type found, e.g. `a boolean`.
-        found: String,
-        /// What is accepted.
-        expected: &'static str,
-    },
-}
-
-/// A loop setting that could not be resolved: a bad value, naming where it was set.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid loop limit at {origin}: {reason}")]
-pub struct LoopSettingError {
-    /// Where the bad value was set.
-    pub origin: Origin,
-    /// What is wrong with it.
-    #[source]
-    pub reason: InvalidLoopValue,
-}
-
-/// The `[loops]` table and the `loop_limit` keys of the config files in effect, validated, each
-/// value with where it was set.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct LoopConfig {
-    /// `loops.limit`.
-    pub limit: Option<(LoopLimit, Origin)>,
-    /// `loops.window`.
-    pub window: Option<(u32, Origin)>,
-    /// `loops.ignore_tools`.
-    pub ignore_tools: Option<(Vec<String>, Origin)>,
-    /// `task_types.T.loop_limit`, by task type.
-    pub task_types: BTreeMap<String, (LoopLimit, Origin)>,
-    /// `profiles.NAME.loop_limit`, by profile.
-    pub profiles: BTreeMap<String, (LoopLimit, Origin)>,
 }
 
 /// The inputs of one loop-settings resolution.
@@ -300,56 +216,31 @@ pub fn builtin_profile_loop_limit(name: &str) -> Option<u32> {
 /// Both the flag and the environment are validated, not only the winner, so a bad
 /// `STEPGUARD_LOOP_LIMIT` never lies in wait until the flag is removed. An unknown profile
 /// contributes nothing here (budget resolution reports it).
-pub fn resolve(req: &LoopRequest<'_>) -> Result<ResolvedLoops, LoopSettingError> {
-    let validated = |s: &Option<Setting>| -> Result<Option<(LoopLimit, Origin)>, LoopSettingError> {
-        s.as_ref()
-            .map(|s| {
-                LoopLimit::from_raw(&s.value)
-                    .map(|l| (l, s.origin.clone()))
-                    .map_err(|reason| LoopSettingError {
-                        origin: s.origin.clone(),
-                        reason,
-                    })
-            })
-            .transpose()
-    };
-    let flag = validated(&req.flag)?;
-    let env = validated(&req.env)?;
+pub fn resolve(req: &LoopRequest<'_>) -> Result<ResolvedLoops, LimitError> {
     let loops = &req.config.loops;
-    let task = req.task_type.and_then(|t| loops.task_types.get(t)).cloned();
-    let explicit = flag.or(env).or(task).or_else(|| loops.limit.clone());
-
-    // (limit, label, file) of the selected profile, when it has a loop limit.
     let profile = req
         .profile
         .as_ref()
         .or(req.config.profile.as_ref())
         .and_then(|(name, _)| match loops.profiles.get(name) {
-            Some((limit, origin)) => {
-                Some((*limit, origin.label(), origin.file().map(str::to_owned)))
-            }
-            None => builtin_profile_loop_limit(name)
-                .map(|l| (LoopLimit::Limited(l), format!("profile {name}"), None)),
+            Some(set) => Some(ProfileLevel::Set(Candidate::Parsed(set.0, &set.1))),
+            None => builtin_profile_loop_limit(name).map(|l| ProfileLevel::Builtin {
+                name,
+                value: LoopLimit::Limited(l),
+            }),
         });
-
-    let (limit, source, source_file, lowered) = match (explicit, profile) {
-        (Some((limit, _)), Some((p, label, file))) if limit.min(p) != limit => {
-            (p, label, file, Some(limit))
-        }
-        (Some((limit, origin)), _) => (
-            limit,
-            origin.label(),
-            origin.file().map(str::to_owned),
-            None,
-        ),
-        (None, Some((p, label, file))) => (p, label, file, None),
-        (None, None) => (
-            LoopLimit::Limited(DEFAULT_LOOP_LIMIT),
-            "default".to_owned(),
-            None,
-            None,
-        ),
-    };
+    let resolved = ladder::resolve::<Loops>(&Levels {
+        explicit: vec![
+            Candidate::raw(req.flag.as_ref()),
+            Candidate::raw(req.env.as_ref()),
+            Candidate::parsed(req.task_type.and_then(|t| loops.task_types.get(t))),
+            Candidate::parsed(loops.limit.as_ref()),
+        ],
+        profile,
+        default: LoopLimit::Limited(DEFAULT_LOOP_LIMIT),
+        ceiling: None,
+    })?;
+    let (limit, source) = (resolved.value, resolved.source);
 
     let mut warnings = Vec::new();
     let mut window = loops
@@ -380,8 +271,8 @@ pub fn resolve(req: &LoopRequest<'_>) -> Result<ResolvedLoops, LoopSettingError>
         }),
         limit,
         source,
-        source_file,
-        explicit: lowered,
+        source_file: resolved.source_file,
+        explicit: resolved.explicit,
         window,
         ignore_tools,
         warnings,
@@ -617,25 +508,25 @@ mod tests {
     #[test]
     fn raw_values_are_validated_for_limit_and_window() {
         assert_eq!(
-            LoopLimit::from_raw(&RawValue::Integer(2)),
+            parse_loop_limit(&RawValue::Integer(2)),
             Ok(LoopLimit::Limited(2))
         );
         assert_eq!(
-            LoopLimit::from_raw(&RawValue::Integer(1000)),
+            parse_loop_limit(&RawValue::Integer(1000)),
             Ok(LoopLimit::Limited(1000))
         );
         assert_eq!(
-            LoopLimit::from_raw(&RawValue::Text(" off ".into())),
+            parse_loop_limit(&RawValue::Text(" off ".into())),
             Ok(LoopLimit::Off)
         );
         assert_eq!(
-            LoopLimit::from_raw(&RawValue::Other("a boolean".into()))
+            parse_loop_limit(&RawValue::Other("a boolean".into()))
                 .unwrap_err()
                 .to_string(),
             "expected a whole number from 2 to 1000, or \"off\", found a boolean"
         );
         assert_eq!(
-            LoopLimit::from_raw(&RawValue::Float(3.5))
+            parse_loop_limit(&RawValue::Float(3.5))
                 .unwrap_err()
                 .to_string(),
             "3.5 is not a whole number; use a whole number from 2 to 1000, or \"off\""

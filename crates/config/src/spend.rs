@@ -1,5 +1,6 @@
 //! Token and cost budgets: `max_tokens` and `max_cost_usd`, where each comes from, and the
-//! precedence that resolves them, mirroring the step budget's ([`crate::budget`]).
+//! precedence levels they are resolved from on the shared ladder ([`crate::ladder`]), as the
+//! step budget is ([`crate::budget`]).
 //!
 //! A token budget counts input and output tokens, cached input included; a cost budget is in US
 //! dollars. Either may be absent: unlike steps, there is no default, so a run without one has no
@@ -21,19 +22,19 @@
 //! `unlimited` being the loosest (so `--max-tokens unlimited` under a profile keeps the
 //! profile's).
 //!
-//! A policy ceiling ([`PolicySettings::max_tokens_ceiling`],
-//! [`PolicySettings::max_cost_usd_ceiling`]) bounds the result of all of the above, no budget
+//! A policy ceiling (`policy.max_tokens_ceiling`,
+//! `policy.max_cost_usd_ceiling`) bounds the result of all of the above, no budget
 //! included: the effective budget is `min(resolved, ceiling)`, and when the ceiling lowers it the
 //! source names the policy (`policy max_tokens_ceiling (FILE)`) and, unless nobody asked for the
 //! budget (no budget at all), a warning says what was asked for and what is allowed.
 //!
 //! Every candidate relevant to the run is validated, not only the winner, so a typo in a lower
 //! level never lies in wait until the level above it is removed. Config files are also validated
-//! as they are parsed (`stepguard-config`); the flags and the environment are validated here.
+//! as they are parsed; the flags and the environment are validated here.
 //!
 //! ```
-//! use stepguard_core::budget::{ConfigModel, LevelSettings, Origin, Setting};
-//! use stepguard_core::spend::{SpendRequest, resolve};
+//! use stepguard_config::{ConfigModel, LevelSettings, Origin, Setting};
+//! use stepguard_config::spend::{SpendRequest, resolve};
 //!
 //! let config = ConfigModel::default();
 //! let flags = LevelSettings {
@@ -45,11 +46,11 @@
 //! assert_eq!((r.max_tokens(), r.tokens.source.as_str()), (None, "default"));
 //! ```
 
-use std::fmt;
-
 use serde::Serialize;
 
-use crate::budget::{ConfigModel, LevelSettings, Origin, PolicySettings, RawValue, Setting};
+use crate::ladder::{self, Candidate, Levels, Limit, ProfileLevel, Resolved};
+use crate::model::{ConfigModel, LevelSettings, PolicySettings};
+use crate::value::{InvalidValue, LimitError, LimitName, Origin, RawValue};
 
 /// The largest token budget (or ceiling) accepted: 10^12. Anything above is almost certainly a
 /// typo; say `unlimited` for no token budget instead.
@@ -73,151 +74,82 @@ pub const TOKENS_CEILING_EXPECTED: &str = "a whole number of tokens from 1 to 10
 pub const COST_CEILING_EXPECTED: &str =
     "a number of US dollars above 0 and at most 1000000 with at most 4 decimals";
 
-/// Which of the two spend budgets a value is for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum SpendKind {
-    /// `max_tokens`.
-    Tokens,
-    /// `max_cost_usd`.
-    Cost,
-}
+/// The token budget (`max_tokens`) as a limit of the ladder; `None` is no budget.
+#[derive(Clone, Copy, Debug)]
+pub struct Tokens;
 
-impl SpendKind {
-    /// Returns the config key: `max_tokens` or `max_cost_usd`.
-    pub const fn key(self) -> &'static str {
-        match self {
-            SpendKind::Tokens => "max_tokens",
-            SpendKind::Cost => "max_cost_usd",
+/// The cost budget (`max_cost_usd`, US dollars) as a limit of the ladder; `None` is no budget.
+#[derive(Clone, Copy, Debug)]
+pub struct Cost;
+
+impl Limit for Tokens {
+    type Value = Option<u64>;
+    const NAME: LimitName = LimitName::Tokens;
+    const CEILING_KEY: &'static str = "max_tokens_ceiling";
+
+    fn parse(raw: &RawValue) -> Result<Option<u64>, InvalidValue> {
+        parse_max_tokens(raw)
+    }
+
+    fn tighter(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+        tighter(a, b)
+    }
+
+    fn describe(value: Option<u64>) -> String {
+        match value {
+            Some(n) => format!("{n} tokens"),
+            None => "unlimited tokens".to_owned(),
         }
     }
 
-    /// Returns the policy key of the ceiling: `max_tokens_ceiling` or `max_cost_usd_ceiling`.
-    pub const fn ceiling_key(self) -> &'static str {
-        match self {
-            SpendKind::Tokens => "max_tokens_ceiling",
-            SpendKind::Cost => "max_cost_usd_ceiling",
-        }
+    fn show_ceiling(value: Option<u64>) -> String {
+        value.map_or_else(|| "unlimited".to_owned(), |n| n.to_string())
     }
 
-    /// Validates a raw budget value of this kind (see [`parse_max_tokens`] and
-    /// [`parse_max_cost_usd`]).
-    pub fn check(self, raw: &RawValue) -> Result<(), InvalidSpend> {
-        match self {
-            SpendKind::Tokens => parse_max_tokens(raw).map(drop),
-            SpendKind::Cost => parse_max_cost_usd(raw).map(drop),
+    fn check_ceiling(value: Option<u64>) -> Result<(), InvalidValue> {
+        match value {
+            Some(n) if (1..=MAX_TOKENS_LIMIT).contains(&n) => Ok(()),
+            other => Err(InvalidValue::InvalidCeiling {
+                value: Self::show_ceiling(other),
+                expected: TOKENS_CEILING_EXPECTED,
+            }),
         }
     }
 }
 
-impl fmt::Display for SpendKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            SpendKind::Tokens => "token budget",
-            SpendKind::Cost => "cost budget",
-        })
+impl Limit for Cost {
+    type Value = Option<f64>;
+    const NAME: LimitName = LimitName::Cost;
+    const CEILING_KEY: &'static str = "max_cost_usd_ceiling";
+
+    fn parse(raw: &RawValue) -> Result<Option<f64>, InvalidValue> {
+        parse_max_cost_usd(raw)
     }
-}
 
-/// Why a token or cost value was refused. `value` is the value as given (quoted when it was
-/// text that is not a number); `expected` says what is accepted.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum InvalidSpend {
-    /// Zero would stop every run before it starts.
-    #[error("{value} is not a valid budget; use {expected}")]
-    Zero {
-        /// The value given.
-        value: String,
-        /// What is accepted.
-        expected: &'static str,
-    },
-    /// Negative amounts mean nothing.
-    #[error("{value} is negative; use {expected}")]
-    Negative {
-        /// The value given.
-        value: String,
-        /// What is accepted.
-        expected: &'static str,
-    },
-    /// Above [`MAX_TOKENS_LIMIT`] or [`MAX_COST_USD_LIMIT`].
-    #[error("{value} is above the maximum of {max}; use {expected}")]
-    TooLarge {
-        /// The value given.
-        value: String,
-        /// The maximum.
-        max: &'static str,
-        /// What is accepted.
-        expected: &'static str,
-    },
-    /// A fractional number of tokens.
-    #[error("{value} is not a whole number; use {expected}")]
-    NotWhole {
-        /// The value given.
-        value: String,
-        /// What is accepted.
-        expected: &'static str,
-    },
-    /// A number of tokens written as a TOML float (`1e6`, `1000.0`).
-    #[error("{value} is a float; use {expected}, written without a decimal point or exponent")]
-    Float {
-        /// The value given.
-        value: String,
-        /// What is accepted.
-        expected: &'static str,
-    },
-    /// A cost finer than [`COST_DECIMALS`] decimals.
-    #[error("{value} has more than 4 decimals; use {expected}")]
-    TooPrecise {
-        /// The value given.
-        value: String,
-        /// What is accepted.
-        expected: &'static str,
-    },
-    /// `inf` or `nan` (TOML allows both).
-    #[error("{value} is not a finite number; use {expected}")]
-    NotFinite {
-        /// The value given.
-        value: String,
-        /// What is accepted.
-        expected: &'static str,
-    },
-    /// Text that is not a number nor `unlimited`.
-    #[error("{value} is not a number; use {expected}")]
-    NotANumber {
-        /// The value given, quoted.
-        value: String,
-        /// What is accepted.
-        expected: &'static str,
-    },
-    /// A value of the wrong type (a boolean, an array …).
-    #[error("expected {expected}, found {found}")]
-    WrongType {
-        /// The type found, e.g. `a boolean`.
-        found: String,
-        /// What is accepted.
-        expected: &'static str,
-    },
-    /// A policy ceiling that is not a valid amount; `unlimited` is refused too, since it would
-    /// bound nothing.
-    #[error("{value} is not a valid ceiling; use {expected}")]
-    InvalidCeiling {
-        /// The value given.
-        value: String,
-        /// What is accepted.
-        expected: &'static str,
-    },
-}
+    fn tighter(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+        tighter(a, b)
+    }
 
-/// A token or cost budget that could not be resolved: a bad value, naming where it was set.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid {kind} at {origin}: {reason}")]
-pub struct SpendError {
-    /// Which budget.
-    pub kind: SpendKind,
-    /// Where the bad value was set.
-    pub origin: Origin,
-    /// What is wrong with it.
-    #[source]
-    pub reason: InvalidSpend,
+    fn describe(value: Option<f64>) -> String {
+        match value {
+            Some(f) => dollars(f),
+            None => "an unlimited cost".to_owned(),
+        }
+    }
+
+    fn show_ceiling(value: Option<f64>) -> String {
+        value.map_or_else(|| "unlimited".to_owned(), dollars)
+    }
+
+    fn check_ceiling(value: Option<f64>) -> Result<(), InvalidValue> {
+        match value {
+            Some(f) if cost_from_float(f, String::new(), COST_CEILING_EXPECTED).is_ok() => Ok(()),
+            other => Err(InvalidValue::InvalidCeiling {
+                value: Self::show_ceiling(other),
+                expected: COST_CEILING_EXPECTED,
+            }),
+        }
+    }
 }
 
 /// Returns true for `unlimited` or `off` (any case, surrounding blanks ignored).
@@ -238,7 +170,7 @@ fn is_decimal(text: &str) -> bool {
 
 /// Validates a raw token budget from any source (flag, env, file): a whole number from 1 to
 /// [`MAX_TOKENS_LIMIT`], or `unlimited` (also `off`), which is `None`.
-pub fn parse_max_tokens(raw: &RawValue) -> Result<Option<u64>, InvalidSpend> {
+pub fn parse_max_tokens(raw: &RawValue) -> Result<Option<u64>, InvalidValue> {
     let expected = TOKENS_EXPECTED;
     match raw {
         RawValue::Integer(n) => tokens_from_integer(*n, expected).map(Some),
@@ -249,52 +181,52 @@ pub fn parse_max_tokens(raw: &RawValue) -> Result<Option<u64>, InvalidSpend> {
                 Ok(n) => tokens_from_integer(n, expected).map(Some),
                 // Digits beyond i64.
                 Err(_) if is_decimal(t) && !t.contains('.') => Err(if t.starts_with('-') {
-                    InvalidSpend::Negative {
+                    InvalidValue::Negative {
                         value: t.to_owned(),
                         expected,
                     }
                 } else {
-                    InvalidSpend::TooLarge {
+                    InvalidValue::TooLarge {
                         value: t.to_owned(),
                         max: "1000000000000",
                         expected,
                     }
                 }),
-                Err(_) if is_decimal(t) => Err(InvalidSpend::NotWhole {
+                Err(_) if is_decimal(t) => Err(InvalidValue::NotWhole {
                     value: format!("{s:?}"),
                     expected,
                 }),
-                Err(_) => Err(InvalidSpend::NotANumber {
+                Err(_) => Err(InvalidValue::NotANumber {
                     value: format!("{s:?}"),
                     expected,
                 }),
             }
         }
-        RawValue::Float(f) if f.is_finite() && f.fract() == 0.0 => Err(InvalidSpend::Float {
+        RawValue::Float(f) if f.is_finite() && f.fract() == 0.0 => Err(InvalidValue::Float {
             value: format!("{f:?}"),
             expected,
         }),
-        RawValue::Float(f) if f.is_finite() => Err(InvalidSpend::NotWhole {
+        RawValue::Float(f) if f.is_finite() => Err(InvalidValue::NotWhole {
             value: f.to_string(),
             expected,
         }),
-        RawValue::Float(f) => Err(InvalidSpend::NotFinite {
+        RawValue::Float(f) => Err(InvalidValue::NotFinite {
             value: f.to_string(),
             expected,
         }),
-        RawValue::Other(kind) => Err(InvalidSpend::WrongType {
+        RawValue::Other(kind) => Err(InvalidValue::WrongType {
             found: kind.clone(),
             expected,
         }),
     }
 }
 
-fn tokens_from_integer(n: i64, expected: &'static str) -> Result<u64, InvalidSpend> {
+fn tokens_from_integer(n: i64, expected: &'static str) -> Result<u64, InvalidValue> {
     let value = n.to_string();
     match u64::try_from(n) {
-        Err(_) => Err(InvalidSpend::Negative { value, expected }),
-        Ok(0) => Err(InvalidSpend::Zero { value, expected }),
-        Ok(n) if n > MAX_TOKENS_LIMIT => Err(InvalidSpend::TooLarge {
+        Err(_) => Err(InvalidValue::Negative { value, expected }),
+        Ok(0) => Err(InvalidValue::Zero { value, expected }),
+        Ok(n) if n > MAX_TOKENS_LIMIT => Err(InvalidValue::TooLarge {
             value,
             max: "1000000000000",
             expected,
@@ -307,16 +239,16 @@ fn tokens_from_integer(n: i64, expected: &'static str) -> Result<u64, InvalidSpe
 /// such as `"2.5"` (digits and one optional `.`, no exponent), above 0, at most
 /// [`MAX_COST_USD_LIMIT`], with at most [`COST_DECIMALS`] decimals; or `unlimited` (also `off`),
 /// which is `None`.
-pub fn parse_max_cost_usd(raw: &RawValue) -> Result<Option<f64>, InvalidSpend> {
+pub fn parse_max_cost_usd(raw: &RawValue) -> Result<Option<f64>, InvalidValue> {
     let expected = COST_EXPECTED;
     match raw {
         RawValue::Integer(n) => {
             let value = n.to_string();
             match u32::try_from(*n) {
-                _ if *n < 0 => Err(InvalidSpend::Negative { value, expected }),
-                Ok(0) => Err(InvalidSpend::Zero { value, expected }),
+                _ if *n < 0 => Err(InvalidValue::Negative { value, expected }),
+                Ok(0) => Err(InvalidValue::Zero { value, expected }),
                 Ok(n) if f64::from(n) <= MAX_COST_USD_LIMIT => Ok(Some(f64::from(n))),
-                _ => Err(InvalidSpend::TooLarge {
+                _ => Err(InvalidValue::TooLarge {
                     value,
                     max: "1000000",
                     expected,
@@ -329,34 +261,34 @@ pub fn parse_max_cost_usd(raw: &RawValue) -> Result<Option<f64>, InvalidSpend> {
             let t = s.trim();
             match t.parse::<f64>() {
                 Ok(f) if is_decimal(t) => cost_from_float(f, t.to_owned(), expected).map(Some),
-                _ => Err(InvalidSpend::NotANumber {
+                _ => Err(InvalidValue::NotANumber {
                     value: format!("{s:?}"),
                     expected,
                 }),
             }
         }
-        RawValue::Other(kind) => Err(InvalidSpend::WrongType {
+        RawValue::Other(kind) => Err(InvalidValue::WrongType {
             found: kind.clone(),
             expected,
         }),
     }
 }
 
-fn cost_from_float(f: f64, value: String, expected: &'static str) -> Result<f64, InvalidSpend> {
+fn cost_from_float(f: f64, value: String, expected: &'static str) -> Result<f64, InvalidValue> {
     if !f.is_finite() {
-        Err(InvalidSpend::NotFinite { value, expected })
+        Err(InvalidValue::NotFinite { value, expected })
     } else if f < 0.0 {
-        Err(InvalidSpend::Negative { value, expected })
+        Err(InvalidValue::Negative { value, expected })
     } else if f <= 0.0 {
-        Err(InvalidSpend::Zero { value, expected })
+        Err(InvalidValue::Zero { value, expected })
     } else if f > MAX_COST_USD_LIMIT {
-        Err(InvalidSpend::TooLarge {
+        Err(InvalidValue::TooLarge {
             value,
             max: "1000000",
             expected,
         })
     } else if decimals(f) > COST_DECIMALS {
-        Err(InvalidSpend::TooPrecise { value, expected })
+        Err(InvalidValue::TooPrecise { value, expected })
     } else {
         Ok(f)
     }
@@ -368,23 +300,13 @@ fn decimals(f: f64) -> usize {
     f.to_string().split_once('.').map_or(0, |(_, d)| d.len())
 }
 
-/// Shows a raw value in a ceiling's error: numbers as written, text quoted.
-fn shown(raw: &RawValue) -> String {
-    match raw {
-        RawValue::Integer(n) => n.to_string(),
-        RawValue::Float(f) => f.to_string(),
-        RawValue::Text(s) => format!("{s:?}"),
-        RawValue::Other(kind) => kind.clone(),
-    }
-}
-
 /// Validates a raw `policy.max_tokens_ceiling`: a whole number from 1 to [`MAX_TOKENS_LIMIT`]
 /// (`unlimited` is refused: it would bound nothing).
-pub fn parse_max_tokens_ceiling(raw: &RawValue) -> Result<u64, InvalidSpend> {
+pub fn parse_max_tokens_ceiling(raw: &RawValue) -> Result<u64, InvalidValue> {
     match parse_max_tokens(raw) {
         Ok(Some(n)) => Ok(n),
-        _ => Err(InvalidSpend::InvalidCeiling {
-            value: shown(raw),
+        _ => Err(InvalidValue::InvalidCeiling {
+            value: raw.shown(),
             expected: TOKENS_CEILING_EXPECTED,
         }),
     }
@@ -392,11 +314,11 @@ pub fn parse_max_tokens_ceiling(raw: &RawValue) -> Result<u64, InvalidSpend> {
 
 /// Validates a raw `policy.max_cost_usd_ceiling`: US dollars above 0, at most
 /// [`MAX_COST_USD_LIMIT`], with at most [`COST_DECIMALS`] decimals (`unlimited` is refused).
-pub fn parse_max_cost_usd_ceiling(raw: &RawValue) -> Result<f64, InvalidSpend> {
+pub fn parse_max_cost_usd_ceiling(raw: &RawValue) -> Result<f64, InvalidValue> {
     match parse_max_cost_usd(raw) {
         Ok(Some(f)) => Ok(f),
-        _ => Err(InvalidSpend::InvalidCeiling {
-            value: shown(raw),
+        _ => Err(InvalidValue::InvalidCeiling {
+            value: raw.shown(),
             expected: COST_CEILING_EXPECTED,
         }),
     }
@@ -431,26 +353,10 @@ impl<'a> SpendRequest<'a> {
     }
 }
 
-/// One resolved budget (tokens or cost) and where it came from.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct ResolvedLimit<T> {
-    /// The effective budget; `None` (`null` in JSON) when the run has none.
-    pub value: Option<T>,
-    /// Short label of the deciding source: `--max-tokens`, `env STEPGUARD_MAX_TOKENS`,
-    /// `task_types.review.max_tokens`, `max_tokens`, `defaults.max_tokens`,
-    /// `profiles.NAME.max_tokens`, `policy max_tokens_ceiling (FILE)`, or `default` (none).
-    pub source: String,
-    /// The config file that decided, when it was a file.
-    pub source_file: Option<String>,
-    /// The explicit budget that the profile's lowered, when it did (`Some(None)`: an explicit
-    /// `unlimited`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub explicit: Option<Option<T>>,
-    /// The budget before the policy ceiling lowered it, when it did (`Some(None)`: no budget or
-    /// `unlimited`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub uncapped: Option<Option<T>>,
-}
+/// One resolved budget (tokens or cost) and where it came from; `value` is `None` (`null` in
+/// JSON) when the run has none, `explicit` and `uncapped` are `Some(None)` for an explicit
+/// `unlimited` (or no budget, under a ceiling).
+pub type ResolvedLimit<T> = Resolved<Option<T>>;
 
 /// The token and cost budgets of a run.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -475,65 +381,6 @@ impl ResolvedSpend {
     }
 }
 
-/// What the resolution needs of an amount of tokens or dollars.
-trait Amount: Copy + PartialOrd {
-    const KIND: SpendKind;
-    fn parse(raw: &RawValue) -> Result<Option<Self>, InvalidSpend>;
-    /// Returns true when a ceiling of this value is valid (a model built by hand could hold
-    /// anything).
-    fn valid_ceiling(self) -> bool;
-    /// The value for a message: `500 tokens`, `$2.50`.
-    fn describe(value: Option<Self>) -> String;
-    /// The ceiling itself for a message: `500`, `$2.50`.
-    fn show(self) -> String;
-}
-
-impl Amount for u64 {
-    const KIND: SpendKind = SpendKind::Tokens;
-
-    fn parse(raw: &RawValue) -> Result<Option<Self>, InvalidSpend> {
-        parse_max_tokens(raw)
-    }
-
-    fn valid_ceiling(self) -> bool {
-        (1..=MAX_TOKENS_LIMIT).contains(&self)
-    }
-
-    fn describe(value: Option<Self>) -> String {
-        match value {
-            Some(n) => format!("{n} tokens"),
-            None => "unlimited tokens".to_owned(),
-        }
-    }
-
-    fn show(self) -> String {
-        self.to_string()
-    }
-}
-
-impl Amount for f64 {
-    const KIND: SpendKind = SpendKind::Cost;
-
-    fn parse(raw: &RawValue) -> Result<Option<Self>, InvalidSpend> {
-        parse_max_cost_usd(raw)
-    }
-
-    fn valid_ceiling(self) -> bool {
-        cost_from_float(self, String::new(), COST_CEILING_EXPECTED).is_ok()
-    }
-
-    fn describe(value: Option<Self>) -> String {
-        match value {
-            Some(f) => dollars(f),
-            None => "an unlimited cost".to_owned(),
-        }
-    }
-
-    fn show(self) -> String {
-        dollars(self)
-    }
-}
-
 /// Formats dollars for messages: cents always shown (`$2.50`), finer amounts as given
 /// (`$0.125`).
 fn dollars(f: f64) -> String {
@@ -553,94 +400,26 @@ fn tighter<T: Copy + PartialOrd>(a: Option<T>, b: Option<T>) -> Option<T> {
     }
 }
 
-/// Validates `setting` as an amount of `T`, naming its origin on failure.
-fn validated<T: Amount>(setting: &Setting) -> Result<Option<T>, SpendError> {
-    T::parse(&setting.value).map_err(|reason| SpendError {
-        kind: T::KIND,
-        origin: setting.origin.clone(),
-        reason,
-    })
-}
-
-/// Resolves one budget from its candidates (flag, env, task type, global, in precedence
-/// order), the selected profile's value and the policy ceiling, pushing warnings.
-fn resolve_one<T: Amount>(
-    candidates: [Option<&Setting>; 4],
-    profile: Option<&Setting>,
-    ceiling: Option<&(T, Origin)>,
-    warnings: &mut Vec<String>,
-) -> Result<ResolvedLimit<T>, SpendError> {
-    let mut explicit: Option<(Option<T>, &Setting)> = None;
-    for setting in candidates.into_iter().flatten() {
-        let value = validated::<T>(setting)?;
-        if explicit.is_none() {
-            explicit = Some((value, setting));
-        }
+/// Returns the levels of one spend budget: the explicit ones (flag, env, task type, global),
+/// the profile's and the policy ceiling.
+fn levels<'b, T: Copy>(
+    explicit: [Option<&'b crate::value::Setting>; 4],
+    profile: Option<&'b crate::value::Setting>,
+    ceiling: Option<&'b (T, Origin)>,
+) -> Levels<'b, Option<T>> {
+    Levels {
+        explicit: explicit.map(Candidate::raw).to_vec(),
+        profile: profile.map(|s| ProfileLevel::Set(Candidate::Raw(s))),
+        default: None,
+        ceiling: ceiling.map(|(cap, origin)| (Some(*cap), origin)),
     }
-    let profile = match profile {
-        Some(setting) => Some((validated::<T>(setting)?, setting)),
-        None => None,
-    };
-    // (value, the setting that decided it, the explicit value the profile lowered).
-    let (value, decided, lowered) = match (explicit, profile) {
-        (Some((e, _)), Some((p, setting))) if tighter(e, p) != e => (p, Some(setting), Some(e)),
-        (Some((e, setting)), _) => (e, Some(setting), None),
-        (None, Some((p, setting))) => (p, Some(setting), None),
-        (None, None) => (None, None, None),
-    };
-    let mut resolved = ResolvedLimit {
-        value,
-        source: decided.map_or_else(|| "default".to_owned(), |s| s.origin.label()),
-        source_file: decided.and_then(|s| s.origin.file().map(str::to_owned)),
-        explicit: lowered,
-        uncapped: None,
-    };
-    if let Some((cap, origin)) = ceiling {
-        if !cap.valid_ceiling() {
-            return Err(SpendError {
-                kind: T::KIND,
-                origin: origin.clone(),
-                reason: InvalidSpend::InvalidCeiling {
-                    value: cap.show(),
-                    expected: match T::KIND {
-                        SpendKind::Tokens => TOKENS_CEILING_EXPECTED,
-                        SpendKind::Cost => COST_CEILING_EXPECTED,
-                    },
-                },
-            });
-        }
-        let requested = resolved.value;
-        if tighter(requested, Some(*cap)) != requested {
-            // No budget at all is nobody's request: the ceiling becomes the budget silently.
-            if let Some(setting) = decided {
-                warnings.push(format!(
-                    "{} asks for {}, above the policy ceiling of {} set in {origin}; using {}",
-                    setting.origin,
-                    T::describe(requested),
-                    cap.show(),
-                    cap.show()
-                ));
-            }
-            resolved.value = Some(*cap);
-            resolved.source = format!(
-                "policy {} ({})",
-                T::KIND.ceiling_key(),
-                origin
-                    .file()
-                    .map_or_else(|| origin.to_string(), str::to_owned)
-            );
-            resolved.source_file = origin.file().map(str::to_owned);
-            resolved.uncapped = Some(requested);
-        }
-    }
-    Ok(resolved)
 }
 
 /// Resolves the token and cost budgets of a run (see the module docs for the precedence).
 ///
 /// An unknown profile contributes nothing here (budget resolution reports it); neither does a
 /// task type without a `[task_types.T]` table (budget resolution warns about it).
-pub fn resolve(req: &SpendRequest<'_>) -> Result<ResolvedSpend, SpendError> {
+pub fn resolve(req: &SpendRequest<'_>) -> Result<ResolvedSpend, LimitError> {
     let empty = LevelSettings::default();
     let config = req.config;
     let task = req
@@ -653,8 +432,7 @@ pub fn resolve(req: &SpendRequest<'_>) -> Result<ResolvedSpend, SpendError> {
         .or(config.profile.as_ref())
         .and_then(|(name, _)| config.profiles.get(name));
     let policy: &PolicySettings = &config.policy;
-    let mut warnings = Vec::new();
-    let tokens = resolve_one::<u64>(
+    let mut tokens = ladder::resolve::<Tokens>(&levels(
         [
             req.flags.max_tokens.as_ref(),
             req.env.max_tokens.as_ref(),
@@ -663,9 +441,8 @@ pub fn resolve(req: &SpendRequest<'_>) -> Result<ResolvedSpend, SpendError> {
         ],
         profile.and_then(|p| p.max_tokens.as_ref()),
         policy.max_tokens_ceiling.as_ref(),
-        &mut warnings,
-    )?;
-    let cost = resolve_one::<f64>(
+    ))?;
+    let mut cost = ladder::resolve::<Cost>(&levels(
         [
             req.flags.max_cost_usd.as_ref(),
             req.env.max_cost_usd.as_ref(),
@@ -674,8 +451,9 @@ pub fn resolve(req: &SpendRequest<'_>) -> Result<ResolvedSpend, SpendError> {
         ],
         profile.and_then(|p| p.max_cost_usd.as_ref()),
         policy.max_cost_usd_ceiling.as_ref(),
-        &mut warnings,
-    )?;
+    ))?;
+    let mut warnings = std::mem::take(&mut tokens.warnings);
+    warnings.append(&mut cost.warnings);
     Ok(ResolvedSpend {
         tokens,
         cost,
@@ -686,7 +464,8 @@ pub fn resolve(req: &SpendRequest<'_>) -> Result<ResolvedSpend, SpendError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::budget::ProfileSettings;
+    use crate::model::ProfileSettings;
+    use crate::value::Setting;
 
     fn file(key: &str) -> Origin {
         Origin::File {
@@ -777,7 +556,7 @@ mod tests {
         assert_eq!((r.tokens.source_file, r.cost.source_file), (None, None));
         assert!(r.warnings.is_empty());
         // Built-in profiles set neither.
-        for (name, _) in crate::budget::BUILTIN_PROFILES {
+        for (name, _) in stepguard_core::budget::BUILTIN_PROFILES {
             let r = resolve(&SpendRequest {
                 profile: Some(((*name).into(), Origin::Flag("--profile".into()))),
                 ..SpendRequest::new(&config)
@@ -1130,7 +909,13 @@ mod tests {
                      number of tokens from 1 to 1000000000000, or \"unlimited\""
                 )
             );
-            assert_eq!(err.kind, SpendKind::Tokens);
+            assert!(matches!(
+                err,
+                LimitError::InvalidValue {
+                    limit: LimitName::Tokens,
+                    ..
+                }
+            ));
         }
         let costs = [
             ("0", "0 is not a valid budget"),
