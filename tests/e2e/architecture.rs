@@ -432,3 +432,121 @@ fn the_import_graph_sees_use_paths_and_super() {
     assert_eq!(graph["c"], BTreeSet::from(["a".to_owned()]));
     assert!(find_circle(&graph).is_some());
 }
+
+/// The error types the libraries declare (`thiserror::Error` derives on public types).
+fn library_error_types() -> BTreeMap<String, PathBuf> {
+    #[derive(Default)]
+    struct Errors(Vec<String>);
+    impl<'a> Visit<'a> for Errors {
+        fn visit_item_mod(&mut self, m: &'a syn::ItemMod) {
+            if !is_test_only(&m.attrs) {
+                syn::visit::visit_item_mod(self, m);
+            }
+        }
+        fn visit_item_enum(&mut self, e: &'a syn::ItemEnum) {
+            if derives_error(&e.attrs) && matches!(e.vis, syn::Visibility::Public(_)) {
+                self.0.push(e.ident.to_string());
+            }
+        }
+        fn visit_item_struct(&mut self, s: &'a syn::ItemStruct) {
+            if derives_error(&s.attrs) && matches!(s.vis, syn::Visibility::Public(_)) {
+                self.0.push(s.ident.to_string());
+            }
+        }
+    }
+    fn derives_error(attrs: &[syn::Attribute]) -> bool {
+        attrs.iter().any(|a| {
+            a.path().is_ident("derive")
+                && a.meta
+                    .require_list()
+                    .is_ok_and(|l| l.tokens.to_string().contains("Error"))
+        })
+    }
+    let mut found = BTreeMap::new();
+    for (name, root) in crate_roots() {
+        // The CLI's own errors, the benchmarks and the test model server are not libraries.
+        if ["cli", "bench", "modelserver"]
+            .iter()
+            .any(|c| name.starts_with(&format!("{c} ")))
+        {
+            continue;
+        }
+        for m in modules(&root) {
+            let mut v = Errors::default();
+            v.visit_file(&m.ast);
+            for e in v.0 {
+                found.insert(e, m.file.clone());
+            }
+        }
+    }
+    found
+}
+
+/// The error types `crates/cli/src/exit.rs` gives a code (`Known`'s variants) and the ones it
+/// says never reach the CLI.
+fn classified_error_types() -> (BTreeSet<String>, BTreeSet<String>) {
+    let path = workspace().join("crates/cli/src/exit.rs");
+    let ast = syn::parse_file(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let mut known = BTreeSet::new();
+    let mut never = BTreeSet::new();
+    for item in &ast.items {
+        match item {
+            syn::Item::Enum(e) if e.ident == "Known" => {
+                for v in &e.variants {
+                    for f in &v.fields {
+                        if let syn::Type::Reference(r) = &f.ty
+                            && let syn::Type::Path(p) = &*r.elem
+                        {
+                            known.insert(p.path.segments.last().unwrap().ident.to_string());
+                        }
+                    }
+                }
+            }
+            syn::Item::Const(c) if c.ident == "NEVER_AN_ERROR_OF_THE_CLI" => {
+                let syn::Expr::Reference(r) = &*c.expr else {
+                    panic!("NEVER_AN_ERROR_OF_THE_CLI is not a slice")
+                };
+                let syn::Expr::Array(pairs) = &*r.expr else {
+                    panic!("NEVER_AN_ERROR_OF_THE_CLI is not a slice")
+                };
+                for pair in &pairs.elems {
+                    if let syn::Expr::Tuple(t) = pair
+                        && let Some(syn::Expr::Lit(lit)) = t.elems.first()
+                        && let syn::Lit::Str(name) = &lit.lit
+                    {
+                        never.insert(name.value());
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    (known, never)
+}
+
+#[test]
+fn every_library_error_type_has_an_exit_code() {
+    let declared = library_error_types();
+    let (known, never) = classified_error_types();
+    assert!(
+        known.len() >= 10 && declared.len() >= 10,
+        "{known:?} {declared:?}"
+    );
+    let missing: Vec<String> = declared
+        .iter()
+        .filter(|(name, _)| !known.contains(*name) && !never.contains(*name))
+        .map(|(name, file)| format!("{name} ({})", file.display()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "error types with no exit code: give each a variant of `Known` in \
+         crates/cli/src/exit.rs (or say in NEVER_AN_ERROR_OF_THE_CLI why it never reaches the \
+         CLI):\n{}",
+        missing.join("\n")
+    );
+    let stale: Vec<&String> = never
+        .iter()
+        .filter(|n| !declared.contains_key(*n))
+        .collect();
+    assert!(stale.is_empty(), "no longer declared: {stale:?}");
+}

@@ -1,14 +1,137 @@
 //! The one place where errors and run outcomes become process exit codes.
 
-use stepguard_config::{ConfigError, LimitError};
+use std::error::Error;
+
+use stepguard_config::{ConfigError, InvalidValue, LimitError};
 use stepguard_core::ExitCode;
+use stepguard_core::slug::UnknownSlug;
+use stepguard_governor::DefinitionError;
+use stepguard_governor::scenario::ScenarioError;
 use stepguard_plugin_api::host::{CallError, LoadError};
-use stepguard_plugin_host::LookupError;
+use stepguard_plugin_host::trust::UnsafePlugin;
+use stepguard_plugin_host::{FailureReason, LookupError};
+use stepguard_prices::PriceError;
+use stepguard_runner::CountError;
+use stepguard_store::StoreError;
+use stepguard_telemetry::TelemetryError;
 
 /// A usage error found by stepguard itself (not clap), e.g. an unknown provider name.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct UsageError(pub String);
+
+/// Every error a command can end with, as the CLI knows it. [`Known::code`] is the one place
+/// each gets its exit code and `--json` kind: its matches name every type and every variant, so
+/// a new variant does not compile without a code, and `tests/e2e/architecture.rs` checks that every
+/// error type the libraries declare is here (or named as never reaching the CLI).
+#[derive(Debug)]
+pub enum Known<'a> {
+    /// A provider that is not there or did not load.
+    Lookup(&'a LookupError),
+    /// Why a plugin file was not used.
+    Failure(&'a FailureReason),
+    /// A plugin file no one but root and the user may change.
+    Unsafe(&'a UnsafePlugin),
+    /// A plugin that did not load.
+    Load(&'a LoadError),
+    /// A plugin call that failed.
+    Call(&'a CallError),
+    /// The history database.
+    Store(&'a StoreError),
+    /// A governor scenario.
+    Scenario(&'a ScenarioError),
+    /// A governor agent definition.
+    Definition(&'a DefinitionError),
+    /// A config file.
+    Config(&'a ConfigError),
+    /// A bad value of a limit, or an unknown profile.
+    Limit(&'a LimitError),
+    /// A bad value, on its own.
+    Value(&'a InvalidValue),
+    /// A price file.
+    Price(&'a PriceError),
+    /// Counting a recorded stream.
+    Count(&'a CountError),
+    /// Exporting history as telemetry.
+    Telemetry(&'a TelemetryError),
+    /// A failure slug that does not exist.
+    Slug(&'a UnknownSlug),
+    /// A usage error found by stepguard itself.
+    Usage(&'a UsageError),
+    /// A file or a process.
+    Io(&'a std::io::Error),
+}
+
+/// Error types of the libraries that never reach the CLI as an error, and why.
+pub const NEVER_AN_ERROR_OF_THE_CLI: &[(&str, &str)] = &[
+    (
+        "GatewayError",
+        "the runner makes a gateway that cannot start a run that did not start (`spawn_failed`)",
+    ),
+    (
+        "UnknownDialect",
+        "a plugin's endpoint dialect the runner cannot speak makes a run that did not start",
+    ),
+    (
+        "PointError",
+        "the runner makes a command it cannot point at the gateway a run that did not start",
+    ),
+];
+
+impl<'a> Known<'a> {
+    /// The first thing stepguard knows `cause` to be.
+    pub fn of(cause: &'a (dyn Error + 'static)) -> Option<Self> {
+        macro_rules! first {
+            ($($variant:ident($ty:ty)),* $(,)?) => {
+                $(if let Some(e) = cause.downcast_ref::<$ty>() {
+                    return Some(Known::$variant(e));
+                })*
+            };
+        }
+        first!(
+            Lookup(LookupError),
+            Failure(FailureReason),
+            Unsafe(UnsafePlugin),
+            Load(LoadError),
+            Call(CallError),
+            Store(StoreError),
+            Scenario(ScenarioError),
+            Definition(DefinitionError),
+            Config(ConfigError),
+            Limit(LimitError),
+            Value(InvalidValue),
+            Price(PriceError),
+            Count(CountError),
+            Telemetry(TelemetryError),
+            Slug(UnknownSlug),
+            Usage(UsageError),
+            Io(std::io::Error),
+        );
+        None
+    }
+
+    /// The exit code and the `--json` kind of this error.
+    pub fn code(&self) -> (ExitCode, &'static str) {
+        match self {
+            Known::Lookup(LookupError::Unknown { .. }) => (ExitCode::Usage, "unknown_provider"),
+            Known::Lookup(LookupError::FailedToLoad { .. })
+            | Known::Failure(_)
+            | Known::Unsafe(_)
+            | Known::Load(_)
+            | Known::Call(_)
+            | Known::Count(CountError::Plugin(_)) => (ExitCode::Plugin, "plugin"),
+            Known::Store(_) => (ExitCode::Usage, "history"),
+            Known::Scenario(_) | Known::Definition(_) => (ExitCode::Usage, "scenario"),
+            Known::Config(_) => (ExitCode::Usage, "config"),
+            Known::Limit(_) | Known::Value(_) => (ExitCode::Usage, "budget"),
+            Known::Count(CountError::Read { .. }) | Known::Io(_) => (ExitCode::Usage, "io"),
+            Known::Price(PriceError::Read { .. }) => (ExitCode::Usage, "io"),
+            Known::Price(_) | Known::Telemetry(_) | Known::Slug(_) | Known::Usage(_) => {
+                (ExitCode::Usage, "usage")
+            }
+        }
+    }
+}
 
 /// Returns the exit code for an error that ended a command.
 pub fn exit_code_for(err: &anyhow::Error) -> ExitCode {
@@ -18,39 +141,12 @@ pub fn exit_code_for(err: &anyhow::Error) -> ExitCode {
 /// Returns the exit code and the error's kind (the `kind` of a `--json` error object), deciding
 /// both from the first cause stepguard knows.
 pub fn classify(err: &anyhow::Error) -> (ExitCode, &'static str) {
-    for cause in err.chain() {
-        match cause.downcast_ref::<LookupError>() {
-            Some(LookupError::Unknown { .. }) => return (ExitCode::Usage, "unknown_provider"),
-            Some(LookupError::FailedToLoad { .. }) => return (ExitCode::Plugin, "plugin"),
-            None => {}
-        }
-        if cause.is::<stepguard_store::StoreError>() {
-            return (ExitCode::Usage, "history");
-        }
-        if cause.is::<stepguard_governor::scenario::ScenarioError>() {
-            return (ExitCode::Usage, "scenario");
-        }
-        if cause.is::<CallError>() || cause.is::<LoadError>() {
-            return (ExitCode::Plugin, "plugin");
-        }
-        if cause.is::<ConfigError>() {
-            return (ExitCode::Usage, "config");
-        }
-        // A bad value of any limit (steps, tokens, cost, loop limit) or an unknown profile: one
-        // kind for all of them, exit 2 like every other mistake on the command line or in a file.
-        if cause.is::<LimitError>() {
-            return (ExitCode::Usage, "budget");
-        }
-        if cause.is::<UsageError>() {
-            return (ExitCode::Usage, "usage");
-        }
-        if cause.is::<std::io::Error>() {
-            return (ExitCode::Usage, "io");
-        }
-    }
-    // Anything unforeseen is reported as a usage/environment problem rather than as the agent
-    // failing, so scripts never mistake a stepguard bug for an agent's verdict.
-    (ExitCode::Usage, "usage")
+    err.chain()
+        .find_map(Known::of)
+        .map(|known| known.code())
+        // Anything unforeseen is reported as a usage/environment problem rather than as the
+        // agent failing, so scripts never mistake a stepguard bug for an agent's verdict.
+        .unwrap_or((ExitCode::Usage, "usage"))
 }
 
 /// Returns the `--json` form of an error: `{"error": {"kind": …, "message": …}}`.
