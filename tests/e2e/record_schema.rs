@@ -239,3 +239,5 @@ fn errors_under_json_are_one_object_on_stdout_with_the_same_exit_code() {
             .starts_with("stepguard: error: unknown provider `nosuch`")
     );
 }
+
+mod snapshots;
