@@ -52,7 +52,8 @@ pub use budget::{
 };
 pub use exit::ExitCode;
 pub use ledger::{BudgetStatus, StepLedger};
-pub use record::{RECORD_SCHEMA_VERSION, RunRecord};
+pub use record::{Containment, RECORD_SCHEMA_VERSION, RecordedSlug, RunRecord};
 pub use slug::FailureSlug;
 pub use spend::{ResolvedSpend, SpendError, SpendRequest};
 pub use stats::{Outcome, RunStats, TokenUsage};
+pub use verdict::TerminatedBy;
