@@ -37,7 +37,7 @@
 //! use stepguard_store::{NewRun, Store};
 //! let store = Store::open(&dir.path().join("history.db")).unwrap();
 //! let id = store.begin_run(&NewRun { provider: "codex".into(), ..NewRun::default() }).unwrap();
-//! assert_eq!(store.get(id).unwrap().unwrap().outcome.as_str(), "running");
+//! assert_eq!(store.get(id).unwrap().unwrap().verdict.outcome.as_str(), "running");
 //! ```
 #![forbid(unsafe_code)]
 
