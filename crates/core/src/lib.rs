@@ -52,7 +52,7 @@ pub use budget::{
 };
 pub use exit::ExitCode;
 pub use ledger::{BudgetStatus, StepLedger};
-pub use record::{Containment, RECORD_SCHEMA_VERSION, RecordedSlug, RunRecord};
+pub use record::{Containment, LimitChoice, RECORD_SCHEMA_VERSION, RecordedSlug, RunRecord};
 pub use slug::FailureSlug;
 pub use spend::{ResolvedSpend, SpendError, SpendRequest};
 pub use stats::{Outcome, RunStats, TokenUsage};

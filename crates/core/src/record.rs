@@ -153,7 +153,7 @@ pub struct Supervision {
     /// provider plugin does not report tool calls, or the run was recorded before loops were.
     pub loops: Option<Vec<LoopFound>>,
     /// The human's decisions at the limit, in order: `stop`, `allow:N`, `continue`.
-    pub on_limit_decisions: Vec<String>,
+    pub on_limit_decisions: Vec<LimitChoice>,
 }
 
 /// What the model gateway of `--wrap-up` saw.
@@ -258,6 +258,75 @@ impl FromStr for Containment {
 impl fmt::Display for Containment {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+/// A decision taken at the limit by a policy that asks (`--on-limit ask`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LimitChoice {
+    /// Stop the run (`stop`).
+    Stop,
+    /// Allow this many more steps (`allow:N`).
+    Allow(u32),
+    /// Go on without a limit (`continue`).
+    Continue,
+}
+
+impl fmt::Display for LimitChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LimitChoice::Stop => f.write_str("stop"),
+            LimitChoice::Allow(n) => write!(f, "allow:{n}"),
+            LimitChoice::Continue => f.write_str("continue"),
+        }
+    }
+}
+
+impl FromStr for LimitChoice {
+    type Err = UnknownValue;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "stop" => Ok(LimitChoice::Stop),
+            "continue" => Ok(LimitChoice::Continue),
+            _ => s
+                .strip_prefix("allow:")
+                .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|n| n.parse().ok())
+                .map(LimitChoice::Allow)
+                .ok_or_else(|| UnknownValue {
+                    what: "on-limit decision",
+                    value: s.to_owned(),
+                }),
+        }
+    }
+}
+
+impl Serialize for LimitChoice {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for LimitChoice {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(deserializer)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(feature = "schema")]
+impl schemars::JsonSchema for LimitChoice {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "LimitChoice".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "A decision at the limit: `stop`, `allow:N` (N more steps) or `continue`.",
+            "type": "string",
+            "pattern": "^(stop|continue|allow:[0-9]+)$"
+        })
     }
 }
 
@@ -522,6 +591,20 @@ mod tests {
                 serde_json::to_string(&recorded).unwrap(),
                 format!("\"{stored}\"")
             );
+        }
+        for (text, choice) in [
+            ("stop", LimitChoice::Stop),
+            ("allow:12", LimitChoice::Allow(12)),
+            ("continue", LimitChoice::Continue),
+        ] {
+            assert_eq!(text.parse::<LimitChoice>(), Ok(choice));
+            assert_eq!(
+                serde_json::to_string(&choice).unwrap(),
+                format!("\"{text}\"")
+            );
+        }
+        for bad in ["allow:", "allow:-1", "allow:+2", "Stop", "allow:2,stop"] {
+            assert!(bad.parse::<LimitChoice>().is_err(), "{bad}");
         }
         for &c in Containment::ALL {
             assert_eq!(c.as_str().parse::<Containment>(), Ok(c));

@@ -5,7 +5,7 @@ use std::time::{Duration, SystemTime};
 
 use stepguard_core::record::SpendBudgets;
 use stepguard_core::verdict::{self, ChildExit, Limit, RunFacts, TerminatedBy, Verdict};
-use stepguard_core::{ExitCode, RunRecord, RunStats};
+use stepguard_core::{ExitCode, LimitChoice, RunRecord, RunStats};
 use stepguard_plugin_api::CounterStats;
 use stepguard_plugin_api::host::CallError;
 use stepguard_supervisor::{ExitStatus, StopReport};
@@ -305,7 +305,15 @@ fn set_process_fields(record: &mut RunRecord, spec: &Labels, ending: &Ending, ex
     let supervision = &mut record.supervision;
     supervision.containment = ending.containment.and_then(|c| c.parse().ok());
     supervision.breached_at_step = ending.breached_at;
-    supervision.on_limit_decisions = ending.decisions.iter().map(|d| d.label()).collect();
+    supervision.on_limit_decisions = ending
+        .decisions
+        .iter()
+        .map(|d| match *d {
+            LimitDecision::Stop => LimitChoice::Stop,
+            LimitDecision::Allow(n) => LimitChoice::Allow(n),
+            LimitDecision::Unlimited => LimitChoice::Continue,
+        })
+        .collect();
 }
 
 /// What the model gateway saw: its calls, the final report, and the usage of every call.

@@ -248,7 +248,13 @@ fn an_asking_policy_can_allow_more_steps() {
         [LimitDecision::Allow(2), LimitDecision::Stop]
     );
     assert_eq!(
-        report.record.supervision.on_limit_decisions,
+        report
+            .record
+            .supervision
+            .on_limit_decisions
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>(),
         ["allow:2", "stop"]
     );
     // 2 allowed, step 3 breached, 2 more allowed, step 5 breached.

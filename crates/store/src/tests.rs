@@ -1,7 +1,7 @@
 use std::collections::BTreeMap;
 
 use stepguard_core::loops::{LoopFound, LoopKind};
-use stepguard_core::{FailureSlug, RunStats, TokenUsage};
+use stepguard_core::{FailureSlug, LimitChoice, RunStats, TokenUsage};
 
 use super::*;
 
@@ -196,7 +196,7 @@ fn lifecycle_running_progress_finished() {
     );
     fin.verdict.exit_code = Some(3);
     fin.verdict.terminated_by = Some("budget".parse().unwrap());
-    fin.supervision.on_limit_decisions = vec!["allow:2".into(), "stop".into()];
+    fin.supervision.on_limit_decisions = vec!["allow:2".parse().unwrap(), "stop".parse().unwrap()];
     store.finish_run(id, &fin).unwrap();
     let done = store.get(id).unwrap().unwrap();
     assert_eq!(
@@ -214,7 +214,10 @@ fn lifecycle_running_progress_finished() {
         ),
         (Some(31), Some("budget"))
     );
-    assert_eq!(done.supervision.on_limit_decisions, ["allow:2", "stop"]);
+    assert_eq!(
+        done.supervision.on_limit_decisions,
+        [LimitChoice::Allow(2), LimitChoice::Stop]
+    );
     assert!(done.invocation.ended_at.is_some());
     // A finished row takes no more progress updates.
     store.update_progress(id, 99).unwrap();
@@ -539,7 +542,7 @@ fn every_field_of_a_run_record_survives_the_round_trip() {
     fin.verdict.child_signal = Some(15);
     fin.verdict.terminated_by = Some("budget".parse().unwrap());
     fin.supervision.breached_at_step = Some(6);
-    fin.supervision.on_limit_decisions = vec!["allow:1".into(), "stop".into()];
+    fin.supervision.on_limit_decisions = vec!["allow:1".parse().unwrap(), "stop".parse().unwrap()];
     fin.counts.noise_lines = Some(2);
     fin.counts.unknown_events = Some(3);
     fin.counts.oversized_lines = Some(1);

@@ -74,7 +74,8 @@ pub(crate) fn record(r: &Row<'_>) -> rusqlite::Result<RunRecord> {
         .map(|d| {
             d.split(',')
                 .filter(|s| !s.is_empty())
-                .map(str::to_owned)
+                // Written by the same labels the record's decisions read.
+                .filter_map(|s| s.parse().ok())
                 .collect()
         })
         .unwrap_or_default();

@@ -359,7 +359,11 @@ fn end_lines(r: &RunRecord) -> Vec<String> {
             if decisions.is_empty() {
                 "-".to_owned()
             } else {
-                decisions.join(", ")
+                decisions
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
             }
         ),
         format!(
