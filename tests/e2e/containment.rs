@@ -459,7 +459,7 @@ fn a_write_locked_history_database_does_not_delay_the_stop_or_the_exit() {
     ]);
     assert_eq!(created.code, Some(0), "{}", created.stderr);
     let lock = rusqlite::Connection::open(&db).unwrap();
-    lock.execute_batch("BEGIN EXCLUSIVE; INSERT INTO runs (started_at, provider, command, outcome) VALUES ('x', 'lock', '[]', 'running');").unwrap();
+    lock.execute_batch("BEGIN EXCLUSIVE; INSERT INTO runs (started_at, provider, outcome, record) VALUES ('x', 'lock', 'running', '{}');").unwrap();
     let body = format!(
         "{}\nsleep 30",
         (0..4)

@@ -160,7 +160,8 @@ fn a_wrapped_up_runs_model_calls_and_final_report_are_shown_and_exported() {
         let db = sb.project().join(".stepguard/history.db");
         let conn = rusqlite::Connection::open(db).unwrap();
         conn.execute(
-            "UPDATE runs SET terminated_by = 'wrap_up', final_report = ?1, model_calls = 9
+            "UPDATE runs SET record = json_set(record, '$.terminated_by', 'wrap_up',
+                '$.final_report', ?1, '$.model_calls', 9)
              WHERE id = 2",
             [report],
         )
@@ -281,17 +282,21 @@ fn budgeted_runs(sb: &Sandbox) -> String {
             })
             .unwrap();
         let mut fin = RunRecord::new("claude", outcome);
-        fin.error_type = slug.map(Into::into);
-        fin.exit_code = Some(if slug.is_some() { 3 } else { 0 });
-        fin.terminated_by = slug.map(|s| if s == "max_tokens" { "tokens" } else { "cost" }.into());
-        fin.duration_ms = Some(1000);
-        fin.num_steps_computed = Some(steps);
-        fin.tokens = Some(tokens);
-        fin.cost_usd = Some(cost);
-        fin.max_tokens = max_tokens.map(|(n, _)| n);
-        fin.max_tokens_source = max_tokens.map(|(_, s)| s.into());
-        fin.max_cost_usd = max_cost.map(|(usd, _)| usd);
-        fin.max_cost_usd_source = max_cost.map(|(_, s)| s.into());
+        fin.verdict.error_type = slug.map(Into::into);
+        fin.verdict.exit_code = Some(if slug.is_some() { 3 } else { 0 });
+        fin.verdict.terminated_by = slug.map(|s| {
+            if s == "max_tokens" { "tokens" } else { "cost" }
+                .parse()
+                .unwrap()
+        });
+        fin.invocation.duration_ms = Some(1000);
+        fin.counts.num_steps_computed = Some(steps);
+        fin.usage.tokens = Some(tokens);
+        fin.usage.cost_usd = Some(cost);
+        fin.spend.max_tokens = max_tokens.map(|(n, _)| n);
+        fin.spend.max_tokens_source = max_tokens.map(|(_, s)| s.into());
+        fin.spend.max_cost_usd = max_cost.map(|(usd, _)| usd);
+        fin.spend.max_cost_usd_source = max_cost.map(|(_, s)| s.into());
         if id == 1 {
             fin.sub_agent_tokens = Some(
                 [
@@ -618,7 +623,7 @@ fn a_newer_database_is_refused_and_the_run_still_enforces() {
     assert!(
         history
             .stderr
-            .contains("has schema version 8, newer than this stepguard knows"),
+            .contains("has schema version 9, newer than this stepguard knows"),
         "{}",
         history.stderr
     );
@@ -648,9 +653,9 @@ fn a_newer_database_is_refused_and_the_run_still_enforces() {
     assert_eq!(std::fs::read(&db).unwrap(), before);
 }
 
-/// Makes a SQLite file with `user_version = 8` using the sqlite3 file format directly: a valid
-/// empty database whose header says version 8 (bytes 60..64, big endian), one past the newest
-/// this stepguard knows (7).
+/// Makes a SQLite file with `user_version = 9` using the sqlite3 file format directly: a valid
+/// empty database whose header says version 9 (bytes 60..64, big endian), one past the newest
+/// this stepguard knows (8).
 fn rusqlite_free_newer_db(path: &std::path::Path) -> std::fs::File {
     // An empty database made by SQLite is 4096 bytes of header + empty schema page; build it by
     // asking stepguard's store to create one, then patch the version field.
@@ -672,7 +677,7 @@ fn rusqlite_free_newer_db(path: &std::path::Path) -> std::fs::File {
     conn.pragma_update(None, "journal_mode", "DELETE").unwrap();
     drop(conn);
     let mut bytes = std::fs::read(&fresh).unwrap();
-    bytes[60..64].copy_from_slice(&8u32.to_be_bytes());
+    bytes[60..64].copy_from_slice(&9u32.to_be_bytes());
     std::fs::write(path, &bytes).unwrap();
     std::fs::File::open(path).unwrap()
 }

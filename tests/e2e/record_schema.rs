@@ -239,3 +239,129 @@ fn errors_under_json_are_one_object_on_stdout_with_the_same_exit_code() {
             .starts_with("stepguard: error: unknown provider `nosuch`")
     );
 }
+
+mod snapshots;
+
+/// Where the docs list the values of a closed set of the record: the file, the section's
+/// heading, and the table row (by its first cell's start) whose second cell's first clause is
+/// the list, or none when the whole section is the list. One place to re-point when the docs
+/// move.
+struct DocList {
+    what: &'static str,
+    path: &'static str,
+    heading: &'static str,
+    row: Option<&'static str>,
+}
+
+const DOC_LISTS: [DocList; 3] = [
+    DocList {
+        what: "outcome",
+        path: "docs/record.md",
+        heading: "# Run records",
+        row: Some("| `outcome`,"),
+    },
+    DocList {
+        what: "terminated_by",
+        path: "docs/record.md",
+        heading: "# Run records",
+        row: Some("| `terminated_by`,"),
+    },
+    DocList {
+        what: "failure slug",
+        path: "docs/exit-codes.md",
+        heading: "## Failure slugs",
+        row: None,
+    },
+];
+
+/// The section under `heading`, up to the next heading of its level or above.
+fn section<'a>(text: &'a str, heading: &str) -> &'a str {
+    let start = text
+        .find(&format!("\n{heading}\n"))
+        .unwrap_or_else(|| panic!("no section `{heading}`"))
+        + heading.len()
+        + 2;
+    let level = heading.split(' ').next().unwrap();
+    let rest = &text[start..];
+    let end = rest
+        .match_indices("\n#")
+        .find(|(i, _)| {
+            let hashes: String = rest[i + 1..].chars().take_while(|c| *c == '#').collect();
+            hashes.len() <= level.len()
+        })
+        .map_or(rest.len(), |(i, _)| i);
+    &rest[..end]
+}
+
+/// The lowercase values in backticks in `text`, sorted and deduplicated.
+fn backticked(text: &str) -> Vec<String> {
+    let mut values: Vec<String> = text
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|v| v.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
+        .map(str::to_owned)
+        .collect();
+    values.sort();
+    values.dedup();
+    values
+}
+
+/// The values `list` documents.
+fn documented(list: &DocList) -> Vec<String> {
+    // A leading newline, so that a heading on the first line is found like any other.
+    let text = format!("\n{}", std::fs::read_to_string(workspace().join(list.path)).unwrap());
+    let section = section(&text, list.heading);
+    let Some(row) = list.row else {
+        return backticked(section);
+    };
+    let line = section
+        .lines()
+        .find(|l| l.starts_with(row))
+        .unwrap_or_else(|| panic!("{}: no row `{row}` under {}", list.what, list.heading));
+    let cell = line.split(" | ").nth(1).unwrap();
+    backticked(cell.split(';').next().unwrap())
+}
+
+fn sorted(values: impl IntoIterator<Item = &'static str>) -> Vec<String> {
+    let mut v: Vec<String> = values.into_iter().map(str::to_owned).collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn the_docs_list_exactly_the_values_of_the_records_enums() {
+    use stepguard_core::{FailureSlug, Outcome, TerminatedBy};
+    let mut slugs = sorted(FailureSlug::ALL.iter().map(|s| s.as_str()));
+    slugs.push(stepguard_core::slug::LEGACY_MAX_TURNS_SLUG.to_owned());
+    slugs.sort();
+    let expected = [
+        sorted(Outcome::ALL.iter().map(|o| o.as_str())),
+        sorted(TerminatedBy::ALL.iter().map(|t| t.as_str())),
+        slugs,
+    ];
+    for (list, want) in DOC_LISTS.iter().zip(expected) {
+        assert_eq!(
+            documented(list),
+            want,
+            "{} in {} under `{}`",
+            list.what,
+            list.path,
+            list.heading
+        );
+    }
+}
+
+#[test]
+fn a_doc_list_that_misses_a_value_is_caught() {
+    let text =
+        "# t\n\n## Failure slugs\n\nSlugs: `max_steps`, `timeout` (`MAX_STEPS`).\n\n## Next\n`x`\n";
+    assert_eq!(
+        backticked(section(text, "## Failure slugs")),
+        ["max_steps", "timeout"]
+    );
+    assert_ne!(
+        backticked(section(text, "## Failure slugs")),
+        sorted(stepguard_core::FailureSlug::ALL.iter().map(|s| s.as_str()))
+    );
+}

@@ -142,16 +142,16 @@ impl RunObserver for HistoryRecorder {
             // A run that could not start is history too.
             let r = &report.record;
             self.begin(NewRun {
-                provider: r.provider.clone(),
-                plugin_version: r.plugin_version.clone(),
-                unit: r.unit.clone(),
-                task_type: r.task_type.clone(),
-                profile: r.profile.clone(),
-                max_steps: r.max_steps,
-                max_steps_source: r.max_steps_source.clone(),
-                command: r.command.clone().unwrap_or_default(),
-                cwd: r.cwd.clone(),
-                started_at: r.started_at.clone(),
+                provider: r.source.provider.clone(),
+                plugin_version: r.source.plugin_version.clone(),
+                unit: r.source.unit.clone(),
+                task_type: r.source.task_type.clone(),
+                profile: r.source.profile.clone(),
+                max_steps: r.step_budget.max_steps,
+                max_steps_source: r.step_budget.max_steps_source.clone(),
+                command: r.invocation.command.clone().unwrap_or_default(),
+                cwd: r.invocation.cwd.clone(),
+                started_at: r.invocation.started_at.clone(),
             });
         }
         let Some((writer, done)) = self.writer.take() else {

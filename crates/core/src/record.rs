@@ -7,17 +7,25 @@
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::loops::LoopFound;
 use crate::slug::FailureSlug;
 use crate::stats::{Outcome, RunStats, TokenUsage};
+use crate::verdict::{TerminatedBy, UnknownValue};
 
 /// The version of the record's shape; it changes when a field is renamed, removed or retyped.
 pub const RECORD_SCHEMA_VERSION: u32 = 1;
 
 /// One run, as every stepguard command emits it. `null` always means "not known here" (a count
 /// of a file has no process; an old history row has no noise count), never zero.
+//
+// In Rust the fields are grouped (`Source`, `Invocation`, `RecordedVerdict` …); in JSON every
+// group is flattened, so the record stays one flat object whose keys come in the order of the
+// groups' fields (`the_groups_flatten_into_one_object_in_the_published_key_order`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[cfg_attr(
@@ -31,6 +39,44 @@ pub struct RunRecord {
     pub id: Option<i64>,
     /// The stream file counted (`count` only; `-` for standard input).
     pub file: Option<String>,
+    /// Which provider counted, with which unit, for which task.
+    #[serde(flatten)]
+    pub source: Source,
+    /// The step budget and where it came from.
+    #[serde(flatten)]
+    pub step_budget: StepBudget,
+    /// What ran, and when.
+    #[serde(flatten)]
+    pub invocation: Invocation,
+    /// How the run ended, and who ended it.
+    #[serde(flatten)]
+    pub verdict: RecordedVerdict,
+    /// How the run was contained and stopped.
+    #[serde(flatten)]
+    pub supervision: Supervision,
+    /// What the model gateway saw (`--wrap-up`).
+    #[serde(flatten)]
+    pub gateway: GatewayFigures,
+    /// The token and cost budgets and where they came from.
+    #[serde(flatten)]
+    pub spend: SpendBudgets,
+    /// Token usage per sub-agent (Claude's Task tool), already included in `tokens`; null when
+    /// the provider does not report it, or the run was recorded before it was.
+    pub sub_agent_tokens: Option<BTreeMap<String, TokenUsage>>,
+    /// What the stream said: steps, turns and the lines that were not events.
+    #[serde(flatten)]
+    pub counts: Counts,
+    /// Token usage and cost as the provider reported them.
+    #[serde(flatten)]
+    pub usage: Usage,
+    /// Steps per sub-agent (never counted against the budget).
+    pub sub_agent_steps: Option<BTreeMap<String, u64>>,
+}
+
+/// Which provider counted the run, with which unit, for which task.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct Source {
     /// The provider whose step mapping applied.
     pub provider: String,
     /// The provider plugin's version.
@@ -38,16 +84,29 @@ pub struct RunRecord {
     /// Where the provider came from: `builtin`, or the plugin file (a replaced built-in is
     /// named here, allowed by `--allow-override`).
     pub plugin_source: Option<String>,
-    /// The step unit counted.
+    /// The step unit counted. Units are the provider plugin's own (its manifest names them),
+    /// so this is an open set of names, not an enum.
     pub unit: Option<String>,
     /// The task type the budget was resolved for.
     pub task_type: Option<String>,
     /// The profile that bounded the budget.
     pub profile: Option<String>,
+}
+
+/// The step budget of a run.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct StepBudget {
     /// The step budget; null when unlimited (or not known for a count).
     pub max_steps: Option<u32>,
     /// Where the budget came from, e.g. `--max-steps` or `task_types.review.max_steps`.
     pub max_steps_source: Option<String>,
+}
+
+/// What ran, where and when.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct Invocation {
     /// The agent command as run (with any native limit added).
     pub command: Option<Vec<String>>,
     /// The working directory of the run.
@@ -58,10 +117,16 @@ pub struct RunRecord {
     pub ended_at: Option<String>,
     /// Wall-clock duration in milliseconds.
     pub duration_ms: Option<u64>,
+}
+
+/// How a run ended, as [`crate::verdict::classify`] judged it, and who ended it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct RecordedVerdict {
     /// How the run ended.
     pub outcome: Outcome,
     /// The failure slug (e.g. `max_steps`), null on success; legacy names stay as stored.
-    pub error_type: Option<String>,
+    pub error_type: Option<RecordedSlug>,
     /// A human-readable reason: the stream's own error text, or stepguard's (spawn, plugin).
     pub message: Option<String>,
     /// stepguard's exit code.
@@ -70,13 +135,17 @@ pub struct RunRecord {
     pub child_exit_code: Option<i32>,
     /// The signal that ended the agent, when one did.
     pub child_signal: Option<i32>,
-    /// Who ended the run: `budget`, `timeout`, `signal`, `plugin`, `unrecognized`, `loop`,
-    /// `idle`, `startup`, `upstream`, `wrap_up` (the agent ended by itself after the gateway
-    /// made its last model call tool-less), or null (it ended by itself).
-    pub terminated_by: Option<String>,
-    /// How the run's processes were contained: `cgroup` (a cgroup v2 of its own) or
-    /// `process-walk` (process group, subreaper and `/proc`).
-    pub containment: Option<String>,
+    /// Who ended the run, or null (it ended by itself). `wrap_up`: the agent ended by itself
+    /// after the gateway made its last model call tool-less.
+    pub terminated_by: Option<TerminatedBy>,
+}
+
+/// How a run was contained and stopped.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct Supervision {
+    /// How the run's processes were contained.
+    pub containment: Option<Containment>,
     /// The step whose beginning exceeded the budget.
     pub breached_at_step: Option<u64>,
     /// The loops found, in order, each as `{tool, count, kind, period?, first_step}` (`period`
@@ -84,13 +153,25 @@ pub struct RunRecord {
     /// provider plugin does not report tool calls, or the run was recorded before loops were.
     pub loops: Option<Vec<LoopFound>>,
     /// The human's decisions at the limit, in order: `stop`, `allow:N`, `continue`.
-    pub on_limit_decisions: Vec<String>,
+    pub on_limit_decisions: Vec<LimitChoice>,
+}
+
+/// What the model gateway of `--wrap-up` saw.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct GatewayFigures {
     /// The model's final text when the run wrapped up (`--wrap-up`): its account of what was
     /// done and what is left; null otherwise.
     pub final_report: Option<String>,
     /// Model calls that offered tools and were forwarded upstream by the model gateway; null
     /// when the run had no gateway.
     pub model_calls: Option<u64>,
+}
+
+/// The token and cost budgets of a run.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct SpendBudgets {
     /// The token budget (input + output tokens, cached input included); null when none was set.
     pub max_tokens: Option<u64>,
     /// Where the token budget came from (e.g. `--max-tokens`).
@@ -99,9 +180,12 @@ pub struct RunRecord {
     pub max_cost_usd: Option<f64>,
     /// Where the cost budget came from (e.g. `--max-cost-usd`).
     pub max_cost_usd_source: Option<String>,
-    /// Token usage per sub-agent (Claude's Task tool), already included in `tokens`; null when
-    /// the provider does not report it, or the run was recorded before it was.
-    pub sub_agent_tokens: Option<BTreeMap<String, TokenUsage>>,
+}
+
+/// What the stream said: steps, turns, and the lines that were not events.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct Counts {
     /// Steps stepguard counted from the stream.
     pub num_steps_computed: Option<u64>,
     /// Steps the provider itself reported.
@@ -118,12 +202,219 @@ pub struct RunRecord {
     pub oversized_lines: Option<u64>,
     /// True when the stream's last line had no newline (a cut stream).
     pub truncated_last_line: Option<bool>,
+}
+
+/// Token usage and cost as the provider reported them.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct Usage {
     /// Token usage as the provider reported it.
     pub tokens: Option<TokenUsage>,
     /// Cost in US dollars as the provider reported it.
     pub cost_usd: Option<f64>,
-    /// Steps per sub-agent (never counted against the budget).
-    pub sub_agent_steps: Option<BTreeMap<String, u64>>,
+}
+
+/// How a run's processes were contained.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[non_exhaustive]
+pub enum Containment {
+    /// A cgroup v2 of its own.
+    #[serde(rename = "cgroup")]
+    Cgroup,
+    /// Process group, subreaper and `/proc`.
+    #[serde(rename = "process-walk")]
+    ProcessWalk,
+}
+
+impl Containment {
+    /// Every value, in declaration order.
+    pub const ALL: &'static [Containment] = &[Containment::Cgroup, Containment::ProcessWalk];
+
+    /// Returns the stable name.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Containment::Cgroup => "cgroup",
+            Containment::ProcessWalk => "process-walk",
+        }
+    }
+}
+
+impl FromStr for Containment {
+    type Err = UnknownValue;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Containment::ALL
+            .iter()
+            .copied()
+            .find(|c| c.as_str() == s)
+            .ok_or_else(|| UnknownValue {
+                what: "containment",
+                value: s.to_owned(),
+            })
+    }
+}
+
+impl fmt::Display for Containment {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A decision taken at the limit by a policy that asks (`--on-limit ask`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LimitChoice {
+    /// Stop the run (`stop`).
+    Stop,
+    /// Allow this many more steps (`allow:N`).
+    Allow(u32),
+    /// Go on without a limit (`continue`).
+    Continue,
+}
+
+impl fmt::Display for LimitChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LimitChoice::Stop => f.write_str("stop"),
+            LimitChoice::Allow(n) => write!(f, "allow:{n}"),
+            LimitChoice::Continue => f.write_str("continue"),
+        }
+    }
+}
+
+impl FromStr for LimitChoice {
+    type Err = UnknownValue;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "stop" => Ok(LimitChoice::Stop),
+            "continue" => Ok(LimitChoice::Continue),
+            _ => s
+                .strip_prefix("allow:")
+                .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|n| n.parse().ok())
+                .map(LimitChoice::Allow)
+                .ok_or_else(|| UnknownValue {
+                    what: "on-limit decision",
+                    value: s.to_owned(),
+                }),
+        }
+    }
+}
+
+impl Serialize for LimitChoice {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for LimitChoice {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(deserializer)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(feature = "schema")]
+impl schemars::JsonSchema for LimitChoice {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "LimitChoice".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "A decision at the limit: `stop`, `allow:N` (N more steps) or `continue`.",
+            "type": "string",
+            "pattern": "^(stop|continue|allow:[0-9]+)$"
+        })
+    }
+}
+
+/// A record's failure slug as stored: one this stepguard knows, or a legacy spelling kept as
+/// it was written (`max_turns`, shown as stored and read as `max_steps`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum RecordedSlug {
+    /// A slug of [`FailureSlug`], in its own spelling.
+    Known(FailureSlug),
+    /// Any other spelling, kept as stored (legacy names; what an older stepguard wrote).
+    AsStored(String),
+}
+
+impl RecordedSlug {
+    /// Returns the slug as stored.
+    pub fn as_str(&self) -> &str {
+        match self {
+            RecordedSlug::Known(slug) => slug.as_str(),
+            RecordedSlug::AsStored(s) => s,
+        }
+    }
+
+    /// Returns the slug it means: legacy names read as the slug they became.
+    pub fn slug(&self) -> Option<FailureSlug> {
+        match self {
+            RecordedSlug::Known(slug) => Some(*slug),
+            RecordedSlug::AsStored(s) => s.parse().ok(),
+        }
+    }
+
+    /// Returns true for a legacy spelling of `max_steps`.
+    pub fn is_legacy(&self) -> bool {
+        FailureSlug::is_legacy_name(self.as_str())
+    }
+}
+
+impl From<FailureSlug> for RecordedSlug {
+    fn from(slug: FailureSlug) -> Self {
+        RecordedSlug::Known(slug)
+    }
+}
+
+impl From<&str> for RecordedSlug {
+    /// Keeps a slug's own spelling as [`RecordedSlug::Known`], anything else as stored.
+    fn from(s: &str) -> Self {
+        FailureSlug::ALL
+            .iter()
+            .copied()
+            .find(|slug| slug.as_str() == s)
+            .map_or_else(|| RecordedSlug::AsStored(s.to_owned()), RecordedSlug::Known)
+    }
+}
+
+impl fmt::Display for RecordedSlug {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for RecordedSlug {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for RecordedSlug {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Ok(RecordedSlug::from(
+            String::deserialize(deserializer)?.as_str(),
+        ))
+    }
+}
+
+#[cfg(feature = "schema")]
+impl schemars::JsonSchema for RecordedSlug {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "FailureSlug".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        let mut names: Vec<&str> = FailureSlug::ALL.iter().map(|s| s.as_str()).collect();
+        names.push(crate::slug::LEGACY_MAX_TURNS_SLUG);
+        schemars::json_schema!({
+            "description": "A failure slug; `max_turns` is the legacy name of `max_steps`, kept as stored.",
+            "type": "string",
+            "enum": names
+        })
+    }
 }
 
 /// Marks every key required: a record always carries every key, `null` when unknown.
@@ -144,109 +435,100 @@ impl RunRecord {
             schema_version: RECORD_SCHEMA_VERSION,
             id: None,
             file: None,
-            provider: provider.into(),
-            plugin_version: None,
-            plugin_source: None,
-            unit: None,
-            task_type: None,
-            profile: None,
-            max_steps: None,
-            max_steps_source: None,
-            command: None,
-            cwd: None,
-            started_at: None,
-            ended_at: None,
-            duration_ms: None,
-            outcome,
-            error_type: None,
-            message: None,
-            exit_code: None,
-            child_exit_code: None,
-            child_signal: None,
-            terminated_by: None,
-            containment: None,
-            breached_at_step: None,
-            loops: None,
-            on_limit_decisions: Vec::new(),
-            final_report: None,
-            model_calls: None,
-            max_tokens: None,
-            max_tokens_source: None,
-            max_cost_usd: None,
-            max_cost_usd_source: None,
+            source: Source {
+                provider: provider.into(),
+                ..Source::default()
+            },
+            step_budget: StepBudget::default(),
+            invocation: Invocation::default(),
+            verdict: RecordedVerdict {
+                outcome,
+                error_type: None,
+                message: None,
+                exit_code: None,
+                child_exit_code: None,
+                child_signal: None,
+                terminated_by: None,
+            },
+            supervision: Supervision::default(),
+            gateway: GatewayFigures::default(),
+            spend: SpendBudgets::default(),
             sub_agent_tokens: None,
-            num_steps_computed: None,
-            num_steps_reported: None,
-            num_turns_computed: None,
-            num_turns_reported: None,
-            noise_lines: None,
-            unknown_events: None,
-            oversized_lines: None,
-            truncated_last_line: None,
-            tokens: None,
-            cost_usd: None,
+            counts: Counts::default(),
+            usage: Usage::default(),
             sub_agent_steps: None,
         }
     }
 
     /// Copies the counts, outcome, slug, duration and usage of `stats` into the record.
     pub fn set_stats(&mut self, stats: &RunStats) {
-        self.num_steps_computed = stats.num_steps_computed;
-        self.num_steps_reported = stats.num_steps_reported;
-        self.num_turns_computed = stats.num_turns_computed;
-        self.num_turns_reported = stats.num_turns_reported;
-        self.outcome = stats.outcome;
-        self.error_type = stats.slug.map(|s| s.as_str().to_owned());
-        self.duration_ms = stats.duration_ms;
-        self.tokens = stats.tokens;
-        self.cost_usd = stats.cost_usd;
+        self.counts.num_steps_computed = stats.num_steps_computed;
+        self.counts.num_steps_reported = stats.num_steps_reported;
+        self.counts.num_turns_computed = stats.num_turns_computed;
+        self.counts.num_turns_reported = stats.num_turns_reported;
+        self.verdict.outcome = stats.outcome;
+        self.verdict.error_type = stats.slug.map(RecordedSlug::Known);
+        self.invocation.duration_ms = stats.duration_ms;
+        self.usage.tokens = stats.tokens;
+        self.usage.cost_usd = stats.cost_usd;
     }
 
     /// Returns the core's stats view of the record (for the summary line and figures).
     pub fn run_stats(&self) -> RunStats {
         RunStats {
-            num_steps_reported: self.num_steps_reported,
-            num_steps_computed: self.num_steps_computed,
-            num_turns_reported: self.num_turns_reported,
-            num_turns_computed: self.num_turns_computed,
-            outcome: self.outcome,
+            num_steps_reported: self.counts.num_steps_reported,
+            num_steps_computed: self.counts.num_steps_computed,
+            num_turns_reported: self.counts.num_turns_reported,
+            num_turns_computed: self.counts.num_turns_computed,
+            outcome: self.verdict.outcome,
             // Unknown slugs are shown as stored by `summary_line`, not here.
             slug: self
+                .verdict
                 .error_type
-                .as_deref()
-                .and_then(|s| s.parse::<FailureSlug>().ok()),
-            duration_ms: self.duration_ms,
-            tokens: self.tokens,
-            cost_usd: self.cost_usd,
+                .as_ref()
+                .and_then(RecordedSlug::slug),
+            duration_ms: self.invocation.duration_ms,
+            tokens: self.usage.tokens,
+            cost_usd: self.usage.cost_usd,
         }
     }
 
     /// Returns the summary line; legacy slugs are shown as stored, marked as legacy.
     pub fn summary_line(&self) -> String {
         let line = self.run_stats().summary_line();
-        match self.error_type.as_deref() {
-            Some(s) if FailureSlug::is_legacy_name(s) => {
+        match &self.verdict.error_type {
+            Some(s) if s.is_legacy() => {
                 line.replace("max_steps", &format!("{s} (legacy name of max_steps)"))
             }
             _ => line,
         }
     }
 
+    /// Returns the provider's name.
+    pub fn provider(&self) -> &str {
+        &self.source.provider
+    }
+
     /// Returns the step count to judge budgets by: computed, else reported.
     pub fn steps(&self) -> Option<u64> {
-        self.num_steps_computed.or(self.num_steps_reported)
+        self.counts
+            .num_steps_computed
+            .or(self.counts.num_steps_reported)
     }
 
     /// Returns the turn count: reported, else computed.
     pub fn turns(&self) -> Option<u64> {
-        self.num_turns_reported.or(self.num_turns_computed)
+        self.counts
+            .num_turns_reported
+            .or(self.counts.num_turns_computed)
     }
 
     /// Returns true when the slug is a budget failure (`max_steps` or its legacy name).
     pub fn is_budget_failure(&self) -> bool {
-        self.error_type
-            .as_deref()
-            .and_then(|s| s.parse::<FailureSlug>().ok())
+        self.verdict
+            .error_type
+            .as_ref()
+            .and_then(RecordedSlug::slug)
             .is_some_and(FailureSlug::is_budget_failure)
     }
 }
@@ -266,7 +548,10 @@ mod tests {
         };
         let mut record = RunRecord::new("codex", Outcome::Running);
         record.set_stats(&stats);
-        assert_eq!(record.error_type.as_deref(), Some("max_steps"));
+        assert_eq!(
+            record.verdict.error_type.as_ref().map(RecordedSlug::as_str),
+            Some("max_steps")
+        );
         assert_eq!(record.run_stats(), stats);
         assert!(record.is_budget_failure());
         assert_eq!(
@@ -278,13 +563,84 @@ mod tests {
     #[test]
     fn legacy_slugs_are_shown_as_stored() {
         let mut record = RunRecord::new("claude", Outcome::Failed);
-        record.error_type = Some("max_turns".into());
-        record.num_turns_reported = Some(5);
+        record.verdict.error_type = Some("max_turns".into());
+        record.counts.num_turns_reported = Some(5);
         assert!(record.is_budget_failure());
         assert_eq!(
             record.summary_line(),
             "Turns: 5 | failed: max_turns (legacy name of max_steps)"
         );
+    }
+
+    #[test]
+    fn recorded_slugs_keep_their_spelling_and_read_as_the_slug_they_mean() {
+        for (stored, known, slug) in [
+            ("max_steps", true, Some(FailureSlug::MaxSteps)),
+            ("max_turns", false, Some(FailureSlug::MaxSteps)),
+            ("MAX_STEPS", false, Some(FailureSlug::MaxSteps)),
+            ("from_the_future", false, None),
+        ] {
+            let recorded: RecordedSlug = serde_json::from_str(&format!("\"{stored}\"")).unwrap();
+            assert_eq!(
+                matches!(recorded, RecordedSlug::Known(_)),
+                known,
+                "{stored}"
+            );
+            assert_eq!(recorded.slug(), slug, "{stored}");
+            assert_eq!(
+                serde_json::to_string(&recorded).unwrap(),
+                format!("\"{stored}\"")
+            );
+        }
+        for (text, choice) in [
+            ("stop", LimitChoice::Stop),
+            ("allow:12", LimitChoice::Allow(12)),
+            ("continue", LimitChoice::Continue),
+        ] {
+            assert_eq!(text.parse::<LimitChoice>(), Ok(choice));
+            assert_eq!(
+                serde_json::to_string(&choice).unwrap(),
+                format!("\"{text}\"")
+            );
+        }
+        for bad in ["allow:", "allow:-1", "allow:+2", "Stop", "allow:2,stop"] {
+            assert!(bad.parse::<LimitChoice>().is_err(), "{bad}");
+        }
+        for &c in Containment::ALL {
+            assert_eq!(c.as_str().parse::<Containment>(), Ok(c));
+            assert_eq!(serde_json::to_string(&c).unwrap(), format!("\"{c}\""));
+        }
+        assert!("walk".parse::<Containment>().is_err());
+    }
+
+    #[test]
+    fn the_groups_flatten_into_one_object_in_the_published_key_order() {
+        let mut record = RunRecord::new("codex", Outcome::Failed);
+        record.verdict.error_type = Some(FailureSlug::MaxSteps.into());
+        record.verdict.terminated_by = Some(TerminatedBy::Budget);
+        record.supervision.containment = Some(Containment::ProcessWalk);
+        let text = serde_json::to_string(&record).unwrap();
+        let mut keys: Vec<&str> = text
+            .split("\":")
+            .filter_map(|part| part.rsplit('"').next())
+            .collect();
+        keys.pop(); // after the last key: its value
+
+        assert_eq!(
+            keys.join(","),
+            "schema_version,id,file,provider,plugin_version,plugin_source,unit,task_type,\
+             profile,max_steps,max_steps_source,command,cwd,started_at,ended_at,duration_ms,\
+             outcome,error_type,message,exit_code,child_exit_code,child_signal,terminated_by,\
+             containment,breached_at_step,loops,on_limit_decisions,final_report,model_calls,\
+             max_tokens,max_tokens_source,max_cost_usd,max_cost_usd_source,sub_agent_tokens,\
+             num_steps_computed,num_steps_reported,num_turns_computed,num_turns_reported,\
+             noise_lines,unknown_events,oversized_lines,truncated_last_line,tokens,cost_usd,\
+             sub_agent_steps"
+        );
+        assert!(text.contains(r#""error_type":"max_steps""#), "{text}");
+        assert!(text.contains(r#""terminated_by":"budget","containment":"process-walk""#));
+        let back: RunRecord = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, record);
     }
 
     #[test]
@@ -312,19 +668,19 @@ mod tests {
     #[test]
     fn token_and_cost_budgets_serialize_and_read_back() {
         let mut record = RunRecord::new("claude", Outcome::Failed);
-        record.error_type = Some("max_cost".into());
-        record.terminated_by = Some("cost".into());
-        record.max_tokens = Some(200_000);
-        record.max_tokens_source = Some("--max-tokens".into());
-        record.max_cost_usd = Some(0.5);
-        record.max_cost_usd_source = Some("profiles.ci.max_cost_usd".into());
-        record.tokens = Some(TokenUsage {
+        record.verdict.error_type = Some("max_cost".into());
+        record.verdict.terminated_by = Some(TerminatedBy::Cost);
+        record.spend.max_tokens = Some(200_000);
+        record.spend.max_tokens_source = Some("--max-tokens".into());
+        record.spend.max_cost_usd = Some(0.5);
+        record.spend.max_cost_usd_source = Some("profiles.ci.max_cost_usd".into());
+        record.usage.tokens = Some(TokenUsage {
             input_tokens: 1000,
             output_tokens: 200,
             cached_input_tokens: Some(600),
             reasoning_output_tokens: None,
         });
-        record.cost_usd = Some(0.51);
+        record.usage.cost_usd = Some(0.51);
         record.sub_agent_tokens = Some(BTreeMap::from([(
             "task-1".to_owned(),
             TokenUsage {
@@ -350,9 +706,9 @@ mod tests {
     #[test]
     fn gateway_fields_serialize_and_read_back() {
         let mut record = RunRecord::new("codex", Outcome::Success);
-        record.terminated_by = Some("wrap_up".into());
-        record.final_report = Some("Done: the parser.\nLeft: the docs.".into());
-        record.model_calls = Some(0);
+        record.verdict.terminated_by = Some(TerminatedBy::WrapUp);
+        record.gateway.final_report = Some("Done: the parser.\nLeft: the docs.".into());
+        record.gateway.model_calls = Some(0);
         let json = serde_json::to_value(&record).unwrap();
         assert_eq!(json["final_report"], "Done: the parser.\nLeft: the docs.");
         // Zero calls is a figure, not unknown.
@@ -365,7 +721,7 @@ mod tests {
     fn loops_serialize_with_their_kind_and_read_back() {
         use crate::loops::LoopKind;
         let mut record = RunRecord::new("codex", Outcome::Failed);
-        record.loops = Some(vec![
+        record.supervision.loops = Some(vec![
             LoopFound {
                 tool: "shell".into(),
                 count: 3,

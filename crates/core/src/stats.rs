@@ -26,6 +26,15 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// Every outcome, in declaration order (the documented list).
+    pub const ALL: &'static [Outcome] = &[
+        Outcome::Success,
+        Outcome::Failed,
+        Outcome::Incomplete,
+        Outcome::Running,
+        Outcome::Interrupted,
+    ];
+
     /// Returns the stable lowercase name.
     pub const fn as_str(self) -> &'static str {
         match self {

@@ -3,15 +3,16 @@
 use std::fmt::Write as _;
 use std::time::{Duration, SystemTime};
 
-use stepguard_core::verdict::{self, ChildExit, StreamVerdict, TerminatedBy};
-use stepguard_core::{ExitCode, FailureSlug, Outcome, RunRecord, RunStats};
+use stepguard_core::record::SpendBudgets;
+use stepguard_core::verdict::{self, ChildExit, Limit, RunFacts, TerminatedBy, Verdict};
+use stepguard_core::{ExitCode, LimitChoice, RunRecord, RunStats};
 use stepguard_plugin_api::CounterStats;
 use stepguard_plugin_api::host::CallError;
 use stepguard_supervisor::{ExitStatus, StopReport};
 
 use crate::event::ReaderEnd;
 use crate::spec::{Labels, LimitDecision, OnUnrecognized};
-use crate::stream::{StreamCount, run_stats, stream_record};
+use crate::stream::{StreamCount, run_stats, stream_record, stream_verdict};
 
 /// How a run went, gathered by the engine.
 pub(crate) struct Ending {
@@ -120,162 +121,22 @@ pub struct RunReport {
 }
 
 impl RunReport {
-    pub(crate) fn new(spec: &Labels, ending: Ending) -> Self {
-        let duration_ms = u64::try_from(ending.duration.as_millis()).unwrap_or(u64::MAX);
-        let unrecognised = ending.unrecognized == OnUnrecognized::Stop
-            && ending
-                .reader
-                .as_ref()
-                .is_some_and(|end| end.recognition.failed());
-        let recognition = ending
-            .reader
-            .as_ref()
-            .map(|end| end.recognition)
-            .unwrap_or_default();
-        let loops = ending.reader.as_ref().and_then(|end| end.loops.clone());
-        let (counter_stats, oversized_lines, truncated_last_line, plugin_error, steps) =
-            match ending.reader {
-                Some(end) => (
-                    end.stats.unwrap_or_default(),
-                    end.oversized_lines,
-                    end.truncated_last_line,
-                    end.plugin_error,
-                    Some(end.ledger.steps()),
-                ),
-                // The reader was abandoned (a stuck plugin, a pipe held open): what it counted.
-                None => (
-                    CounterStats::default(),
-                    0,
-                    false,
-                    None,
-                    ending.pid.map(|_| ending.steps_seen),
-                ),
-            };
-        // Counting model calls: the gateway's count is the step count.
-        let steps = match &ending.gateway {
-            Some(g) if g.counts_steps => Some(g.model_calls),
-            _ => steps,
-        };
-        let mut counter_stats = counter_stats;
-        counter_stats.noise_lines += oversized_lines;
-        let (stats, exit_code) = match &ending.spawn_error {
-            Some(_) => {
-                let mut stats = RunStats::new(Outcome::Failed);
-                stats.slug = Some(FailureSlug::SpawnFailed);
-                (stats, ExitCode::Usage)
-            }
-            None => {
-                let stream = counter_stats.terminal.as_ref().map(|t| StreamVerdict {
-                    success: t.success,
-                    slug: t
-                        .slug
-                        .as_deref()
-                        .map(|s| s.parse().unwrap_or(FailureSlug::ProviderError)),
-                });
-                let child = ending.child_exit.map(|e| match e {
-                    ExitStatus::Code(c) => ChildExit::Code(c),
-                    ExitStatus::Signal(s) => ChildExit::Signal(s),
-                });
-                // Output none of which was the provider's is never a success: it was not counted.
-                let judged_by = ending
-                    .terminated_by
-                    .or(unrecognised.then_some(TerminatedBy::Unrecognized));
-                let judged = verdict::classify(judged_by, stream, child);
-                let mut stats = run_stats(&counter_stats);
-                stats.num_steps_computed = steps;
-                stats.outcome = judged.outcome;
-                stats.slug = judged.slug;
-                // A wrap-up ends the run for the budget that asked for it.
-                if ending.terminated_by == Some(TerminatedBy::WrapUp) {
-                    match ending.gateway.as_ref().and_then(|g| g.reason) {
-                        Some(stepguard_gateway::Budget::Tokens) => {
-                            stats.slug = Some(FailureSlug::MaxTokens);
-                        }
-                        Some(stepguard_gateway::Budget::Cost) => {
-                            stats.slug = Some(FailureSlug::MaxCost);
-                        }
-                        _ => {}
-                    }
-                }
-                (stats, judged.exit_code)
-            }
-        };
-        let mut stats = stats;
-        stats.duration_ms = Some(duration_ms);
-
-        let count = StreamCount {
-            stats: counter_stats,
-            oversized_lines,
-            truncated_last_line,
-            recognition,
-            loops,
-        };
-        let mut record = stream_record(&spec.meta, &stats, &count);
-        let counter_stats = count.stats;
-        record.max_steps = spec.budget.get();
-        record.max_steps_source = Some(spec.budget_source.clone());
-        record.command = Some(spec.command.clone());
-        record.started_at = Some(rfc3339(ending.started_at));
-        record.ended_at = Some(rfc3339(ending.started_at + ending.duration));
-        record.exit_code = Some(i32::from(exit_code.code()));
-        record.child_exit_code = ending.child_exit.and_then(|e| match e {
-            ExitStatus::Code(c) => Some(c),
-            ExitStatus::Signal(_) => None,
-        });
-        record.child_signal = ending.child_exit.and_then(|e| match e {
-            ExitStatus::Signal(s) => Some(s),
-            ExitStatus::Code(_) => None,
-        });
-        record.terminated_by = ending.terminated_by.map(|t| t.as_str().to_owned());
-        record.containment = ending.containment.map(str::to_owned);
-        record.breached_at_step = ending.breached_at;
-        record.on_limit_decisions = ending.decisions.iter().map(|d| d.label()).collect();
+    pub(crate) fn new(spec: &Labels, mut ending: Ending) -> Self {
+        let counted = Counted::take(&mut ending);
+        let verdict = verdict::classify(facts(&ending, &counted));
+        let stats = judged_stats(&ending, &counted, verdict);
+        let mut record = stream_record(&spec.meta, &stats, &counted.count);
+        set_process_fields(&mut record, spec, &ending, verdict.exit_code);
         if let Some(g) = &ending.gateway {
-            record.model_calls = Some(g.model_calls);
-            record.final_report.clone_from(&g.final_report);
-            // The gateway saw every model call (sub-agents' and side calls too): its usage is
-            // the run's; a cost the provider reported itself still wins.
-            if g.usage.total() > 0 {
-                record.tokens = Some(stepguard_core::TokenUsage {
-                    input_tokens: g.usage.input,
-                    output_tokens: g.usage.output,
-                    cached_input_tokens: Some(g.usage.cached_input),
-                    reasoning_output_tokens: record.tokens.and_then(|t| t.reasoning_output_tokens),
-                });
-            }
-            if record.cost_usd.is_none() {
-                record.cost_usd = g.cost_usd.filter(|_| g.usage.total() > 0);
-            }
+            set_gateway_fields(&mut record, g);
         }
-        record.max_tokens = ending.spend.max_tokens;
-        record.max_tokens_source = ending
-            .spend
-            .max_tokens
-            .and(ending.spend.max_tokens_source.clone());
-        record.max_cost_usd = ending.spend.max_cost_usd;
-        record.max_cost_usd_source = ending
-            .spend
-            .max_cost_usd
-            .and(ending.spend.max_cost_usd_source.clone());
-        if let Some(e) = &ending.spawn_error {
-            record.message = Some(spawn_message(&spec.command, e));
-            // Nothing ran, so nothing was counted.
-            record.noise_lines = None;
-            record.unknown_events = None;
-            record.oversized_lines = None;
-            record.truncated_last_line = None;
-            record.sub_agent_steps = None;
-            record.sub_agent_tokens = None;
-        } else if let Some(e) = &plugin_error {
-            record.message = Some(e.to_string());
-        } else if let Some(why) = &ending.why {
-            record.message = Some(why.clone());
-        }
+        set_spend_fields(&mut record, &ending.spend);
+        set_message(&mut record, spec, &ending, counted.plugin_error.as_ref());
         RunReport {
             record,
             stats,
-            counter_stats,
-            exit_code,
+            counter_stats: counted.count.stats,
+            exit_code: verdict.exit_code,
             terminated_by: ending.terminated_by,
             breached_at_step: ending.breached_at,
             decisions: ending.decisions,
@@ -284,7 +145,7 @@ impl RunReport {
             pid: ending.pid,
             duration: ending.duration,
             stop: ending.stop,
-            plugin_error,
+            plugin_error: counted.plugin_error,
             spawn_error: ending.spawn_error,
         }
     }
@@ -302,18 +163,19 @@ impl RunReport {
             let _ = write!(
                 line,
                 " | wrapped up: the last of {} model calls had no tools",
-                self.record.model_calls.unwrap_or_default()
+                self.record.gateway.model_calls.unwrap_or_default()
             );
         }
-        if let (Some(tokens), Some(max)) = (self.record.tokens, self.record.max_tokens) {
+        if let (Some(tokens), Some(max)) = (self.record.usage.tokens, self.record.spend.max_tokens)
+        {
             let _ = write!(
                 line,
                 " | tokens {} of {max}",
                 tokens.input_tokens + tokens.output_tokens
             );
         }
-        if let Some(max) = self.record.max_cost_usd {
-            match self.record.cost_usd {
+        if let Some(max) = self.record.spend.max_cost_usd {
+            match self.record.usage.cost_usd {
                 Some(cost) => {
                     let _ = write!(line, " | ${cost:.4} of ${max:.2}");
                 }
@@ -323,6 +185,187 @@ impl RunReport {
             }
         }
         line
+    }
+}
+
+/// What the reader counted, taken out of the ending.
+struct Counted {
+    /// The stream's numbers (noise includes oversized lines).
+    count: StreamCount,
+    /// The plugin failure that ended the run, if any.
+    plugin_error: Option<CallError>,
+    /// Steps counted: the ledger's, the gateway's model calls when they are the steps, what an
+    /// abandoned reader had seen, or none when nothing ran.
+    steps: Option<u64>,
+    /// Lines were seen and none was the provider's.
+    unrecognised: bool,
+}
+
+impl Counted {
+    fn take(ending: &mut Ending) -> Self {
+        let (mut count, plugin_error, steps) = match ending.reader.take() {
+            Some(end) => (
+                StreamCount {
+                    stats: end.stats.unwrap_or_default(),
+                    oversized_lines: end.oversized_lines,
+                    truncated_last_line: end.truncated_last_line,
+                    recognition: end.recognition,
+                    loops: end.loops,
+                },
+                end.plugin_error,
+                Some(end.ledger.steps()),
+            ),
+            // The reader was abandoned (a stuck plugin, a pipe held open): what it counted.
+            None => (
+                StreamCount {
+                    stats: CounterStats::default(),
+                    oversized_lines: 0,
+                    truncated_last_line: false,
+                    recognition: Default::default(),
+                    loops: None,
+                },
+                None,
+                ending.pid.map(|_| ending.steps_seen),
+            ),
+        };
+        count.stats.noise_lines += count.oversized_lines;
+        // Counting model calls: the gateway's count is the step count.
+        let steps = match &ending.gateway {
+            Some(g) if g.counts_steps => Some(g.model_calls),
+            _ => steps,
+        };
+        Counted {
+            unrecognised: count.recognition.failed(),
+            count,
+            plugin_error,
+            steps,
+        }
+    }
+}
+
+/// Everything the verdict depends on.
+fn facts(ending: &Ending, counted: &Counted) -> RunFacts {
+    RunFacts {
+        spawn_failed: ending.spawn_error.is_some(),
+        terminated_by: ending.terminated_by,
+        wrapped_up_for: ending
+            .gateway
+            .as_ref()
+            .and_then(|g| g.reason)
+            .map(|reason| match reason {
+                stepguard_gateway::Budget::Steps => Limit::Steps,
+                stepguard_gateway::Budget::Tokens => Limit::Tokens,
+                stepguard_gateway::Budget::Cost => Limit::Cost,
+            }),
+        // Output none of which was the provider's is never a success: it was not counted.
+        unrecognized: counted.unrecognised && ending.unrecognized == OnUnrecognized::Stop,
+        stream: stream_verdict(&counted.count.stats),
+        child: ending.child_exit.map(|e| match e {
+            ExitStatus::Code(c) => ChildExit::Code(c),
+            ExitStatus::Signal(s) => ChildExit::Signal(s),
+        }),
+    }
+}
+
+/// The run's numbers with the verdict: none when nothing ran.
+fn judged_stats(ending: &Ending, counted: &Counted, verdict: Verdict) -> RunStats {
+    let mut stats = if ending.spawn_error.is_some() {
+        RunStats::new(verdict.outcome)
+    } else {
+        let mut stats = run_stats(&counted.count.stats);
+        stats.num_steps_computed = counted.steps;
+        stats
+    };
+    stats.outcome = verdict.outcome;
+    stats.slug = verdict.slug;
+    stats.duration_ms = Some(u64::try_from(ending.duration.as_millis()).unwrap_or(u64::MAX));
+    stats
+}
+
+/// The fields only a supervised run has: the budget, the command, times, exits, who stopped
+/// it, containment, breach and decisions.
+fn set_process_fields(record: &mut RunRecord, spec: &Labels, ending: &Ending, exit: ExitCode) {
+    record.step_budget.max_steps = spec.budget.get();
+    record.step_budget.max_steps_source = Some(spec.budget_source.clone());
+    record.invocation.command = Some(spec.command.clone());
+    record.invocation.started_at = Some(rfc3339(ending.started_at));
+    record.invocation.ended_at = Some(rfc3339(ending.started_at + ending.duration));
+    let verdict = &mut record.verdict;
+    verdict.exit_code = Some(i32::from(exit.code()));
+    verdict.child_exit_code = ending.child_exit.and_then(|e| match e {
+        ExitStatus::Code(c) => Some(c),
+        ExitStatus::Signal(_) => None,
+    });
+    verdict.child_signal = ending.child_exit.and_then(|e| match e {
+        ExitStatus::Signal(s) => Some(s),
+        ExitStatus::Code(_) => None,
+    });
+    verdict.terminated_by = ending.terminated_by;
+    let supervision = &mut record.supervision;
+    supervision.containment = ending.containment.and_then(|c| c.parse().ok());
+    supervision.breached_at_step = ending.breached_at;
+    supervision.on_limit_decisions = ending
+        .decisions
+        .iter()
+        .map(|d| match *d {
+            LimitDecision::Stop => LimitChoice::Stop,
+            LimitDecision::Allow(n) => LimitChoice::Allow(n),
+            LimitDecision::Unlimited => LimitChoice::Continue,
+        })
+        .collect();
+}
+
+/// What the model gateway saw: its calls, the final report, and the usage of every call.
+fn set_gateway_fields(record: &mut RunRecord, g: &GatewayEnd) {
+    record.gateway.model_calls = Some(g.model_calls);
+    record.gateway.final_report.clone_from(&g.final_report);
+    // The gateway saw every model call (sub-agents' and side calls too): its usage is the
+    // run's; a cost the provider reported itself still wins.
+    let usage = &mut record.usage;
+    if g.usage.total() > 0 {
+        usage.tokens = Some(stepguard_core::TokenUsage {
+            input_tokens: g.usage.input,
+            output_tokens: g.usage.output,
+            cached_input_tokens: Some(g.usage.cached_input),
+            reasoning_output_tokens: usage.tokens.and_then(|t| t.reasoning_output_tokens),
+        });
+    }
+    if usage.cost_usd.is_none() {
+        usage.cost_usd = g.cost_usd.filter(|_| g.usage.total() > 0);
+    }
+}
+
+/// The token and cost budgets, each with its source only when it was set.
+fn set_spend_fields(record: &mut RunRecord, spend: &crate::spec::SpendLimits) {
+    record.spend = SpendBudgets {
+        max_tokens: spend.max_tokens,
+        max_tokens_source: spend.max_tokens.and(spend.max_tokens_source.clone()),
+        max_cost_usd: spend.max_cost_usd,
+        max_cost_usd_source: spend.max_cost_usd.and(spend.max_cost_usd_source.clone()),
+    };
+}
+
+/// Why the run ended, in words, when stepguard knows better than the stream: a command that
+/// could not start (then nothing was counted), a plugin failure, the engine's own reason.
+fn set_message(
+    record: &mut RunRecord,
+    spec: &Labels,
+    ending: &Ending,
+    plugin_error: Option<&CallError>,
+) {
+    if let Some(e) = &ending.spawn_error {
+        record.verdict.message = Some(spawn_message(&spec.command, e));
+        // Nothing ran, so nothing was counted.
+        record.counts.noise_lines = None;
+        record.counts.unknown_events = None;
+        record.counts.oversized_lines = None;
+        record.counts.truncated_last_line = None;
+        record.sub_agent_steps = None;
+        record.sub_agent_tokens = None;
+    } else if let Some(e) = plugin_error {
+        record.verdict.message = Some(e.to_string());
+    } else if let Some(why) = &ending.why {
+        record.verdict.message = Some(why.clone());
     }
 }
 

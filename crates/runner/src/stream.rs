@@ -4,7 +4,8 @@
 use std::io::Read;
 
 use stepguard_core::loops::{LoopDetector, LoopFound, LoopSettings};
-use stepguard_core::{FailureSlug, Outcome, RunRecord, RunStats, TokenUsage};
+use stepguard_core::verdict::{RunFacts, StreamVerdict, classify};
+use stepguard_core::{FailureSlug, RunRecord, RunStats, TokenUsage};
 use stepguard_jsonl::{LineSplitter, SplitChunk};
 use stepguard_plugin_api::host::{CallError, Counter};
 use stepguard_plugin_api::{ChunkReport, CounterStats, LineReport};
@@ -267,24 +268,24 @@ pub(crate) fn reconcile(stats: &mut CounterStats, totals: &LineReport) {
     }
 }
 
-/// Converts a counter's final numbers into the core's run stats; a stream without a terminal
-/// event is `incomplete` (a supervised run is judged by [`stepguard_core::verdict`] instead).
+/// Returns what a stream's terminal event says, when it had one; a failure slug this
+/// stepguard does not know still means the provider failed (`provider_error`).
+pub fn stream_verdict(stats: &CounterStats) -> Option<StreamVerdict> {
+    stats.terminal.as_ref().map(|t| StreamVerdict {
+        success: t.success,
+        slug: t
+            .slug
+            .as_deref()
+            .map(|s| s.parse().unwrap_or(FailureSlug::ProviderError)),
+    })
+}
+
+/// Converts a counter's final numbers into the core's run stats, judged by
+/// [`stepguard_core::verdict::classify`] from the stream alone: a stream without a terminal
+/// event is `incomplete` (a supervised run's facts include its process too).
 pub fn run_stats(stats: &CounterStats) -> RunStats {
-    let (outcome, slug) = match &stats.terminal {
-        None => (Outcome::Incomplete, None),
-        Some(t) if t.success => (Outcome::Success, None),
-        Some(t) => {
-            // A slug this stepguard does not know still means the provider failed.
-            let slug = t
-                .slug
-                .as_deref()
-                .and_then(|s| s.parse::<FailureSlug>().ok());
-            (
-                Outcome::Failed,
-                Some(slug.unwrap_or(FailureSlug::ProviderError)),
-            )
-        }
-    };
+    let verdict = classify(RunFacts::stream(stream_verdict(stats)));
+    let (outcome, slug) = (verdict.outcome, verdict.slug);
     RunStats {
         num_steps_reported: stats.num_steps_reported,
         num_steps_computed: Some(stats.num_steps_computed),
@@ -318,12 +319,12 @@ fn unknown_slug(stats: &CounterStats) -> Option<&str> {
 /// run's labels; process fields stay null.
 pub fn stream_record(meta: &RunMeta, stats: &RunStats, count: &StreamCount) -> RunRecord {
     let mut record = RunRecord::new(meta.provider.clone(), stats.outcome);
-    record.plugin_version = meta.plugin_version.clone();
-    record.plugin_source = meta.plugin_source.clone();
-    record.unit = meta.unit.clone();
-    record.task_type = meta.task_type.clone();
-    record.profile = meta.profile.clone();
-    record.cwd = meta.cwd.clone();
+    record.source.plugin_version = meta.plugin_version.clone();
+    record.source.plugin_source = meta.plugin_source.clone();
+    record.source.unit = meta.unit.clone();
+    record.source.task_type = meta.task_type.clone();
+    record.source.profile = meta.profile.clone();
+    record.invocation.cwd = meta.cwd.clone();
     record.set_stats(stats);
     let counter = &count.stats;
     let terminal = counter.terminal.as_ref();
@@ -336,13 +337,13 @@ pub fn stream_record(meta: &RunMeta, stats: &RunStats, count: &StreamCount) -> R
             meta.provider
         );
     }
-    record.message = terminal
+    record.verdict.message = terminal
         .and_then(|t| t.message.clone())
         .or_else(|| unknown_slug.map(|s| format!("plugin reported unknown slug `{s}`")));
-    record.noise_lines = Some(counter.noise_lines);
-    record.unknown_events = Some(counter.unknown_events);
-    record.oversized_lines = Some(count.oversized_lines);
-    record.truncated_last_line = Some(count.truncated_last_line);
+    record.counts.noise_lines = Some(counter.noise_lines);
+    record.counts.unknown_events = Some(counter.unknown_events);
+    record.counts.oversized_lines = Some(count.oversized_lines);
+    record.counts.truncated_last_line = Some(count.truncated_last_line);
     record.sub_agent_steps = Some(counter.sub_agent_steps.clone());
     record.sub_agent_tokens = Some(
         counter
@@ -359,7 +360,7 @@ pub fn stream_record(meta: &RunMeta, stats: &RunStats, count: &StreamCount) -> R
             })
             .collect(),
     );
-    record.loops.clone_from(&count.loops);
+    record.supervision.loops.clone_from(&count.loops);
     record
 }
 
@@ -416,7 +417,10 @@ mod tests {
         };
         let record = record_of(Terminal::failed("xyz", None));
         assert_eq!(
-            (record.error_type.as_deref(), record.message.as_deref()),
+            (
+                record.verdict.error_type.as_ref().map(|s| s.as_str()),
+                record.verdict.message.as_deref()
+            ),
             (
                 Some("provider_error"),
                 Some("plugin reported unknown slug `xyz`")
@@ -424,10 +428,13 @@ mod tests {
         );
         // The provider's own message wins; a known slug is no news.
         let record = record_of(Terminal::failed("xyz", Some("HTTP 418".to_owned())));
-        assert_eq!(record.message.as_deref(), Some("HTTP 418"));
+        assert_eq!(record.verdict.message.as_deref(), Some("HTTP 418"));
         let record = record_of(Terminal::failed("rate_limited", None));
         assert_eq!(
-            (record.error_type.as_deref(), record.message),
+            (
+                record.verdict.error_type.as_ref().map(|s| s.as_str()),
+                record.verdict.message
+            ),
             (Some("rate_limited"), None)
         );
     }

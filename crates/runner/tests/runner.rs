@@ -35,13 +35,17 @@ fn under_budget_the_agent_finishes_and_its_output_passes_through_byte_for_byte()
     assert_eq!(out.text(), want);
     let r = &report.record;
     assert_eq!(
-        (r.exit_code, r.child_exit_code, r.error_type.as_deref()),
+        (
+            r.verdict.exit_code,
+            r.verdict.child_exit_code,
+            r.verdict.error_type.as_ref().map(|s| s.as_str())
+        ),
         (Some(0), Some(0), None)
     );
-    assert_eq!(r.max_steps, Some(5));
-    assert_eq!(r.num_steps_computed, Some(3));
-    assert_eq!(r.tokens.map(|t| t.input_tokens), Some(10));
-    assert!(r.started_at.is_some() && r.ended_at.is_some());
+    assert_eq!(r.step_budget.max_steps, Some(5));
+    assert_eq!(r.counts.num_steps_computed, Some(3));
+    assert_eq!(r.usage.tokens.map(|t| t.input_tokens), Some(10));
+    assert!(r.invocation.started_at.is_some() && r.invocation.ended_at.is_some());
 }
 
 #[test]
@@ -63,9 +67,12 @@ fn a_breach_stops_the_tree_right_after_the_breaching_line() {
     // Exactly the breaching line is the last one passed through.
     let lines: Vec<String> = out.text().lines().map(str::to_owned).collect();
     assert_eq!(lines, (0..4).map(item).collect::<Vec<_>>());
-    assert_eq!(report.record.breached_at_step, Some(4));
-    assert_eq!(report.record.terminated_by.as_deref(), Some("budget"));
-    assert!(report.record.on_limit_decisions.is_empty());
+    assert_eq!(report.record.supervision.breached_at_step, Some(4));
+    assert_eq!(
+        report.record.verdict.terminated_by.map(|t| t.as_str()),
+        Some("budget")
+    );
+    assert!(report.record.supervision.on_limit_decisions.is_empty());
     assert!(
         report.summary_line().ends_with("| stopped at step 4 of 3"),
         "{}",
@@ -91,7 +98,7 @@ fn a_child_ignoring_sigterm_is_killed_after_the_grace() {
     let report = Runner::new(spec).run(&mut []);
     assert_eq!(report.exit_code, ExitCode::BudgetExceeded);
     assert_eq!(report.child_exit, Some(ExitStatus::Signal(9)));
-    assert_eq!(report.record.child_signal, Some(9));
+    assert_eq!(report.record.verdict.child_signal, Some(9));
     assert!(report.stop.is_some_and(|s| s.killed && s.survivors == 0));
     assert!(started.elapsed() < Duration::from_secs(10));
 }
@@ -106,7 +113,10 @@ fn the_timeout_stops_the_agent() {
     let report = Runner::new(spec).run(&mut []);
     assert_eq!(report.exit_code, ExitCode::Timeout);
     assert_eq!(report.stats.slug, Some(FailureSlug::Timeout));
-    assert_eq!(report.record.terminated_by.as_deref(), Some("timeout"));
+    assert_eq!(
+        report.record.verdict.terminated_by.map(|t| t.as_str()),
+        Some("timeout")
+    );
     assert_eq!(report.stats.num_steps_computed, Some(1));
     assert!(started.elapsed() < Duration::from_secs(10));
     assert!(!alive(report.pid.unwrap()));
@@ -132,7 +142,10 @@ fn an_interrupt_stops_the_tree_with_the_signal_first() {
     assert!(poke.join().unwrap());
     assert_eq!(report.exit_code, ExitCode::Interrupted);
     assert_eq!(report.stats.slug, Some(FailureSlug::Interrupted));
-    assert_eq!(report.record.terminated_by.as_deref(), Some("signal"));
+    assert_eq!(
+        report.record.verdict.terminated_by.map(|t| t.as_str()),
+        Some("signal")
+    );
     // SIGINT, not SIGTERM, reached the agent first.
     assert!(marker.exists(), "the agent never saw SIGINT");
 }
@@ -181,8 +194,11 @@ fn a_plugin_error_fails_closed_and_names_the_error() {
     let report = Runner::new(spec).run(&mut []);
     assert_eq!(report.exit_code, ExitCode::Plugin);
     assert_eq!(report.stats.slug, Some(FailureSlug::PluginError));
-    assert_eq!(report.record.terminated_by.as_deref(), Some("plugin"));
-    let message = report.record.message.clone().unwrap_or_default();
+    assert_eq!(
+        report.record.verdict.terminated_by.map(|t| t.as_str()),
+        Some("plugin")
+    );
+    let message = report.record.verdict.message.clone().unwrap_or_default();
     assert!(
         message.contains("cannot trust this stream any more"),
         "{message}"
@@ -231,7 +247,16 @@ fn an_asking_policy_can_allow_more_steps() {
         report.decisions,
         [LimitDecision::Allow(2), LimitDecision::Stop]
     );
-    assert_eq!(report.record.on_limit_decisions, ["allow:2", "stop"]);
+    assert_eq!(
+        report
+            .record
+            .supervision
+            .on_limit_decisions
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>(),
+        ["allow:2", "stop"]
+    );
     // 2 allowed, step 3 breached, 2 more allowed, step 5 breached.
     assert_eq!(report.breached_at_step, Some(3));
     assert_eq!(report.stats.num_steps_computed, Some(5));
@@ -245,11 +270,11 @@ fn a_command_that_cannot_start_is_spawn_failed() {
     assert_eq!(report.exit_code, ExitCode::Usage);
     assert_eq!(report.stats.slug, Some(FailureSlug::SpawnFailed));
     assert_eq!(
-        report.record.message.as_deref(),
+        report.record.verdict.message.as_deref(),
         Some("cannot run `/no/such/agent`: command not found")
     );
     assert_eq!(report.pid, None);
-    assert_eq!(report.record.noise_lines, None);
+    assert_eq!(report.record.counts.noise_lines, None);
 }
 
 /// Remembers what it saw and names the run, as a history recorder would.
@@ -345,7 +370,7 @@ fn a_plugin_call_that_never_returns_is_abandoned_and_the_run_stopped() {
     let report = Runner::new(spec).run(&mut []);
     assert_eq!(report.exit_code, ExitCode::Plugin);
     assert_eq!(report.stats.slug, Some(FailureSlug::PluginError));
-    let message = report.record.message.clone().unwrap_or_default();
+    let message = report.record.verdict.message.clone().unwrap_or_default();
     assert!(
         message.contains("did not return from a call within 500ms"),
         "{message}"
@@ -365,7 +390,10 @@ fn the_cgroup_or_the_walk_is_named_in_the_record() {
     let (mut spec, _) = spec(dir.items(1, "0"), codex(), 5);
     spec.containment = stepguard_runner::Containment::ProcessWalk;
     let report = Runner::new(spec).run(&mut []);
-    assert_eq!(report.record.containment.as_deref(), Some("process-walk"));
+    assert_eq!(
+        report.record.supervision.containment.map(|t| t.as_str()),
+        Some("process-walk")
+    );
 }
 
 /// Never answers until the question is withdrawn; says what it saw.
@@ -419,7 +447,7 @@ fn an_unanswered_question_ends_at_the_ask_timeout_as_a_stop() {
     assert_eq!(report.exit_code, ExitCode::BudgetExceeded);
     assert_eq!(report.decisions, [LimitDecision::Stop]);
     assert_eq!(
-        report.record.message.as_deref(),
+        report.record.verdict.message.as_deref(),
         Some("no answer at the limit within 300ms; stopped")
     );
     assert_eq!(rx.recv_timeout(Duration::from_secs(5)), Ok("withdrawn"));
@@ -441,8 +469,11 @@ fn output_that_stays_unrecognised_is_stopped_after_the_time_window() {
     let report = Runner::new(spec).run(&mut []);
     assert_eq!(report.exit_code, ExitCode::Usage);
     assert_eq!(report.stats.slug, Some(FailureSlug::UnrecognizedStream));
-    assert_eq!(report.record.terminated_by.as_deref(), Some("unrecognized"));
-    let message = report.record.message.unwrap();
+    assert_eq!(
+        report.record.verdict.terminated_by.map(|t| t.as_str()),
+        Some("unrecognized")
+    );
+    let message = report.record.verdict.message.unwrap();
     assert!(
         message.contains("in the 400ms since its first line"),
         "{message}"
@@ -483,9 +514,12 @@ fn an_agent_that_goes_quiet_is_stalled() {
     let report = Runner::new(spec).run(&mut []);
     assert_eq!(report.exit_code, ExitCode::Timeout);
     assert_eq!(report.stats.slug, Some(FailureSlug::Stalled));
-    assert_eq!(report.record.terminated_by.as_deref(), Some("idle"));
     assert_eq!(
-        report.record.message.as_deref(),
+        report.record.verdict.terminated_by.map(|t| t.as_str()),
+        Some("idle")
+    );
+    assert_eq!(
+        report.record.verdict.message.as_deref(),
         Some("no output from the agent for 500ms; stopped")
     );
     assert!(!alive(read_pid(&pidfile)));
@@ -503,15 +537,19 @@ fn an_agent_that_never_starts_its_stream_is_a_startup_hang() {
     let report = Runner::new(spec).run(&mut []);
     assert_eq!(report.exit_code, ExitCode::Timeout);
     assert_eq!(report.stats.slug, Some(FailureSlug::StartupHang));
-    assert_eq!(report.record.terminated_by.as_deref(), Some("startup"));
+    assert_eq!(
+        report.record.verdict.terminated_by.map(|t| t.as_str()),
+        Some("startup")
+    );
     assert!(
         report
             .record
+            .verdict
             .message
             .as_deref()
             .is_some_and(|m| m.contains("no recognised codex event from the agent within 400ms")),
         "{:?}",
-        report.record.message
+        report.record.verdict.message
     );
     // A stream that starts in time is not a hang, however long it then takes.
     let (mut spec, _out) = self::spec(dir.items(3, "0.3"), codex(), 5);
@@ -545,7 +583,7 @@ fn a_pause_at_the_limit_is_not_a_stall() {
         report.exit_code,
         ExitCode::Success,
         "{:?}",
-        report.record.message
+        report.record.verdict.message
     );
     assert_eq!(report.decisions, [LimitDecision::Allow(100)]);
 }

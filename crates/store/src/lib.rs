@@ -6,7 +6,7 @@
 //!
 //! Schema versions live in `PRAGMA user_version`. Migrations run on open, each in an immediate
 //! transaction that re-reads the version, so concurrent first opens do not race, and no row is
-//! ever rewritten by a migration. A database from a newer stepguard is refused before anything is
+//! rewritten by a migration except by version 8, which keeps every value. A database from a newer stepguard is refused before anything is
 //! written to it. WAL mode and a busy timeout let many `stepguard run` processes share one file.
 //!
 //! * version 1: the runs table with turn-only metrics (`num_turns_reported`, `num_turns_computed`),
@@ -24,7 +24,11 @@
 //!   `max_cost_usd_source`) and the token usage per sub-agent (`sub_agent_tokens`, as JSON),
 //!   NULL for older rows, and for runs without such a budget or sub-agents. The run's own usage
 //!   (input, output, cached input and reasoning output tokens, and the cost) is stored since
-//!   versions 1 and 3.
+//!   versions 1 and 3;
+//! * version 8: the record as one JSON column (`record`), beside the columns lists filter and
+//!   sort on (`provider`, `task_type`, `outcome`, `started_at`) and the supervisor's identity.
+//!   Every row of version 7 is read as version 7 read it and written as its record, so it reads
+//!   back the same. From here on a new record field is a new key of the JSON, not a migration.
 //!
 //! Rows are read back as [`RunRecord`], the same shape every stepguard command emits.
 //!
@@ -33,24 +37,28 @@
 //! use stepguard_store::{NewRun, Store};
 //! let store = Store::open(&dir.path().join("history.db")).unwrap();
 //! let id = store.begin_run(&NewRun { provider: "codex".into(), ..NewRun::default() }).unwrap();
-//! assert_eq!(store.get(id).unwrap().unwrap().outcome.as_str(), "running");
+//! assert_eq!(store.get(id).unwrap().unwrap().verdict.outcome.as_str(), "running");
 //! ```
 #![forbid(unsafe_code)]
 
 mod stats;
+mod v7;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use rusqlite::{Connection, OptionalExtension as _, Row, params};
-use stepguard_core::{Outcome, TokenUsage};
+use stepguard_core::Outcome;
+use stepguard_core::record::{Invocation, Source, StepBudget};
 
 pub use stepguard_core::RunRecord;
 
 pub use stats::{CostSpread, GroupStats, Spread, StatsReport, compute_stats, percentile};
 
-/// The schema migrations, in order; index + 1 is the version each one brings the database to.
-pub const MIGRATIONS: &[&str] = &[
+/// The SQL migrations to schema version 7 (one column per record field), in order; index + 1
+/// is the version each one brings the database to. Frozen: version 8 ([`to_v8`]) turns the
+/// columns into one JSON record.
+pub const MIGRATIONS_TO_V7: &[&str] = &[
     // 1: runs with turn-only metrics.
     "CREATE TABLE runs (
         id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -116,8 +124,25 @@ pub const MIGRATIONS: &[&str] = &[
      ALTER TABLE runs ADD COLUMN sub_agent_tokens TEXT;",
 ];
 
+/// Version 8: the run record as one JSON column (`record`), beside the columns that lists
+/// filter and sort on (`provider`, `task_type`, `outcome`, `started_at`) and the supervisor's
+/// identity (which decides whether a `running` row's stepguard is still alive). Adding a record
+/// field changes nothing here.
+const V8_TABLE: &str = "CREATE TABLE runs_v8 (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        started_at TEXT NOT NULL,
+        provider TEXT NOT NULL,
+        task_type TEXT,
+        outcome TEXT NOT NULL,
+        supervisor_host TEXT,
+        supervisor_boot_id TEXT,
+        supervisor_pid INTEGER,
+        supervisor_start_ticks INTEGER,
+        record TEXT NOT NULL
+    );";
+
 /// The newest schema version this stepguard knows.
-pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+pub const SCHEMA_VERSION: i64 = MIGRATIONS_TO_V7.len() as i64 + 1;
 
 /// How long a writer waits for another one before giving up.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -307,28 +332,33 @@ impl Store {
     /// Records a run that has just started, as `running`.
     pub fn begin_run(&self, run: &NewRun) -> Result<RunId, StoreError> {
         let me = Supervisor::of(std::process::id());
-        let command = serde_json::to_string(&run.command).unwrap_or_else(|_| "[]".into());
+        let mut record = RunRecord::new(run.provider.clone(), Outcome::Running);
+        record.source.plugin_version.clone_from(&run.plugin_version);
+        record.source.unit.clone_from(&run.unit);
+        record.source.task_type.clone_from(&run.task_type);
+        record.source.profile.clone_from(&run.profile);
+        record.step_budget = StepBudget {
+            max_steps: run.max_steps,
+            max_steps_source: run.max_steps_source.clone(),
+        };
+        record.invocation.command = Some(run.command.clone());
+        record.invocation.cwd.clone_from(&run.cwd);
+        record.invocation.started_at = Some(run.started_at.clone().unwrap_or_else(now));
         self.conn
             .execute(
-                "INSERT INTO runs (started_at, provider, plugin_version, unit, task_type, profile, max_steps,
-                    max_steps_source, command, cwd, outcome, supervisor_host, supervisor_boot_id,
-                    supervisor_pid, supervisor_start_ticks)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 'running', ?11, ?12, ?13, ?14)",
+                "INSERT INTO runs (started_at, provider, task_type, outcome, supervisor_host,
+                    supervisor_boot_id, supervisor_pid, supervisor_start_ticks, record)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
                 params![
-                    run.started_at.clone().unwrap_or_else(now),
-                    run.provider,
-                    run.plugin_version,
-                    run.unit,
-                    run.task_type,
-                    run.profile,
-                    run.max_steps,
-                    run.max_steps_source,
-                    command,
-                    run.cwd,
+                    record.invocation.started_at,
+                    record.source.provider,
+                    record.source.task_type,
+                    record.verdict.outcome.as_str(),
                     me.as_ref().map(|s| s.host.clone()),
                     me.as_ref().map(|s| s.boot_id.clone()),
                     me.as_ref().map(|s| s.pid),
                     me.as_ref().map(|s| s.start_ticks as i64),
+                    to_json(&record),
                 ],
             )
             .map_err(|e| self.err(e))?;
@@ -339,86 +369,40 @@ impl Store {
     pub fn update_progress(&self, id: RunId, steps_computed: u64) -> Result<(), StoreError> {
         self.conn
             .execute(
-                "UPDATE runs SET num_steps_computed = ?2 WHERE id = ?1 AND outcome = 'running'",
+                "UPDATE runs SET record = json_set(record, '$.num_steps_computed', ?2)
+                 WHERE id = ?1 AND outcome = 'running'",
                 params![id, steps_computed as i64],
             )
             .map_err(|e| self.err(e))?;
         Ok(())
     }
 
-    /// Completes a run with its record; the row keeps the start fields [`Store::begin_run`] wrote.
-    ///
-    /// The token and cost budgets (`max_tokens`, `max_cost_usd` and their sources) are written
-    /// here, from the record, so a row reads them as null while it is `running` (and when its
-    /// stepguard died before the end).
+    /// Completes a run with its record; the row keeps the start fields [`Store::begin_run`] wrote
+    /// (provider, plugin version, unit, task type, profile, step budget, command, working
+    /// directory, start time). A record names no file and no id: the row's id is its id.
     pub fn finish_run(&self, id: RunId, run: &RunRecord) -> Result<(), StoreError> {
-        let i = |v: Option<u64>| v.map(|v| v as i64);
-        let tokens = run.tokens;
-        let decisions =
-            (!run.on_limit_decisions.is_empty()).then(|| run.on_limit_decisions.join(","));
-        let sub_agents = run
-            .sub_agent_steps
-            .as_ref()
-            .and_then(|m| serde_json::to_string(m).ok());
-        let loops = run
-            .loops
-            .as_ref()
-            .and_then(|l| serde_json::to_string(l).ok());
-        let sub_agent_tokens = run
-            .sub_agent_tokens
-            .as_ref()
-            .and_then(|m| serde_json::to_string(m).ok());
+        let Some(started) = self.get(id)? else {
+            return Ok(());
+        };
+        let mut record = run.clone();
+        record.id = None;
+        record.file = None;
+        record.schema_version = stepguard_core::RECORD_SCHEMA_VERSION;
+        let outcome = record.verdict.outcome;
+        record.source = Source {
+            plugin_source: record.source.plugin_source.take(),
+            ..started.source
+        };
+        record.step_budget = started.step_budget;
+        record.invocation = Invocation {
+            ended_at: Some(record.invocation.ended_at.take().unwrap_or_else(now)),
+            duration_ms: record.invocation.duration_ms,
+            ..started.invocation
+        };
         self.conn
             .execute(
-                "UPDATE runs SET ended_at = ?2, outcome = ?3, failure_slug = ?4, exit_code = ?5,
-                    child_exit_code = ?6, terminated_by = ?7, duration_ms = ?8, num_steps_reported = ?9,
-                    num_steps_computed = ?10, num_turns_reported = ?11, num_turns_computed = ?12,
-                    input_tokens = ?13, output_tokens = ?14, cost_usd = ?15, on_limit_decision = ?16,
-                    message = ?17, child_signal = ?18, breached_at_step = ?19, noise_lines = ?20,
-                    unknown_events = ?21, oversized_lines = ?22, truncated_last_line = ?23,
-                    cached_input_tokens = ?24, reasoning_output_tokens = ?25, sub_agent_steps = ?26,
-                    plugin_source = ?27, containment = ?28, loops = ?29, final_report = ?30,
-                    model_calls = ?31, max_tokens = ?32, max_tokens_source = ?33,
-                    max_cost_usd = ?34, max_cost_usd_source = ?35, sub_agent_tokens = ?36
-                 WHERE id = ?1",
-                params![
-                    id,
-                    run.ended_at.clone().unwrap_or_else(now),
-                    run.outcome.as_str(),
-                    run.error_type,
-                    run.exit_code,
-                    run.child_exit_code,
-                    run.terminated_by,
-                    i(run.duration_ms),
-                    i(run.num_steps_reported),
-                    i(run.num_steps_computed),
-                    i(run.num_turns_reported),
-                    i(run.num_turns_computed),
-                    i(tokens.map(|t| t.input_tokens)),
-                    i(tokens.map(|t| t.output_tokens)),
-                    run.cost_usd,
-                    decisions,
-                    run.message,
-                    run.child_signal,
-                    i(run.breached_at_step),
-                    i(run.noise_lines),
-                    i(run.unknown_events),
-                    i(run.oversized_lines),
-                    run.truncated_last_line,
-                    i(tokens.and_then(|t| t.cached_input_tokens)),
-                    i(tokens.and_then(|t| t.reasoning_output_tokens)),
-                    sub_agents,
-                    run.plugin_source,
-                    run.containment,
-                    loops,
-                    run.final_report,
-                    i(run.model_calls),
-                    i(run.max_tokens),
-                    run.max_tokens_source,
-                    run.max_cost_usd,
-                    run.max_cost_usd_source,
-                    sub_agent_tokens,
-                ],
+                "UPDATE runs SET outcome = ?2, record = ?3 WHERE id = ?1",
+                params![id, outcome.as_str(), to_json(&record)],
             )
             .map_err(|e| self.err(e))?;
         Ok(())
@@ -456,7 +440,9 @@ impl Store {
                 marked += self
                     .conn
                     .execute(
-                        "UPDATE runs SET outcome = 'interrupted', failure_slug = 'interrupted', ended_at = ?2
+                        "UPDATE runs SET outcome = 'interrupted', record = json_set(record,
+                            '$.outcome', 'interrupted', '$.error_type', 'interrupted',
+                            '$.ended_at', ?2)
                          WHERE id = ?1 AND outcome = 'running'",
                         params![id, now()],
                     )
@@ -469,18 +455,14 @@ impl Store {
     /// Returns one run.
     pub fn get(&self, id: RunId) -> Result<Option<RunRecord>, StoreError> {
         self.conn
-            .query_row(
-                &format!("SELECT {COLUMNS} FROM runs WHERE id = ?1"),
-                [id],
-                record,
-            )
+            .query_row("SELECT id, record FROM runs WHERE id = ?1", [id], record)
             .optional()
             .map_err(|e| self.err(e))
     }
 
     /// Returns runs matching `filter`, newest first.
     pub fn list(&self, filter: &Filter) -> Result<Vec<RunRecord>, StoreError> {
-        let mut sql = format!("SELECT {COLUMNS} FROM runs WHERE 1=1");
+        let mut sql = "SELECT id, record FROM runs WHERE 1=1".to_owned();
         let mut args: Vec<String> = Vec::new();
         if let Some(p) = &filter.provider {
             args.push(p.clone());
@@ -504,94 +486,66 @@ impl Store {
     }
 }
 
-const COLUMNS: &str = "id, started_at, ended_at, provider, plugin_version, unit, task_type, profile, max_steps,
-    max_steps_source, command, cwd, outcome, failure_slug, exit_code, child_exit_code, terminated_by,
-    duration_ms, num_steps_reported, num_steps_computed, num_turns_reported, num_turns_computed,
-    input_tokens, output_tokens, cost_usd, on_limit_decision, message, child_signal, breached_at_step,
-    noise_lines, unknown_events, oversized_lines, truncated_last_line, cached_input_tokens,
-    reasoning_output_tokens, sub_agent_steps, plugin_source, containment, loops, final_report,
-    model_calls, max_tokens, max_tokens_source, max_cost_usd, max_cost_usd_source, sub_agent_tokens";
+/// The record as stored: its JSON.
+fn to_json(record: &RunRecord) -> String {
+    // A record of strings, numbers and maps of them always serializes.
+    serde_json::to_string(record).unwrap_or_default()
+}
 
-/// Reads one row as a run record; counts stored as SQLite integers come back unsigned.
+/// Reads `id, record` as a run record with its id.
 fn record(r: &Row<'_>) -> rusqlite::Result<RunRecord> {
-    let n = |i: usize| -> rusqlite::Result<Option<u64>> {
-        Ok(r.get::<_, Option<i64>>(i)?
-            .and_then(|v| u64::try_from(v).ok()))
-    };
-    let command: String = r.get(10)?;
-    let outcome: String = r.get(12)?;
-    let decisions: Option<String> = r.get(25)?;
-    let sub_agents: Option<String> = r.get(35)?;
-    let tokens = match (n(22)?, n(23)?) {
-        (Some(input_tokens), Some(output_tokens)) => Some(TokenUsage {
-            input_tokens,
-            output_tokens,
-            cached_input_tokens: n(33)?,
-            reasoning_output_tokens: n(34)?,
-        }),
-        _ => None,
-    };
-    // Outcomes are written by this crate only; an unreadable one is shown as a failed run.
-    let mut rec = RunRecord::new(
-        r.get::<_, String>(3)?,
-        outcome.parse().unwrap_or(Outcome::Failed),
+    let json: String = r.get(1)?;
+    let mut record: RunRecord = serde_json::from_str(&json).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(1, rusqlite::types::Type::Text, Box::new(e))
+    })?;
+    record.id = r.get(0)?;
+    Ok(record)
+}
+
+/// Version 8: every row's columns become one JSON record ([`V8_TABLE`]), read the way version
+/// 7 read them, so every migrated row reads back as it did.
+fn to_v8(tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<()> {
+    tx.execute_batch(V8_TABLE)?;
+    let sql = format!(
+        "SELECT {}, supervisor_host, supervisor_boot_id, supervisor_pid, supervisor_start_ticks
+         FROM runs ORDER BY id",
+        v7::COLUMNS
     );
-    rec.id = r.get(0)?;
-    rec.started_at = r.get(1)?;
-    rec.ended_at = r.get(2)?;
-    rec.plugin_version = r.get(4)?;
-    rec.unit = r.get(5)?;
-    rec.task_type = r.get(6)?;
-    rec.profile = r.get(7)?;
-    rec.max_steps = r
-        .get::<_, Option<i64>>(8)?
-        .and_then(|v| u32::try_from(v).ok());
-    rec.max_steps_source = r.get(9)?;
-    rec.command = Some(serde_json::from_str(&command).unwrap_or_else(|_| vec![command]));
-    rec.cwd = r.get(11)?;
-    rec.error_type = r.get(13)?;
-    rec.exit_code = r.get(14)?;
-    rec.child_exit_code = r.get(15)?;
-    rec.terminated_by = r.get(16)?;
-    rec.duration_ms = n(17)?;
-    rec.num_steps_reported = n(18)?;
-    rec.num_steps_computed = n(19)?;
-    rec.num_turns_reported = n(20)?;
-    rec.num_turns_computed = n(21)?;
-    rec.tokens = tokens;
-    rec.cost_usd = r.get(24)?;
-    // Stored comma-joined; decisions (`stop`, `allow:N`, `continue`) never contain a comma.
-    rec.on_limit_decisions = decisions
-        .map(|d| {
-            d.split(',')
-                .filter(|s| !s.is_empty())
-                .map(str::to_owned)
-                .collect()
-        })
-        .unwrap_or_default();
-    rec.message = r.get(26)?;
-    rec.child_signal = r.get(27)?;
-    rec.breached_at_step = n(28)?;
-    rec.noise_lines = n(29)?;
-    rec.unknown_events = n(30)?;
-    rec.oversized_lines = n(31)?;
-    rec.truncated_last_line = r.get(32)?;
-    rec.sub_agent_steps = sub_agents.and_then(|s| serde_json::from_str(&s).ok());
-    rec.plugin_source = r.get(36)?;
-    rec.containment = r.get(37)?;
-    rec.loops = r
-        .get::<_, Option<String>>(38)?
-        .and_then(|s| serde_json::from_str(&s).ok());
-    rec.final_report = r.get(39)?;
-    rec.model_calls = n(40)?;
-    rec.max_tokens = n(41)?;
-    rec.max_tokens_source = r.get(42)?;
-    rec.max_cost_usd = r.get(43)?;
-    rec.max_cost_usd_source = r.get(44)?;
-    rec.sub_agent_tokens = r
-        .get::<_, Option<String>>(45)?
-        .and_then(|s| serde_json::from_str(&s).ok());
-    Ok(rec)
+    let mut select = tx.prepare(&sql)?;
+    let mut insert = tx.prepare(
+        "INSERT INTO runs_v8 (id, started_at, provider, task_type, outcome, supervisor_host,
+            supervisor_boot_id, supervisor_pid, supervisor_start_ticks, record)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+    )?;
+    let supervisor = v7::COLUMN_COUNT;
+    let mut rows = select.query([])?;
+    while let Some(row) = rows.next()? {
+        let mut record = v7::record(row)?;
+        let id = record.id.take();
+        insert.execute(params![
+            id,
+            record.invocation.started_at,
+            record.source.provider,
+            record.source.task_type,
+            record.verdict.outcome.as_str(),
+            row.get::<_, Option<String>>(supervisor)?,
+            row.get::<_, Option<String>>(supervisor + 1)?,
+            row.get::<_, Option<i64>>(supervisor + 2)?,
+            row.get::<_, Option<i64>>(supervisor + 3)?,
+            to_json(&record),
+        ])?;
+    }
+    drop(rows);
+    drop(select);
+    drop(insert);
+    // Ids are never reused: the new table continues the old one's sequence.
+    tx.execute_batch(
+        "UPDATE sqlite_sequence SET seq = max(seq, (SELECT seq FROM sqlite_sequence WHERE name = 'runs'))
+             WHERE name = 'runs_v8';
+         DROP TABLE runs;
+         ALTER TABLE runs_v8 RENAME TO runs;
+         CREATE INDEX runs_by_provider ON runs (provider, task_type, started_at);",
+    )
 }
 
 enum Migrate {
@@ -618,7 +572,10 @@ fn migrate(conn: &mut Connection, target: i64) -> Result<(), Migrate> {
             return Ok(());
         }
         let index = usize::try_from(version).unwrap_or(0);
-        tx.execute_batch(MIGRATIONS[index])?;
+        match MIGRATIONS_TO_V7.get(index) {
+            Some(sql) => tx.execute_batch(sql)?,
+            None => to_v8(&tx)?,
+        }
         tx.pragma_update(None, "user_version", version + 1)?;
         tx.commit()?;
     }

@@ -200,7 +200,8 @@ impl GroupStats {
 
 /// Returns a run's tokens as `--max-tokens` counts them: input + output.
 fn total_tokens(r: &RunRecord) -> Option<i64> {
-    r.tokens
+    r.usage
+        .tokens
         .map(|t| i64::try_from(t.input_tokens.saturating_add(t.output_tokens)).unwrap_or(i64::MAX))
 }
 
@@ -214,9 +215,12 @@ pub struct StatsReport {
 /// Computes the figures over `records` (running rows are left out).
 pub fn compute_stats(records: &[RunRecord]) -> StatsReport {
     let mut groups: BTreeMap<(String, Option<String>), Vec<&RunRecord>> = BTreeMap::new();
-    for r in records.iter().filter(|r| r.outcome != Outcome::Running) {
+    for r in records
+        .iter()
+        .filter(|r| r.verdict.outcome != Outcome::Running)
+    {
         groups
-            .entry((r.provider.clone(), r.task_type.clone()))
+            .entry((r.source.provider.clone(), r.source.task_type.clone()))
             .or_default()
             .push(r);
     }
@@ -226,24 +230,28 @@ pub fn compute_stats(records: &[RunRecord]) -> StatsReport {
             let runs = rows.len();
             let successes = rows
                 .iter()
-                .filter(|r| r.outcome == Outcome::Success)
+                .filter(|r| r.verdict.outcome == Outcome::Success)
                 .count();
             let mut failure_slugs = BTreeMap::new();
             for r in &rows {
-                if let Some(s) = &r.error_type {
-                    *failure_slugs.entry(s.clone()).or_default() += 1;
+                if let Some(s) = &r.verdict.error_type {
+                    *failure_slugs.entry(s.as_str().to_owned()).or_default() += 1;
                 }
             }
             let successful_steps: Vec<i64> = rows
                 .iter()
-                .filter(|r| r.outcome == Outcome::Success)
+                .filter(|r| r.verdict.outcome == Outcome::Success)
                 .filter_map(|r| r.steps().map(|s| s as i64))
                 .collect();
             let suggested_max_steps = Spread::of(successful_steps).map(|s| s.p95.max(1));
-            let successful = || rows.iter().filter(|r| r.outcome == Outcome::Success);
+            let successful = || {
+                rows.iter()
+                    .filter(|r| r.verdict.outcome == Outcome::Success)
+            };
             let successful_tokens =
                 Spread::of(successful().filter_map(|r| total_tokens(r)).collect());
-            let successful_cost = CostSpread::of(successful().filter_map(|r| r.cost_usd).collect());
+            let successful_cost =
+                CostSpread::of(successful().filter_map(|r| r.usage.cost_usd).collect());
             GroupStats {
                 provider,
                 task_type,
@@ -267,7 +275,7 @@ pub fn compute_stats(records: &[RunRecord]) -> StatsReport {
                 ),
                 suggested_max_steps,
                 tokens: Spread::of(rows.iter().filter_map(|r| total_tokens(r)).collect()),
-                cost_usd: CostSpread::of(rows.iter().filter_map(|r| r.cost_usd).collect()),
+                cost_usd: CostSpread::of(rows.iter().filter_map(|r| r.usage.cost_usd).collect()),
                 suggested_max_tokens: successful_tokens.as_ref().map(|s| s.p95.max(1)),
                 suggested_max_cost_usd: successful_cost.as_ref().map(|s| cost_budget(s.p95)),
                 successes_with_tokens: successful_tokens.map_or(0, |s| s.runs),

@@ -1,7 +1,7 @@
 use std::collections::BTreeMap;
 
 use stepguard_core::loops::{LoopFound, LoopKind};
-use stepguard_core::{FailureSlug, RunStats};
+use stepguard_core::{FailureSlug, LimitChoice, RunStats, TokenUsage};
 
 use super::*;
 
@@ -25,8 +25,8 @@ fn finished(
         duration_ms: Some(1000),
         ..RunStats::new(outcome)
     });
-    record.exit_code = Some(0);
-    record.child_exit_code = Some(0);
+    record.verdict.exit_code = Some(0);
+    record.verdict.child_exit_code = Some(0);
     record
 }
 
@@ -64,39 +64,42 @@ fn a_version_1_database_with_rows_migrates_with_every_value_intact() {
     let old = store.get(1).unwrap().unwrap();
     assert_eq!(
         (
-            old.provider.as_str(),
-            old.unit.as_deref(),
-            old.task_type.as_deref(),
-            old.max_steps
+            old.source.provider.as_str(),
+            old.source.unit.as_deref(),
+            old.source.task_type.as_deref(),
+            old.step_budget.max_steps
         ),
         ("claude", Some("turn"), Some("review"), Some(10))
     );
     assert_eq!(
-        old.command.as_deref(),
+        old.invocation.command.as_deref(),
         Some(&["claude".to_owned(), "-p".to_owned()][..])
     );
     assert_eq!(
         (
-            old.outcome.as_str(),
-            old.error_type.as_deref(),
-            old.exit_code
+            old.verdict.outcome.as_str(),
+            old.verdict.error_type.as_ref().map(|s| s.as_str()),
+            old.verdict.exit_code
         ),
         ("failed", Some("MAX_TURNS"), Some(3))
     );
     assert_eq!(
         (
-            old.num_turns_reported,
-            old.num_turns_computed,
-            old.duration_ms,
-            old.cost_usd
+            old.counts.num_turns_reported,
+            old.counts.num_turns_computed,
+            old.invocation.duration_ms,
+            old.usage.cost_usd
         ),
         (Some(11), Some(10), Some(60000), Some(0.25))
     );
     assert_eq!(
-        (old.num_steps_reported, old.num_steps_computed),
+        (old.counts.num_steps_reported, old.counts.num_steps_computed),
         (None, None)
     );
-    assert_eq!(old.ended_at.as_deref(), Some("2025-01-01T00:01:00Z"));
+    assert_eq!(
+        old.invocation.ended_at.as_deref(),
+        Some("2025-01-01T00:01:00Z")
+    );
     // Turn-only rows say what they are; the legacy slug is readable and shown as stored.
     assert_eq!(
         old.summary_line(),
@@ -131,7 +134,7 @@ fn a_newer_database_is_refused_and_left_untouched() {
     assert!(matches!(err, StoreError::NewerSchema { found: 99, .. }));
     assert!(
         err.to_string().contains(
-            "has schema version 99, newer than this stepguard knows (7); refusing to modify it"
+            "has schema version 99, newer than this stepguard knows (8); refusing to modify it"
         ),
         "{err}"
     );
@@ -174,39 +177,54 @@ fn lifecycle_running_progress_finished() {
         .unwrap();
     let running = store.get(id).unwrap().unwrap();
     assert_eq!(
-        (running.outcome.as_str(), running.num_steps_computed),
+        (
+            running.verdict.outcome.as_str(),
+            running.counts.num_steps_computed
+        ),
         ("running", None)
     );
     store.update_progress(id, 7).unwrap();
-    assert_eq!(store.get(id).unwrap().unwrap().num_steps_computed, Some(7));
+    assert_eq!(
+        store.get(id).unwrap().unwrap().counts.num_steps_computed,
+        Some(7)
+    );
     let mut fin = finished(
         Outcome::Failed,
         Some(FailureSlug::MaxSteps),
         Some(31),
         Some(1),
     );
-    fin.exit_code = Some(3);
-    fin.terminated_by = Some("budget".into());
-    fin.on_limit_decisions = vec!["allow:2".into(), "stop".into()];
+    fin.verdict.exit_code = Some(3);
+    fin.verdict.terminated_by = Some("budget".parse().unwrap());
+    fin.supervision.on_limit_decisions = vec!["allow:2".parse().unwrap(), "stop".parse().unwrap()];
     store.finish_run(id, &fin).unwrap();
     let done = store.get(id).unwrap().unwrap();
     assert_eq!(
         (
-            done.outcome.as_str(),
-            done.error_type.as_deref(),
-            done.exit_code
+            done.verdict.outcome.as_str(),
+            done.verdict.error_type.as_ref().map(|s| s.as_str()),
+            done.verdict.exit_code
         ),
         ("failed", Some("max_steps"), Some(3))
     );
     assert_eq!(
-        (done.num_steps_computed, done.terminated_by.as_deref()),
+        (
+            done.counts.num_steps_computed,
+            done.verdict.terminated_by.map(|t| t.as_str())
+        ),
         (Some(31), Some("budget"))
     );
-    assert_eq!(done.on_limit_decisions, ["allow:2", "stop"]);
-    assert!(done.ended_at.is_some());
+    assert_eq!(
+        done.supervision.on_limit_decisions,
+        [LimitChoice::Allow(2), LimitChoice::Stop]
+    );
+    assert!(done.invocation.ended_at.is_some());
     // A finished row takes no more progress updates.
     store.update_progress(id, 99).unwrap();
-    assert_eq!(store.get(id).unwrap().unwrap().num_steps_computed, Some(31));
+    assert_eq!(
+        store.get(id).unwrap().unwrap().counts.num_steps_computed,
+        Some(31)
+    );
 }
 
 #[test]
@@ -256,13 +274,20 @@ fn runs_of_dead_supervisors_are_marked_interrupted_live_ones_are_not() {
     store.conn.execute("UPDATE runs SET supervisor_host = 'elsewhere', supervisor_pid = 2147483000 WHERE id = ?1", [other_host]).unwrap();
     drop(store);
     let store = Store::open(&path).unwrap();
-    let outcome = |id| store.get(id).unwrap().unwrap().outcome.as_str();
+    let outcome = |id| store.get(id).unwrap().unwrap().verdict.outcome.as_str();
     assert_eq!(outcome(live), "running");
     assert_eq!(outcome(dead), "interrupted");
     assert_eq!(outcome(reused), "interrupted");
     assert_eq!(outcome(other_host), "running");
     assert_eq!(
-        store.get(dead).unwrap().unwrap().error_type.as_deref(),
+        store
+            .get(dead)
+            .unwrap()
+            .unwrap()
+            .verdict
+            .error_type
+            .as_ref()
+            .map(|s| s.as_str()),
         Some("interrupted")
     );
 }
@@ -510,29 +535,29 @@ fn every_field_of_a_run_record_survives_the_round_trip() {
         Some(6),
         Some(1),
     );
-    fin.ended_at = Some("2026-01-01T00:00:01.000Z".into());
-    fin.message = Some("stopped".into());
-    fin.exit_code = Some(3);
-    fin.child_exit_code = None;
-    fin.child_signal = Some(15);
-    fin.terminated_by = Some("budget".into());
-    fin.breached_at_step = Some(6);
-    fin.on_limit_decisions = vec!["allow:1".into(), "stop".into()];
-    fin.noise_lines = Some(2);
-    fin.unknown_events = Some(3);
-    fin.oversized_lines = Some(1);
-    fin.truncated_last_line = Some(true);
-    fin.tokens = Some(TokenUsage {
+    fin.invocation.ended_at = Some("2026-01-01T00:00:01.000Z".into());
+    fin.verdict.message = Some("stopped".into());
+    fin.verdict.exit_code = Some(3);
+    fin.verdict.child_exit_code = None;
+    fin.verdict.child_signal = Some(15);
+    fin.verdict.terminated_by = Some("budget".parse().unwrap());
+    fin.supervision.breached_at_step = Some(6);
+    fin.supervision.on_limit_decisions = vec!["allow:1".parse().unwrap(), "stop".parse().unwrap()];
+    fin.counts.noise_lines = Some(2);
+    fin.counts.unknown_events = Some(3);
+    fin.counts.oversized_lines = Some(1);
+    fin.counts.truncated_last_line = Some(true);
+    fin.usage.tokens = Some(TokenUsage {
         input_tokens: 100,
         output_tokens: 20,
         cached_input_tokens: Some(50),
         reasoning_output_tokens: Some(7),
     });
-    fin.cost_usd = Some(0.5);
+    fin.usage.cost_usd = Some(0.5);
     fin.sub_agent_steps = Some(BTreeMap::from([("task-1".to_owned(), 4)]));
-    fin.plugin_source = Some("/opt/plugins/libcodex.so".into());
-    fin.containment = Some("cgroup".into());
-    fin.loops = Some(vec![
+    fin.source.plugin_source = Some("/opt/plugins/libcodex.so".into());
+    fin.supervision.containment = Some("cgroup".parse().unwrap());
+    fin.supervision.loops = Some(vec![
         LoopFound {
             tool: "shell".into(),
             count: 3,
@@ -546,13 +571,13 @@ fn every_field_of_a_run_record_survives_the_round_trip() {
             first_step: 5,
         },
     ]);
-    fin.terminated_by = Some("wrap_up".into());
-    fin.final_report = Some("Done: fixed the parser.\nLeft: the CLI flag.\n".into());
-    fin.model_calls = Some(12);
-    fin.max_tokens = Some(200_000);
-    fin.max_tokens_source = Some("--max-tokens".into());
-    fin.max_cost_usd = Some(0.125);
-    fin.max_cost_usd_source = Some("task_types.review.max_cost_usd".into());
+    fin.verdict.terminated_by = Some("wrap_up".parse().unwrap());
+    fin.gateway.final_report = Some("Done: fixed the parser.\nLeft: the CLI flag.\n".into());
+    fin.gateway.model_calls = Some(12);
+    fin.spend.max_tokens = Some(200_000);
+    fin.spend.max_tokens_source = Some("--max-tokens".into());
+    fin.spend.max_cost_usd = Some(0.125);
+    fin.spend.max_cost_usd_source = Some("task_types.review.max_cost_usd".into());
     fin.sub_agent_tokens = Some(BTreeMap::from([
         (
             "task-1".to_owned(),
@@ -577,13 +602,13 @@ fn every_field_of_a_run_record_survives_the_round_trip() {
     let back = store.get(id).unwrap().unwrap();
     let mut want = fin.clone();
     want.id = Some(id);
-    want.provider = "codex".into();
-    want.plugin_version = Some("0.1.0".into());
-    want.unit = Some("item".into());
-    want.max_steps = Some(5);
-    want.max_steps_source = Some("--max-steps".into());
-    want.command = Some(vec!["codex".into(), "exec".into()]);
-    want.started_at = Some("2026-01-01T00:00:00.000Z".into());
+    want.source.provider = "codex".into();
+    want.source.plugin_version = Some("0.1.0".into());
+    want.source.unit = Some("item".into());
+    want.step_budget.max_steps = Some(5);
+    want.step_budget.max_steps_source = Some("--max-steps".into());
+    want.invocation.command = Some(vec!["codex".into(), "exec".into()]);
+    want.invocation.started_at = Some("2026-01-01T00:00:00.000Z".into());
     assert_eq!(back, want);
 }
 
@@ -599,9 +624,9 @@ fn loops_are_null_when_unknown_and_an_empty_list_when_none_was_found() {
             })
             .unwrap();
         let mut fin = finished(Outcome::Success, None, Some(1), None);
-        fin.loops = loops;
+        fin.supervision.loops = loops;
         store.finish_run(id, &fin).unwrap();
-        assert_eq!(store.get(id).unwrap().unwrap().loops, want);
+        assert_eq!(store.get(id).unwrap().unwrap().supervision.loops, want);
     }
 }
 
@@ -624,14 +649,17 @@ fn gateway_fields_are_null_when_unknown_and_kept_when_empty_or_zero() {
             })
             .unwrap();
         let running = store.get(id).unwrap().unwrap();
-        assert_eq!((running.final_report, running.model_calls), (None, None));
+        assert_eq!(
+            (running.gateway.final_report, running.gateway.model_calls),
+            (None, None)
+        );
         let mut fin = finished(Outcome::Success, None, Some(1), None);
-        fin.final_report = final_report.clone();
-        fin.model_calls = model_calls;
+        fin.gateway.final_report = final_report.clone();
+        fin.gateway.model_calls = model_calls;
         store.finish_run(id, &fin).unwrap();
         let back = store.get(id).unwrap().unwrap();
         assert_eq!(
-            (back.final_report, back.model_calls),
+            (back.gateway.final_report, back.gateway.model_calls),
             (final_report, model_calls)
         );
     }
@@ -670,15 +698,15 @@ fn a_version_5_database_with_rows_migrates_and_old_rows_read_null_gateway_fields
     let old = store.get(1).unwrap().unwrap();
     assert_eq!(
         (
-            old.outcome.as_str(),
-            old.terminated_by.as_deref(),
-            old.num_steps_computed,
-            old.containment.as_deref()
+            old.verdict.outcome.as_str(),
+            old.verdict.terminated_by.map(|t| t.as_str()),
+            old.counts.num_steps_computed,
+            old.supervision.containment.map(|t| t.as_str())
         ),
         ("failed", Some("loop"), Some(7), Some("cgroup"))
     );
     assert_eq!(
-        old.loops,
+        old.supervision.loops,
         Some(vec![LoopFound {
             tool: "shell".into(),
             count: 3,
@@ -686,7 +714,10 @@ fn a_version_5_database_with_rows_migrates_and_old_rows_read_null_gateway_fields
             first_step: 2,
         }])
     );
-    assert_eq!((old.final_report, old.model_calls), (None, None));
+    assert_eq!(
+        (old.gateway.final_report, old.gateway.model_calls),
+        (None, None)
+    );
     // New rows in the migrated database carry the new columns.
     let id = store
         .begin_run(&NewRun {
@@ -695,13 +726,13 @@ fn a_version_5_database_with_rows_migrates_and_old_rows_read_null_gateway_fields
         })
         .unwrap();
     let mut fin = finished(Outcome::Success, None, Some(3), None);
-    fin.terminated_by = Some("wrap_up".into());
-    fin.final_report = Some("all done".into());
-    fin.model_calls = Some(4);
+    fin.verdict.terminated_by = Some("wrap_up".parse().unwrap());
+    fin.gateway.final_report = Some("all done".into());
+    fin.gateway.model_calls = Some(4);
     store.finish_run(id, &fin).unwrap();
     let new = store.get(id).unwrap().unwrap();
     assert_eq!(
-        (new.final_report.as_deref(), new.model_calls),
+        (new.gateway.final_report.as_deref(), new.gateway.model_calls),
         (Some("all done"), Some(4))
     );
     // Opening again is a no-op.
@@ -732,10 +763,16 @@ fn a_version_4_database_gains_the_loops_column_and_old_rows_read_null() {
     let store = Store::open(&path).unwrap();
     let old = store.get(1).unwrap().unwrap();
     assert_eq!(
-        (old.containment.as_deref(), old.loops),
+        (
+            old.supervision.containment.map(|t| t.as_str()),
+            old.supervision.loops
+        ),
         (Some("cgroup"), None)
     );
-    assert_eq!((old.final_report, old.model_calls), (None, None));
+    assert_eq!(
+        (old.gateway.final_report, old.gateway.model_calls),
+        (None, None)
+    );
 }
 
 #[test]
@@ -816,35 +853,35 @@ fn budget_fields_are_null_when_unknown_and_kept_when_zero_or_large() {
         let running = store.get(id).unwrap().unwrap();
         assert_eq!(
             (
-                running.max_tokens,
-                running.max_cost_usd,
+                running.spend.max_tokens,
+                running.spend.max_cost_usd,
                 running.sub_agent_tokens
             ),
             (None, None, None)
         );
         let mut fin = finished(Outcome::Success, None, Some(1), None);
-        fin.max_tokens = max_tokens;
-        fin.max_tokens_source = tokens_source.clone();
-        fin.max_cost_usd = max_cost;
-        fin.max_cost_usd_source = cost_source.clone();
+        fin.spend.max_tokens = max_tokens;
+        fin.spend.max_tokens_source = tokens_source.clone();
+        fin.spend.max_cost_usd = max_cost;
+        fin.spend.max_cost_usd_source = cost_source.clone();
         fin.sub_agent_tokens = sub_agents.clone();
         // Usage without the cached and reasoning details reads back without them, not as zero.
-        fin.tokens = Some(usage(10, 2));
-        fin.cost_usd = Some(0.0);
+        fin.usage.tokens = Some(usage(10, 2));
+        fin.usage.cost_usd = Some(0.0);
         store.finish_run(id, &fin).unwrap();
         let back = store.get(id).unwrap().unwrap();
         assert_eq!(
             (
-                back.max_tokens,
-                back.max_tokens_source,
-                back.max_cost_usd,
-                back.max_cost_usd_source,
+                back.spend.max_tokens,
+                back.spend.max_tokens_source,
+                back.spend.max_cost_usd,
+                back.spend.max_cost_usd_source,
                 back.sub_agent_tokens
             ),
             (max_tokens, tokens_source, max_cost, cost_source, sub_agents)
         );
         assert_eq!(
-            (back.tokens, back.cost_usd),
+            (back.usage.tokens, back.usage.cost_usd),
             (Some(usage(10, 2)), Some(0.0))
         );
     }
@@ -883,19 +920,19 @@ fn a_version_6_database_with_rows_migrates_and_old_rows_read_null_budgets() {
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
     assert_eq!(v, SCHEMA_VERSION);
-    assert_eq!(SCHEMA_VERSION, 7);
+    assert_eq!(SCHEMA_VERSION, 8);
     let old = store.get(1).unwrap().unwrap();
     // What the old row knew is intact.
     assert_eq!(
         (
-            old.max_steps,
-            old.max_steps_source.as_deref(),
-            old.num_steps_computed
+            old.step_budget.max_steps,
+            old.step_budget.max_steps_source.as_deref(),
+            old.counts.num_steps_computed
         ),
         (Some(30), Some("--max-steps"), Some(7))
     );
     assert_eq!(
-        old.tokens,
+        old.usage.tokens,
         Some(TokenUsage {
             input_tokens: 1200,
             output_tokens: 300,
@@ -903,22 +940,22 @@ fn a_version_6_database_with_rows_migrates_and_old_rows_read_null_budgets() {
             reasoning_output_tokens: Some(40),
         })
     );
-    assert_eq!(old.cost_usd, Some(0.0425));
+    assert_eq!(old.usage.cost_usd, Some(0.0425));
     assert_eq!(
         old.sub_agent_steps,
         Some(BTreeMap::from([("task-1".to_owned(), 2)]))
     );
     assert_eq!(
-        (old.final_report.as_deref(), old.model_calls),
+        (old.gateway.final_report.as_deref(), old.gateway.model_calls),
         (Some("done"), Some(3))
     );
     // What it did not know reads null.
     assert_eq!(
         (
-            old.max_tokens,
-            old.max_tokens_source,
-            old.max_cost_usd,
-            old.max_cost_usd_source,
+            old.spend.max_tokens,
+            old.spend.max_tokens_source,
+            old.spend.max_cost_usd,
+            old.spend.max_cost_usd_source,
             old.sub_agent_tokens
         ),
         (None, None, None, None, None)
@@ -931,10 +968,10 @@ fn a_version_6_database_with_rows_migrates_and_old_rows_read_null_budgets() {
         })
         .unwrap();
     let mut fin = finished(Outcome::Failed, Some(FailureSlug::MaxCost), Some(3), None);
-    fin.max_tokens = Some(50_000);
-    fin.max_tokens_source = Some("--max-tokens".into());
-    fin.max_cost_usd = Some(0.5);
-    fin.max_cost_usd_source = Some("--max-cost-usd".into());
+    fin.spend.max_tokens = Some(50_000);
+    fin.spend.max_tokens_source = Some("--max-tokens".into());
+    fin.spend.max_cost_usd = Some(0.5);
+    fin.spend.max_cost_usd_source = Some("--max-cost-usd".into());
     fin.sub_agent_tokens = Some(BTreeMap::from([(
         "task-1".to_owned(),
         TokenUsage {
@@ -947,10 +984,10 @@ fn a_version_6_database_with_rows_migrates_and_old_rows_read_null_budgets() {
     let new = store.get(id).unwrap().unwrap();
     assert_eq!(
         (
-            new.error_type.as_deref(),
-            new.max_tokens,
-            new.max_cost_usd,
-            new.max_cost_usd_source.as_deref()
+            new.verdict.error_type.as_ref().map(|s| s.as_str()),
+            new.spend.max_tokens,
+            new.spend.max_cost_usd,
+            new.spend.max_cost_usd_source.as_deref()
         ),
         (
             Some("max_cost"),
@@ -980,13 +1017,13 @@ fn spent(
     cost: Option<f64>,
 ) -> RunRecord {
     let mut record = finished(outcome, slug, Some(1), None);
-    record.tokens = tokens.map(|(input, output)| TokenUsage {
+    record.usage.tokens = tokens.map(|(input, output)| TokenUsage {
         input_tokens: input,
         output_tokens: output,
         cached_input_tokens: Some(input / 2),
         reasoning_output_tokens: None,
     });
-    record.cost_usd = cost;
+    record.usage.cost_usd = cost;
     record
 }
 
@@ -1221,4 +1258,73 @@ fn stats_count_the_token_and_cost_budget_slugs_like_any_other() {
     // No usage at all: no spread, no suggestion.
     assert_eq!((g.tokens.as_ref(), g.cost_usd.as_ref()), (None, None));
     assert!(g.suggestions().is_empty());
+}
+
+/// A database stepguard wrote at schema version 7 (one column per field, `tests/fixtures`)
+/// migrates to one JSON record per row, and every row reads back byte for byte as the
+/// stepguard of version 7 read it; ids go on from where they were.
+#[test]
+fn a_version_7_database_made_by_the_old_stepguard_migrates_to_json_records_intact() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let dump = std::fs::read_to_string(fixtures.join("v7.sql")).unwrap();
+    let want = std::fs::read_to_string(fixtures.join("v7.records.jsonl")).unwrap();
+    let (_dir, path) = db();
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    {
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch(&dump).unwrap();
+        let v: i64 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(v, 7);
+    }
+    let store = Store::open(&path).unwrap();
+    let v: i64 = store
+        .conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(v, SCHEMA_VERSION);
+    let mut got = String::new();
+    for record in store.list(&Filter::default()).unwrap().iter().rev() {
+        got.push_str(&serde_json::to_string(record).unwrap());
+        got.push('\n');
+    }
+    assert_eq!(got, want);
+    // The table is the new one: the record in one column, the per-field columns gone.
+    let columns: Vec<String> = store
+        .conn
+        .prepare("SELECT name FROM pragma_table_info('runs')")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert!(columns.contains(&"record".to_owned()), "{columns:?}");
+    assert!(!columns.contains(&"failure_slug".to_owned()), "{columns:?}");
+    // The filters still work on the migrated rows, and a new run gets the next id.
+    let failed = store
+        .list(&Filter {
+            provider: Some("codex".into()),
+            failed: true,
+            ..Filter::default()
+        })
+        .unwrap();
+    let ids: Vec<i64> = failed.iter().filter_map(|r| r.id).collect();
+    assert_eq!(ids, [6, 5, 3, 2]);
+    let running = store.get(9).unwrap().unwrap();
+    assert_eq!(running.verdict.outcome.as_str(), "running");
+    assert_eq!(running.counts.num_steps_computed, Some(7));
+    let id = store
+        .begin_run(&NewRun {
+            provider: "codex".into(),
+            ..NewRun::default()
+        })
+        .unwrap();
+    assert_eq!(id, 11);
+    // The live count and the end of a migrated running row go into its record.
+    store.update_progress(9, 12).unwrap();
+    assert_eq!(
+        store.get(9).unwrap().unwrap().counts.num_steps_computed,
+        Some(12)
+    );
 }

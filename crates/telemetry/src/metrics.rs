@@ -60,23 +60,28 @@ impl RunPoint {
     /// the series stay few).
     pub fn new(record: &RunRecord, duration: Option<Duration>) -> Self {
         let mut attributes = vec![
-            KeyValue::new("gen_ai.provider.name", record.provider.clone()),
-            KeyValue::new("stepguard.outcome", record.outcome.as_str()),
+            KeyValue::new("gen_ai.provider.name", record.source.provider.clone()),
+            KeyValue::new("stepguard.outcome", record.verdict.outcome.as_str()),
         ];
-        if let Some(task_type) = &record.task_type {
+        if let Some(task_type) = &record.source.task_type {
             attributes.push(KeyValue::new("stepguard.task_type", task_type.clone()));
         }
-        if let Some(slug) = &record.error_type {
-            attributes.push(KeyValue::new("error.type", slug.clone()));
+        if let Some(slug) = &record.verdict.error_type {
+            attributes.push(KeyValue::new("error.type", slug.to_string()));
         }
         RunPoint {
             attributes,
             steps: record.steps(),
             tokens: record
+                .usage
                 .tokens
                 .map(|t| t.input_tokens.saturating_add(t.output_tokens)),
-            cost_usd: record.cost_usd,
-            duration: record.duration_ms.map(Duration::from_millis).or(duration),
+            cost_usd: record.usage.cost_usd,
+            duration: record
+                .invocation
+                .duration_ms
+                .map(Duration::from_millis)
+                .or(duration),
         }
     }
 }

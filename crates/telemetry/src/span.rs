@@ -8,7 +8,7 @@ use opentelemetry::trace::{
 };
 use opentelemetry::{InstrumentationScope, KeyValue, Value};
 use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator, SpanData, SpanEvents, SpanLinks};
-use stepguard_core::{Outcome, RunRecord};
+use stepguard_core::{Containment, Outcome, RunRecord, TerminatedBy};
 
 /// The span's name, as the GenAI semantic conventions name an agent invocation.
 pub(crate) const SPAN_NAME: &str = "invoke_agent";
@@ -137,10 +137,10 @@ pub(crate) fn record_times(record: &RunRecord) -> (Option<SystemTime>, Option<Sy
         t.as_deref()
             .and_then(|t| humantime::parse_rfc3339_weak(t).ok())
     };
-    let start = parse(&record.started_at);
-    let end = parse(&record.ended_at).or_else(|| {
+    let start = parse(&record.invocation.started_at);
+    let end = parse(&record.invocation.ended_at).or_else(|| {
         start
-            .zip(record.duration_ms)
+            .zip(record.invocation.duration_ms)
             .map(|(s, ms)| s + Duration::from_millis(ms))
     });
     (start, end)
@@ -160,9 +160,9 @@ pub(crate) fn run_span(
     if dropped > 0 {
         attributes.push(KeyValue::new("stepguard.steps_dropped", int(dropped)));
     }
-    if let Some(step) = record.breached_at_step {
+    if let Some(step) = record.supervision.breached_at_step {
         let mut fields = vec![KeyValue::new("stepguard.step", int(step))];
-        if let Some(max) = record.max_steps {
+        if let Some(max) = record.step_budget.max_steps {
             fields.push(KeyValue::new("stepguard.max_steps", i64::from(max)));
         }
         events.push(Event::new(
@@ -173,14 +173,14 @@ pub(crate) fn run_span(
         ));
     }
     events.extend(loop_events(record, end));
-    if let Some(by) = record.terminated_by.as_deref() {
-        if by == "wrap_up" {
+    if let Some(by) = record.verdict.terminated_by {
+        if by == TerminatedBy::WrapUp {
             events.push(wrap_up_event(record, end));
         }
         events.push(Event::new(
             "stop",
             end,
-            vec![KeyValue::new("stepguard.terminated_by", by.to_owned())],
+            vec![KeyValue::new("stepguard.terminated_by", by.as_str())],
             0,
         ));
     }
@@ -209,10 +209,10 @@ pub(crate) fn run_span(
 fn span_attributes(record: &RunRecord) -> Vec<KeyValue> {
     let mut kv = vec![
         KeyValue::new("gen_ai.operation.name", SPAN_NAME),
-        KeyValue::new("gen_ai.provider.name", record.provider.clone()),
-        KeyValue::new("gen_ai.agent.name", record.provider.clone()),
+        KeyValue::new("gen_ai.provider.name", record.source.provider.clone()),
+        KeyValue::new("gen_ai.agent.name", record.source.provider.clone()),
     ];
-    if let Some(tokens) = record.tokens {
+    if let Some(tokens) = record.usage.tokens {
         kv.push(KeyValue::new(
             "gen_ai.usage.input_tokens",
             int(tokens.input_tokens),
@@ -228,55 +228,76 @@ fn span_attributes(record: &RunRecord) -> Vec<KeyValue> {
             ));
         }
     }
-    if let Some(slug) = &record.error_type {
-        kv.push(KeyValue::new("error.type", slug.clone()));
+    if let Some(slug) = &record.verdict.error_type {
+        kv.push(KeyValue::new("error.type", slug.to_string()));
     }
-    kv.push(KeyValue::new("stepguard.outcome", record.outcome.as_str()));
+    kv.push(KeyValue::new(
+        "stepguard.outcome",
+        record.verdict.outcome.as_str(),
+    ));
     let text = [
-        ("stepguard.unit", &record.unit),
-        ("stepguard.max_steps_source", &record.max_steps_source),
-        ("stepguard.max_tokens_source", &record.max_tokens_source),
-        ("stepguard.max_cost_usd_source", &record.max_cost_usd_source),
-        ("stepguard.terminated_by", &record.terminated_by),
-        ("stepguard.task_type", &record.task_type),
-        ("stepguard.profile", &record.profile),
-        ("stepguard.containment", &record.containment),
-        ("stepguard.plugin_version", &record.plugin_version),
+        ("stepguard.unit", record.source.unit.as_deref()),
+        (
+            "stepguard.max_steps_source",
+            record.step_budget.max_steps_source.as_deref(),
+        ),
+        (
+            "stepguard.max_tokens_source",
+            record.spend.max_tokens_source.as_deref(),
+        ),
+        (
+            "stepguard.max_cost_usd_source",
+            record.spend.max_cost_usd_source.as_deref(),
+        ),
+        (
+            "stepguard.terminated_by",
+            record.verdict.terminated_by.map(TerminatedBy::as_str),
+        ),
+        ("stepguard.task_type", record.source.task_type.as_deref()),
+        ("stepguard.profile", record.source.profile.as_deref()),
+        (
+            "stepguard.containment",
+            record.supervision.containment.map(Containment::as_str),
+        ),
+        (
+            "stepguard.plugin_version",
+            record.source.plugin_version.as_deref(),
+        ),
     ];
     for (key, value) in text {
         if let Some(value) = value {
-            kv.push(KeyValue::new(key, value.clone()));
+            kv.push(KeyValue::new(key, value.to_owned()));
         }
     }
     if let Some(steps) = record.steps() {
         kv.push(KeyValue::new("stepguard.steps", int(steps)));
     }
-    if let Some(max) = record.max_steps {
+    if let Some(max) = record.step_budget.max_steps {
         kv.push(KeyValue::new("stepguard.max_steps", i64::from(max)));
     }
-    if let Some(max) = record.max_tokens {
+    if let Some(max) = record.spend.max_tokens {
         kv.push(KeyValue::new("stepguard.max_tokens", int(max)));
     }
-    if let Some(max) = record.max_cost_usd {
+    if let Some(max) = record.spend.max_cost_usd {
         kv.push(KeyValue::new("stepguard.max_cost_usd", max));
     }
     let numbers = [
-        ("stepguard.exit_code", record.exit_code),
-        ("stepguard.child_exit_code", record.child_exit_code),
-        ("stepguard.child_signal", record.child_signal),
+        ("stepguard.exit_code", record.verdict.exit_code),
+        ("stepguard.child_exit_code", record.verdict.child_exit_code),
+        ("stepguard.child_signal", record.verdict.child_signal),
     ];
     for (key, value) in numbers {
         if let Some(value) = value {
             kv.push(KeyValue::new(key, i64::from(value)));
         }
     }
-    if let Some(step) = record.breached_at_step {
+    if let Some(step) = record.supervision.breached_at_step {
         kv.push(KeyValue::new("stepguard.breached_at_step", int(step)));
     }
-    if let Some(calls) = record.model_calls {
+    if let Some(calls) = record.gateway.model_calls {
         kv.push(KeyValue::new("stepguard.model_calls", int(calls)));
     }
-    if let Some(cost) = record.cost_usd {
+    if let Some(cost) = record.usage.cost_usd {
         kv.push(KeyValue::new("stepguard.cost_usd", cost));
     }
     if let Some(id) = record.id {
@@ -290,6 +311,7 @@ fn span_attributes(record: &RunRecord) -> Vec<KeyValue> {
 /// about the code and data the agent worked on.
 fn wrap_up_event(record: &RunRecord, at: SystemTime) -> Event {
     let fields = record
+        .gateway
         .final_report
         .as_deref()
         .map(|report| {
@@ -303,13 +325,14 @@ fn wrap_up_event(record: &RunRecord, at: SystemTime) -> Event {
 /// Error when the run failed (or its supervisor died); unset otherwise, as the conventions
 /// ask for successful operations.
 fn status(record: &RunRecord) -> Status {
-    match record.outcome {
+    match record.verdict.outcome {
         Outcome::Failed | Outcome::Interrupted => {
             let why = record
+                .verdict
                 .message
                 .clone()
-                .or_else(|| record.error_type.clone())
-                .unwrap_or_else(|| record.outcome.as_str().to_owned());
+                .or_else(|| record.verdict.error_type.as_ref().map(|s| s.to_string()))
+                .unwrap_or_else(|| record.verdict.outcome.as_str().to_owned());
             Status::error(truncate(why, 256))
         }
         _ => Status::Unset,
@@ -401,7 +424,7 @@ mod tests {
         assert_eq!(log.dropped(), 10_000_000_000 - 3);
 
         let mut record = RunRecord::new("codex", Outcome::Success);
-        record.num_steps_computed = Some(10_000_000_000);
+        record.counts.num_steps_computed = Some(10_000_000_000);
         let span = run_span(&record, &SpanIdentity::new(None), &log, t0, t0);
         assert_eq!(span.events.events.len(), 3);
         assert_eq!(
@@ -441,9 +464,9 @@ mod tests {
         let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
         let report = "Secret plan: rotate the key sk-live-1234. Left: tests — 完了";
         let mut record = RunRecord::new("codex", Outcome::Success);
-        record.terminated_by = Some("wrap_up".into());
-        record.final_report = Some(report.into());
-        record.model_calls = Some(7);
+        record.verdict.terminated_by = Some("wrap_up".parse().unwrap());
+        record.gateway.final_report = Some(report.into());
+        record.gateway.model_calls = Some(7);
         let span = run_span(&record, &SpanIdentity::new(None), &StepLog::new(0), t0, t0);
         assert_eq!(
             attribute(&span.attributes, "stepguard.model_calls"),
@@ -464,7 +487,7 @@ mod tests {
         assert!(!everything.contains("Secret plan"), "{everything}");
 
         // Wrapped up without a report: the event, with nothing to measure.
-        record.final_report = None;
+        record.gateway.final_report = None;
         let span = run_span(&record, &SpanIdentity::new(None), &StepLog::new(0), t0, t0);
         assert_eq!(span.events.events[0].name, "wrap_up");
         assert!(span.events.events[0].attributes.is_empty());
@@ -474,9 +497,9 @@ mod tests {
     fn without_a_gateway_or_a_wrap_up_there_is_neither_attribute_nor_event() {
         let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
         let mut record = RunRecord::new("codex", Outcome::Failed);
-        record.terminated_by = Some("upstream".into());
+        record.verdict.terminated_by = Some("upstream".parse().unwrap());
         // A report without a wrap-up is not announced as one.
-        record.final_report = Some("partial".into());
+        record.gateway.final_report = Some("partial".into());
         let span = run_span(&record, &SpanIdentity::new(None), &StepLog::new(0), t0, t0);
         assert_eq!(attribute(&span.attributes, "stepguard.model_calls"), None);
         assert!(span.events.events.iter().all(|e| e.name != "wrap_up"));
@@ -485,7 +508,7 @@ mod tests {
             Some(&Value::String("upstream".into()))
         );
         // Zero calls is a figure, reported as such.
-        record.model_calls = Some(0);
+        record.gateway.model_calls = Some(0);
         let span = run_span(&record, &SpanIdentity::new(None), &StepLog::new(0), t0, t0);
         assert_eq!(
             attribute(&span.attributes, "stepguard.model_calls"),
@@ -497,13 +520,13 @@ mod tests {
     fn token_and_cost_budgets_are_attributes_when_set_and_absent_otherwise() {
         let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
         let mut record = RunRecord::new("claude", Outcome::Failed);
-        record.error_type = Some("max_tokens".into());
-        record.terminated_by = Some("tokens".into());
-        record.max_tokens = Some(50_000);
-        record.max_tokens_source = Some("--max-tokens".into());
-        record.max_cost_usd = Some(0.25);
-        record.max_cost_usd_source = Some("task_types.review.max_cost_usd".into());
-        record.cost_usd = Some(0.125);
+        record.verdict.error_type = Some("max_tokens".into());
+        record.verdict.terminated_by = Some("tokens".parse().unwrap());
+        record.spend.max_tokens = Some(50_000);
+        record.spend.max_tokens_source = Some("--max-tokens".into());
+        record.spend.max_cost_usd = Some(0.25);
+        record.spend.max_cost_usd_source = Some("task_types.review.max_cost_usd".into());
+        record.usage.cost_usd = Some(0.125);
         let span = run_span(&record, &SpanIdentity::new(None), &StepLog::new(0), t0, t0);
         let a = &span.attributes;
         assert_eq!(
@@ -528,7 +551,7 @@ mod tests {
             Some(&Value::String("max_tokens".into()))
         );
         // A budget beyond OpenTelemetry's signed integers saturates.
-        record.max_tokens = Some(u64::MAX);
+        record.spend.max_tokens = Some(u64::MAX);
         let span = run_span(&record, &SpanIdentity::new(None), &StepLog::new(0), t0, t0);
         assert_eq!(
             attribute(&span.attributes, "stepguard.max_tokens"),

@@ -76,10 +76,12 @@ pub fn run(cli: &Cli, args: &CountArgs) -> anyhow::Result<ExitCode> {
                         "{}: {} (provider {}, unit {}, {noise} noise line{}){}",
                         path.display(),
                         record.summary_line(),
-                        record.provider,
+                        record.source.provider,
                         selection.request.unit,
                         if noise == 1 { "" } else { "s" },
-                        super::history::loops_brief(record.loops.as_deref().unwrap_or_default())
+                        super::history::loops_brief(
+                            record.supervision.loops.as_deref().unwrap_or_default()
+                        )
                     ))?;
                 }
             }

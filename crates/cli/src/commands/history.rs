@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use stepguard_core::loops::{LoopFound, LoopKind};
-use stepguard_core::{ExitCode, FailureSlug, TokenUsage};
+use stepguard_core::{ExitCode, FailureSlug, RecordedSlug, TokenUsage};
 use stepguard_store::{Filter, RunRecord, Store, compute_stats};
 
 use crate::args::{Cli, HistoryAction, HistoryArgs, ShowArgs, StatsArgs};
@@ -78,19 +78,19 @@ fn filters(args: &HistoryArgs) -> Vec<String> {
 }
 
 fn headline(r: &RunRecord) -> String {
-    let scope = match (&r.unit, &r.task_type) {
-        (Some(u), Some(t)) => format!("{}/{u} {t}", r.provider),
-        (Some(u), None) => format!("{}/{u}", r.provider),
-        (None, Some(t)) => format!("{} {t}", r.provider),
-        (None, None) => r.provider.clone(),
+    let scope = match (&r.source.unit, &r.source.task_type) {
+        (Some(u), Some(t)) => format!("{}/{u} {t}", r.source.provider),
+        (Some(u), None) => format!("{}/{u}", r.source.provider),
+        (None, Some(t)) => format!("{} {t}", r.source.provider),
+        (None, None) => r.source.provider.clone(),
     };
-    let started = r.started_at.as_deref().unwrap_or("-");
+    let started = r.invocation.started_at.as_deref().unwrap_or("-");
     let when = started.get(..19).unwrap_or(started).replace('T', " ");
     let id = r.id.map_or_else(|| "-".to_owned(), |id| id.to_string());
     format!(
         "#{id} {when} {scope}: {}{}",
         r.summary_line(),
-        loops_brief(r.loops.as_deref().unwrap_or_default())
+        loops_brief(r.supervision.loops.as_deref().unwrap_or_default())
     )
 }
 
@@ -224,113 +224,158 @@ pub fn show(cli: &Cli, args: &ShowArgs) -> anyhow::Result<ExitCode> {
         output::json(&r)?;
         return Ok(ExitCode::Success);
     }
-    let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
-    fn num<T: ToString>(v: Option<T>) -> String {
-        v.map_or_else(|| "-".into(), |v| v.to_string())
-    }
     output::line(headline(&r))?;
+    for l in show_lines(&r) {
+        output::line(format!("  {l}"))?;
+    }
+    if let Some(report) = &r.gateway.final_report {
+        for l in final_report_block(report) {
+            output::line(l)?;
+        }
+    }
+    Ok(ExitCode::Success)
+}
+
+/// A value as `show` prints it, `-` when unknown.
+fn opt<T: std::fmt::Display>(v: Option<T>) -> String {
+    v.map_or_else(|| "-".into(), |v| v.to_string())
+}
+
+/// The lines of `show` under the headline, in order.
+fn show_lines(r: &RunRecord) -> Vec<String> {
     let budget = r
+        .step_budget
         .max_steps
         .map_or_else(|| "unlimited".to_owned(), |m| m.to_string());
     let mut lines = vec![
-        format!("Outcome: {}", r.outcome),
-        format!("Failure: {}", opt(&r.error_type)),
+        format!("Outcome: {}", r.verdict.outcome),
+        format!("Failure: {}", opt(r.verdict.error_type.as_ref())),
     ];
-    match r.error_type.as_deref().and_then(|s| s.parse().ok()) {
-        Some(FailureSlug::MaxTokens) => lines.push(format!(
-            "Token Limit: {} / {}",
-            num(r.tokens.map(|t| total_tokens(&t))),
-            num(r.max_tokens)
-        )),
-        Some(FailureSlug::MaxCost) => lines.push(format!(
-            "Cost Limit: {} / {}",
-            r.cost_usd
-                .map_or_else(|| "-".into(), |c| format!("${c:.4}")),
-            r.max_cost_usd.map_or_else(|| "-".into(), usd)
-        )),
-        _ if r.is_budget_failure() => {
-            lines.push(format!("Step Limit: {} / {budget}", num(r.steps())));
-        }
-        _ => {}
-    }
-    for l in r.loops.iter().flatten() {
+    lines.extend(limit_line(r, &budget));
+    for l in r.supervision.loops.iter().flatten() {
         lines.push(format!("Loop: {}", loop_detail(l)));
     }
-    lines.push(format!(
+    lines.extend(budget_lines(r, &budget));
+    lines.extend(run_lines(r));
+    if let Some(calls) = r.gateway.model_calls {
+        lines.push(format!("Model calls: {calls}"));
+    }
+    lines.extend(end_lines(r));
+    lines
+}
+
+/// The limit the run failed on, against what it spent, for a budget failure.
+fn limit_line(r: &RunRecord, budget: &str) -> Option<String> {
+    match r.verdict.error_type.as_ref().and_then(RecordedSlug::slug) {
+        Some(FailureSlug::MaxTokens) => Some(format!(
+            "Token Limit: {} / {}",
+            opt(r.usage.tokens.map(|t| total_tokens(&t))),
+            opt(r.spend.max_tokens)
+        )),
+        Some(FailureSlug::MaxCost) => Some(format!(
+            "Cost Limit: {} / {}",
+            r.usage
+                .cost_usd
+                .map_or_else(|| "-".into(), |c| format!("${c:.4}")),
+            r.spend.max_cost_usd.map_or_else(|| "-".into(), usd)
+        )),
+        _ if r.is_budget_failure() => Some(format!("Step Limit: {} / {budget}", opt(r.steps()))),
+        _ => None,
+    }
+}
+
+/// The run's budgets and where each came from.
+fn budget_lines(r: &RunRecord, budget: &str) -> Vec<String> {
+    let mut lines = vec![format!(
         "Budget: {budget} (from {})",
-        opt(&r.max_steps_source)
-    ));
-    if let Some(max) = r.max_tokens {
+        opt(r.step_budget.max_steps_source.as_ref())
+    )];
+    if let Some(max) = r.spend.max_tokens {
         lines.push(format!(
             "Token budget: {max} (from {})",
-            opt(&r.max_tokens_source)
+            opt(r.spend.max_tokens_source.as_ref())
         ));
     }
-    if let Some(max) = r.max_cost_usd {
+    if let Some(max) = r.spend.max_cost_usd {
         lines.push(format!(
             "Cost budget: {} (from {})",
             usd(max),
-            opt(&r.max_cost_usd_source)
+            opt(r.spend.max_cost_usd_source.as_ref())
         ));
     }
-    lines.extend([
+    lines
+}
+
+/// Counts, provider, containment, times, exits and who ended the run.
+fn run_lines(r: &RunRecord) -> Vec<String> {
+    let (source, invocation, verdict) = (&r.source, &r.invocation, &r.verdict);
+    vec![
         format!(
             "Steps: computed {}, reported {}",
-            num(r.num_steps_computed),
-            num(r.num_steps_reported)
+            opt(r.counts.num_steps_computed),
+            opt(r.counts.num_steps_reported)
         ),
         format!(
             "Turns: reported {}, computed {}",
-            num(r.num_turns_reported),
-            num(r.num_turns_computed)
+            opt(r.counts.num_turns_reported),
+            opt(r.counts.num_turns_computed)
         ),
         format!(
             "Provider: {} (plugin {}, {}), unit {}",
-            r.provider,
-            opt(&r.plugin_version),
-            opt(&r.plugin_source),
-            opt(&r.unit)
+            source.provider,
+            opt(source.plugin_version.as_ref()),
+            opt(source.plugin_source.as_ref()),
+            opt(source.unit.as_ref())
         ),
-        format!("Containment: {}", opt(&r.containment)),
+        format!("Containment: {}", opt(r.supervision.containment)),
         format!(
             "Task type: {}, profile {}",
-            opt(&r.task_type),
-            opt(&r.profile)
+            opt(source.task_type.as_ref()),
+            opt(source.profile.as_ref())
         ),
-        format!("Started: {}", opt(&r.started_at)),
-        format!("Ended: {}", opt(&r.ended_at)),
+        format!("Started: {}", opt(invocation.started_at.as_ref())),
+        format!("Ended: {}", opt(invocation.ended_at.as_ref())),
         format!(
             "Duration: {}",
-            r.duration_ms
+            invocation
+                .duration_ms
                 .map_or_else(|| "-".into(), stepguard_core::stats::format_duration_ms)
         ),
         format!(
             "Exit code: {} (agent: {})",
-            num(r.exit_code),
-            num(r.child_exit_code)
+            opt(verdict.exit_code),
+            opt(verdict.child_exit_code)
         ),
-        format!("Terminated by: {}", opt(&r.terminated_by)),
-    ]);
-    if let Some(calls) = r.model_calls {
-        lines.push(format!("Model calls: {calls}"));
-    }
-    lines.extend([
+        format!("Terminated by: {}", opt(verdict.terminated_by)),
+    ]
+}
+
+/// Decisions at the limit, usage, sub-agents, the message, the command and where it ran.
+fn end_lines(r: &RunRecord) -> Vec<String> {
+    let decisions = &r.supervision.on_limit_decisions;
+    let mut lines = vec![
         format!(
             "On-limit decisions: {}",
-            if r.on_limit_decisions.is_empty() {
+            if decisions.is_empty() {
                 "-".to_owned()
             } else {
-                r.on_limit_decisions.join(", ")
+                decisions
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
             }
         ),
         format!(
             "Tokens: {}, cost {}",
-            r.tokens
+            r.usage
+                .tokens
                 .map_or_else(|| "- in / - out".to_owned(), |t| usage(&t, true)),
-            r.cost_usd
+            r.usage
+                .cost_usd
                 .map_or_else(|| "-".into(), |c| format!("${c:.4}"))
         ),
-    ]);
+    ];
     for (name, t) in r.sub_agent_tokens.iter().flatten() {
         lines.push(format!(
             "Sub-agent {}: {}",
@@ -339,22 +384,18 @@ pub fn show(cli: &Cli, args: &ShowArgs) -> anyhow::Result<ExitCode> {
         ));
     }
     lines.extend([
-        format!("Message: {}", opt(&r.message)),
+        format!("Message: {}", opt(r.verdict.message.as_ref())),
         format!(
             "Command: {}",
-            r.command.as_deref().unwrap_or_default().join(" ")
+            r.invocation
+                .command
+                .as_deref()
+                .unwrap_or_default()
+                .join(" ")
         ),
-        format!("Working directory: {}", opt(&r.cwd)),
+        format!("Working directory: {}", opt(r.invocation.cwd.as_ref())),
     ]);
-    for l in lines {
-        output::line(format!("  {l}"))?;
-    }
-    if let Some(report) = &r.final_report {
-        for l in final_report_block(report) {
-            output::line(l)?;
-        }
-    }
-    Ok(ExitCode::Success)
+    lines
 }
 
 /// Returns a run's tokens as the token budget counts them: input + output.

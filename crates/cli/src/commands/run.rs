@@ -295,9 +295,9 @@ fn report_outcome(report: &RunReport) -> ExitCode {
             )
         )
         || report.stats.slug == Some(stepguard_core::FailureSlug::UnrecognizedStream);
-    if failed_itself && let Some(message) = &report.record.message {
+    if failed_itself && let Some(message) = &report.record.verdict.message {
         output::diag("error", message);
-    } else if let Some(message) = &report.record.message
+    } else if let Some(message) = &report.record.verdict.message
         && (!report.decisions.is_empty() || report.terminated_by.is_some())
     {
         // Why stepguard ended it: no answer at the prompt, a loop, a stall …
@@ -306,7 +306,14 @@ fn report_outcome(report: &RunReport) -> ExitCode {
     output::note(format!(
         "{}{}",
         report.summary_line(),
-        super::history::loops_brief(report.record.loops.as_deref().unwrap_or_default())
+        super::history::loops_brief(
+            report
+                .record
+                .supervision
+                .loops
+                .as_deref()
+                .unwrap_or_default()
+        )
     ));
     report.exit_code
 }

@@ -49,33 +49,33 @@ fn nanos(t: SystemTime) -> u64 {
 fn over_budget_record() -> RunRecord {
     let mut r = RunRecord::new("codex", Outcome::Failed);
     r.id = Some(42);
-    r.unit = Some("tool_call".into());
-    r.task_type = Some("review".into());
-    r.profile = Some("ci".into());
-    r.max_steps = Some(5);
-    r.max_steps_source = Some("--max-steps".into());
-    r.command = Some(vec!["codex".into(), "exec".into(), "--json".into()]);
-    r.started_at = Some("2025-03-01T10:00:00.000Z".into());
-    r.ended_at = Some("2025-03-01T10:00:07.500Z".into());
-    r.duration_ms = Some(7500);
-    r.error_type = Some("max_steps".into());
-    r.message = Some("step budget exceeded".into());
-    r.exit_code = Some(3);
-    r.child_signal = Some(15);
-    r.terminated_by = Some("budget".into());
-    r.containment = Some("cgroup".into());
-    r.breached_at_step = Some(6);
-    r.num_steps_computed = Some(6);
-    r.tokens = Some(TokenUsage {
+    r.source.unit = Some("tool_call".into());
+    r.source.task_type = Some("review".into());
+    r.source.profile = Some("ci".into());
+    r.step_budget.max_steps = Some(5);
+    r.step_budget.max_steps_source = Some("--max-steps".into());
+    r.invocation.command = Some(vec!["codex".into(), "exec".into(), "--json".into()]);
+    r.invocation.started_at = Some("2025-03-01T10:00:00.000Z".into());
+    r.invocation.ended_at = Some("2025-03-01T10:00:07.500Z".into());
+    r.invocation.duration_ms = Some(7500);
+    r.verdict.error_type = Some("max_steps".into());
+    r.verdict.message = Some("step budget exceeded".into());
+    r.verdict.exit_code = Some(3);
+    r.verdict.child_signal = Some(15);
+    r.verdict.terminated_by = Some("budget".parse().unwrap());
+    r.supervision.containment = Some("cgroup".parse().unwrap());
+    r.supervision.breached_at_step = Some(6);
+    r.counts.num_steps_computed = Some(6);
+    r.usage.tokens = Some(TokenUsage {
         input_tokens: 1200,
         output_tokens: 300,
         ..TokenUsage::default()
     });
-    r.cost_usd = Some(0.042);
-    r.max_tokens = Some(100_000);
-    r.max_tokens_source = Some("--max-tokens".into());
-    r.max_cost_usd = Some(0.5);
-    r.max_cost_usd_source = Some("profiles.ci.max_cost_usd".into());
+    r.usage.cost_usd = Some(0.042);
+    r.spend.max_tokens = Some(100_000);
+    r.spend.max_tokens_source = Some("--max-tokens".into());
+    r.spend.max_cost_usd = Some(0.5);
+    r.spend.max_cost_usd_source = Some("profiles.ci.max_cost_usd".into());
     r
 }
 
@@ -378,8 +378,8 @@ fn steps_the_ticks_missed_get_events_at_the_end_and_the_cap_counts_the_rest() {
     let start = at("2025-03-01T10:00:00Z");
     observer.record_steps(2, start + Duration::from_secs(1));
     let mut record = over_budget_record();
-    record.num_steps_computed = Some(9);
-    record.breached_at_step = None;
+    record.counts.num_steps_computed = Some(9);
+    record.supervision.breached_at_step = None;
     observer.export_run(&record).unwrap();
 
     let spans = spans(&receiver);
@@ -721,11 +721,11 @@ fn past_records_replay_as_one_span_each_with_their_own_times() {
     .unwrap();
     let first = over_budget_record();
     let mut second = RunRecord::new("claude", Outcome::Success);
-    second.started_at = Some("2025-02-01T08:00:00.000Z".into());
-    second.duration_ms = Some(2000);
-    second.num_steps_computed = Some(3);
+    second.invocation.started_at = Some("2025-02-01T08:00:00.000Z".into());
+    second.invocation.duration_ms = Some(2000);
+    second.counts.num_steps_computed = Some(3);
     let mut running = RunRecord::new("gemini", Outcome::Running);
-    running.started_at = Some("2025-02-01T09:00:00.000Z".into());
+    running.invocation.started_at = Some("2025-02-01T09:00:00.000Z".into());
 
     let exported = export_records(&config, &[first, second, running]).unwrap();
     assert_eq!(exported, 2);
@@ -779,12 +779,12 @@ fn a_wrapped_up_run_exports_its_model_calls_and_the_reports_length_but_never_its
     .unwrap();
     let report = "Done: rotated the key hunter2-SECRET. Left: the docs — 済";
     let mut record = RunRecord::new("codex", Outcome::Success);
-    record.started_at = Some("2025-03-01T10:00:00.000Z".into());
-    record.duration_ms = Some(1000);
-    record.num_steps_computed = Some(4);
-    record.terminated_by = Some("wrap_up".into());
-    record.final_report = Some(report.into());
-    record.model_calls = Some(5);
+    record.invocation.started_at = Some("2025-03-01T10:00:00.000Z".into());
+    record.invocation.duration_ms = Some(1000);
+    record.counts.num_steps_computed = Some(4);
+    record.verdict.terminated_by = Some("wrap_up".parse().unwrap());
+    record.gateway.final_report = Some(report.into());
+    record.gateway.model_calls = Some(5);
     // The same for a run's end and for a replay of its record.
     TelemetryObserver::new(config.clone())
         .export_run(&record)
@@ -875,8 +875,8 @@ fn the_run_observer_adapter_times_step_events_from_the_agents_start() {
         elapsed: Duration::from_millis(1500),
     });
     let mut record = over_budget_record();
-    record.num_steps_computed = Some(2);
-    record.breached_at_step = None;
+    record.counts.num_steps_computed = Some(2);
+    record.supervision.breached_at_step = None;
     observer.export_run(&record).unwrap();
 
     let spans = spans(&receiver);
