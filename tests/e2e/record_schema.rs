@@ -310,7 +310,10 @@ fn backticked(text: &str) -> Vec<String> {
 /// The values `list` documents.
 fn documented(list: &DocList) -> Vec<String> {
     // A leading newline, so that a heading on the first line is found like any other.
-    let text = format!("\n{}", std::fs::read_to_string(workspace().join(list.path)).unwrap());
+    let text = format!(
+        "\n{}",
+        std::fs::read_to_string(workspace().join(list.path)).unwrap()
+    );
     let section = section(&text, list.heading);
     let Some(row) = list.row else {
         return backticked(section);
