@@ -73,6 +73,10 @@ pub const NEVER_AN_ERROR_OF_THE_CLI: &[(&str, &str)] = &[
         "a plugin's endpoint dialect the runner cannot speak makes a run that did not start",
     ),
     (
+        "UnknownValue",
+        "a record's enum values are read through serde, whose error (in a StoreError) says it",
+    ),
+    (
         "PointError",
         "the runner makes a command it cannot point at the gateway a run that did not start",
     ),
