@@ -200,6 +200,41 @@ fn a_child_ignoring_sigterm_is_killed_after_the_grace() {
 }
 
 #[test]
+fn an_agent_that_ended_is_not_judged_stalled_while_its_leftovers_are_stopped() {
+    // The agent prints its stream, goes quiet, and exits leaving a process that ignores
+    // SIGTERM: stopping it takes the grace, and by then the idle timeout has passed. The run
+    // ended by itself; the clocks of a run whose agent is gone say nothing.
+    let sb = Sandbox::new();
+    let stream = fixture("streams/codex/success_multi_tool.jsonl");
+    let agent = script(
+        &sb,
+        "agent.sh",
+        &format!(
+            "cat {}\nsleep 1.2\n(trap '' TERM; sleep 30) &\nexit 0",
+            stream.display()
+        ),
+    );
+    let run = run_with_summary(
+        &sb,
+        &[
+            "-p",
+            "codex",
+            "--idle-timeout",
+            "1500ms",
+            "--grace",
+            "1s",
+            "--no-record",
+            "--",
+            &agent,
+        ],
+    );
+    let rec = summary(&sb);
+    assert_eq!(run.code, Some(0), "{}\n{rec}", run.stderr);
+    assert_eq!(rec["outcome"], "success", "{rec}");
+    assert_eq!(rec["terminated_by"], Value::Null, "{rec}");
+}
+
+#[test]
 fn timeout_stops_the_agent_with_exit_124() {
     let sb = Sandbox::new();
     let agent = script(

@@ -511,3 +511,72 @@ fn a_proxy_setting_does_not_divert_calls_meant_for_the_gateway() {
     assert_eq!(main_requests(&agent).len(), 3);
     assert_eq!(agent.last_record()["terminated_by"], "wrap_up");
 }
+
+/// A stand-in agent that calls the model through the gateway every 50 ms without tools (as a
+/// CLI's title or token-count side calls do), printing nothing after an optional first line.
+const SIDE_CALL_FLOOD: &str = r#"
+import json, os, sys, time, urllib.request
+if len(sys.argv) > 1:
+    with open(sys.argv[1]) as f:
+        print(f.readline(), end="", flush=True)
+url = os.environ["ANTHROPIC_BASE_URL"].rstrip("/") + "/v1/messages"
+body = json.dumps({"model": "claude-haiku-4-5", "max_tokens": 8,
+                   "messages": [{"role": "user", "content": "a title for this chat"}]}).encode()
+end = time.time() + 12
+while time.time() < end:
+    req = urllib.request.Request(url, data=body, headers={
+        "content-type": "application/json", "x-api-key": "test", "anthropic-version": "2023-06-01"})
+    try:
+        urllib.request.urlopen(req, timeout=5).read()
+    except Exception as e:
+        print(e, file=sys.stderr)
+    time.sleep(0.05)
+"#;
+
+#[test]
+fn side_calls_through_the_gateway_do_not_stop_the_clocks() {
+    // Every side call is an event for the engine; its clocks keep time all the same. Nothing
+    // recognised within --startup-timeout is a startup hang; silence on stdout past
+    // --idle-timeout is a stall, though the model is called twenty times a second.
+    let server = ModelServer::start(twelve_rounds()).expect("a model server");
+    let sb = Sandbox::new();
+    let flood = sb.write("flood.py", SIDE_CALL_FLOOD).display().to_string();
+    let first_line = crate::harness::fixture("streams/claude/success_multi_tool.jsonl");
+    let cases: [(&str, Vec<&str>, &str); 2] = [
+        ("--startup-timeout", vec!["python3", &flood], "startup_hang"),
+        (
+            "--idle-timeout",
+            vec!["python3", &flood, &first_line],
+            "stalled",
+        ),
+    ];
+    for (clock, agent, slug) in cases {
+        let before = server.requests().len();
+        let started = std::time::Instant::now();
+        let mut args = vec![
+            "run",
+            "-p",
+            "claude",
+            "--wrap-up",
+            "--max-steps",
+            "50",
+            clock,
+            "2s",
+            "--no-native-limit",
+            "--quiet",
+            "--no-record",
+            "--",
+        ];
+        args.extend(agent);
+        let run = sb.run_env(&args, &[("ANTHROPIC_BASE_URL", &server.url())]);
+        let took = started.elapsed();
+        assert!(run.stderr.contains(slug), "{clock}: {}", run.stderr);
+        assert!(
+            took < std::time::Duration::from_secs(9),
+            "{clock}: the clock was not kept ({took:?}); {}",
+            run.stderr
+        );
+        let calls = server.requests().len() - before;
+        assert!(calls >= 10, "{clock}: only {calls} side calls went through");
+    }
+}

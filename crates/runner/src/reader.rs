@@ -113,7 +113,9 @@ impl StreamReader {
                 Ok(Chunk::Breach { rest }) => {
                     lines.give_back(rest);
                     if !reading.breach() {
-                        return reading.end(false);
+                        // Stopped: what the counter says at the end is kept, a failure of it
+                        // is not the run's (the stop is).
+                        return reading.end(false, Finish::Quietly);
                     }
                 }
                 Err(e) => {
@@ -124,8 +126,15 @@ impl StreamReader {
             }
         }
         let truncated = lines.last_line_unterminated;
-        reading.end(truncated)
+        reading.end(truncated, Finish::Counted)
     }
+}
+
+/// How the reader ends: at the end of the stream, a counter that cannot finish is a plugin
+/// failure; after a stop, it is not.
+enum Finish {
+    Counted,
+    Quietly,
 }
 
 /// What became of one chunk.
@@ -291,7 +300,7 @@ impl Reading {
     }
 
     /// How the reader ended: the counter's final stats, reconciled with the line reports.
-    fn end(self, truncated_last_line: bool) -> ReaderEnd {
+    fn end(self, truncated_last_line: bool, finish: Finish) -> ReaderEnd {
         let Reading {
             reader,
             mut plugin_error,
@@ -310,7 +319,9 @@ impl Reading {
                 Some(s)
             }
             Err(e) => {
-                plugin_error.get_or_insert(e);
+                if matches!(finish, Finish::Counted) {
+                    plugin_error.get_or_insert(e);
+                }
                 None
             }
         };

@@ -151,8 +151,11 @@ impl<'t> Engine<'t> {
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => break,
             }
-            // Every clock on every wake-up: event traffic never keeps a watchdog from firing.
-            self.check_clocks(Instant::now());
+            // Every clock on every wake-up while the agent runs: event traffic never keeps a
+            // watchdog from firing. Once it has exited, its silence is not a stall.
+            if self.child_exit.is_none() {
+                self.check_clocks(Instant::now());
+            }
             self.tick(observers);
         }
         if self.control.stop.is_some() {
