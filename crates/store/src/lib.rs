@@ -28,7 +28,9 @@
 //! * version 8: the record as one JSON column (`record`), beside the columns lists filter and
 //!   sort on (`provider`, `task_type`, `outcome`, `started_at`) and the supervisor's identity.
 //!   Every row of version 7 is read as version 7 read it and written as its record, so it reads
-//!   back the same. From here on a new record field is a new key of the JSON, not a migration.
+//!   back the same. From here on a new record field is a new key of the JSON, not a migration;
+//!   a new value of one of the record's closed sets (`terminated_by`, `containment`, …) is a new
+//!   schema version, so that an older stepguard refuses the file rather than a row.
 //!
 //! Rows are read back as [`RunRecord`], the same shape every stepguard command emits.
 //!
