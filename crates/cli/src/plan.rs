@@ -1,10 +1,11 @@
 //! The run plan: everything `stepguard run` decides before the agent starts, from its
 //! arguments and the [`Session`] (ripgrep's low-level arguments → high-level arguments). One
-//! pure function, [`RunPlan::new`], reads nothing beyond what the session loaded: the provider
-//! and its counter, the agent's command with the provider's native limits added, every limit
-//! with its source, the clocks, the model gateway, the token and cost budgets with their
-//! prices, the loop settings and the observers. `run` turns the plan into the runner's spec;
-//! `count` and `config` share its provider and limit resolution.
+//! function, [`RunPlan::new`], reads nothing beyond what the session loads (and the variables
+//! the limits' ladder and the gateway's probe read) and prints nothing itself (warnings go to a
+//! sink). It decides the provider and its counter, the agent's command with the provider's
+//! native limits added, every limit with its source, the clocks, the model gateway, the token
+//! and cost budgets with their prices, the loop settings and the observers. `run` turns the plan into the runner's spec;
+//! `count` shares its provider and loop resolution, `config` its limits ([`Session::limits`]).
 
 use std::path::{Path, PathBuf};
 

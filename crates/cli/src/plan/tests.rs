@@ -66,7 +66,10 @@ fn flags_become_the_limits_clocks_and_labels_of_the_plan() {
     let plan = plan.expect("a plan");
     // The warnings come through the sink, as they are found.
     assert_eq!(warnings.len(), 1, "{warnings:?}");
-    assert!(warnings[0].starts_with("unknown task type `bugfix`"), "{warnings:?}");
+    assert!(
+        warnings[0].starts_with("unknown task type `bugfix`"),
+        "{warnings:?}"
+    );
     assert_eq!(plan.limits.budget.max_steps, StepLimit::Limited(7));
     assert_eq!(plan.limits.budget.source, "--max-steps");
     assert_eq!(plan.command, ["codex", "exec", "--json", "hi"]);
