@@ -13,6 +13,7 @@ pub mod args;
 pub mod commands;
 pub mod exit;
 pub mod output;
+pub mod plan;
 pub mod providers;
 pub mod recording;
 pub mod session;

@@ -27,7 +27,7 @@ enum Write {
 /// (a lock another process holds, a slow disk) never sits on the enforcement path: a `running`
 /// row at the start, the live step count at most once a second, the whole record at the end.
 /// A history problem never stops the run; it is reported, and the end of a run waits for the
-/// database at most [`FINISH_WAIT`] (the row is then left `running`, and the next stepguard
+/// database at most `FINISH_WAIT` (the row is then left `running`, and the next stepguard
 /// that opens the database marks it `interrupted`).
 pub struct HistoryRecorder {
     path: Option<PathBuf>,

@@ -20,6 +20,15 @@ pub struct Session<'c> {
 }
 
 impl<'c> Session<'c> {
+    /// A session over config already loaded (e.g. for a plan made in a test).
+    pub fn with_config(cli: &'c Cli, config: LoadedConfig) -> Self {
+        Session {
+            cli,
+            config,
+            registry: OnceCell::new(),
+        }
+    }
+
     /// Loads the config files in effect (`--config`, else discovery, and the policy files).
     pub fn load(cli: &'c Cli) -> anyhow::Result<Self> {
         Ok(Session {
@@ -38,10 +47,14 @@ impl<'c> Session<'c> {
     /// Returns the providers: the built-in ones and the plugins found, loaded on first use (so a
     /// bad limit is reported before any warning about plugins, as a user reads a command line).
     pub fn registry(&self) -> &Registry {
-        self.registry.get_or_init(|| {
-            let allow = settings::allow_override(&self.config, self.cli.allow_override);
-            providers::load_registry(&self.cli.plugin_dir, allow)
-        })
+        self.registry
+            .get_or_init(|| load_registry(self.cli, &self.config))
+    }
+
+    /// Returns the price table in effect: the shipped one, with the models of `--prices FILE`
+    /// (`file`) over it.
+    pub fn price_table(&self, file: Option<&Path>) -> anyhow::Result<stepguard_prices::PriceTable> {
+        settings::price_table(file)
     }
 
     /// Returns the run history database: `--db` / `STEPGUARD_DB`, else beside the config file in
@@ -53,4 +66,12 @@ impl<'c> Session<'c> {
             cwd,
         )
     }
+}
+
+/// Loads the providers for `config`: the built-in ones and the plugins of `--plugin-dir` and the
+/// search path, a plugin replacing a built-in one only with consent (see
+/// [`settings::allow_override`]). `validate` loads them this way for config it checks itself.
+pub fn load_registry(cli: &Cli, config: &LoadedConfig) -> Registry {
+    let allow = settings::allow_override(config, cli.allow_override);
+    providers::load_registry(&cli.plugin_dir, allow)
 }

@@ -131,44 +131,57 @@ struct ReadingParts {
 impl Parts {
     /// The report's labels and the rest of the spec, grouped.
     fn split(spec: RunSpec) -> (Labels, Parts) {
+        let RunSpec {
+            command,
+            counter,
+            budget,
+            budget_source,
+            meta,
+            limits,
+            clocks,
+            confinement,
+            recognition,
+            io,
+            wrap_up,
+        } = spec;
         let labels = Labels {
-            command: spec.command,
-            budget: spec.budget,
-            budget_source: spec.budget_source,
-            meta: spec.meta,
+            command,
+            budget,
+            budget_source,
+            meta,
         };
-        let clocks = Clocks {
-            timeout: spec.timeout,
-            idle: spec.idle_timeout,
-            startup: spec.startup_timeout,
-            recognition_after: spec.recognition.after,
-            plugin_timeout: spec.plugin_timeout,
+        let watch = Clocks {
+            timeout: clocks.timeout,
+            idle: clocks.idle,
+            startup: clocks.startup,
+            recognition_after: recognition.window.after,
+            plugin_timeout: clocks.plugin,
             provider: labels.meta.provider.clone(),
-            expects: spec.expects,
+            expects: recognition.expects,
         };
         let parts = Parts {
             launch: LaunchParts {
-                env: spec.env,
-                containment: spec.containment,
-                trampoline: spec.trampoline,
-                stdin: spec.stdin,
-                stderr: spec.stderr,
-                forward_signals: spec.forward_signals,
-                wrap_up: spec.wrap_up,
-                counts_requests: spec.counter.counts_model_calls(),
+                env: io.env,
+                containment: confinement.containment,
+                trampoline: confinement.trampoline,
+                stdin: io.stdin,
+                stderr: io.stderr,
+                forward_signals: confinement.forward_signals,
+                wrap_up,
+                counts_requests: counter.counts_model_calls(),
             },
             reading: ReadingParts {
-                counter: spec.counter,
-                output: spec.output,
-                recognition: spec.recognition,
-                loops: spec.loops,
+                counter,
+                output: io.output,
+                recognition: recognition.window,
+                loops: limits.loops,
             },
-            clocks,
-            grace: spec.grace,
-            on_limit: spec.on_limit,
-            ask_timeout: spec.ask_timeout,
-            on_unrecognized: spec.on_unrecognized,
-            spend: spec.spend,
+            clocks: watch,
+            grace: clocks.grace,
+            on_limit: limits.on_limit,
+            ask_timeout: clocks.ask,
+            on_unrecognized: recognition.on_unrecognized,
+            spend: limits.spend,
         };
         (labels, parts)
     }

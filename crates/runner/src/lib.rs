@@ -1,7 +1,9 @@
 //! Supervising one agent run as a library: the engine behind `stepguard run`.
 //!
-//! A run is described by a [`RunSpec`] (the command, the provider's counter, the budget and its
-//! source, grace, timeout, stdin, the on-limit policy) and yields a [`RunReport`] (the run
+//! A run is described by a [`RunSpec`], built with [`RunSpec::builder`] (the command, the
+//! provider's counter, the budget and its source, then grouped settings: the [`Limits`] beside
+//! the budget with the on-limit policy, the [`Clocks`], the [`Confinement`] of the process tree,
+//! the [`StreamRecognition`] and the [`Io`]) and yields a [`RunReport`] (the run
 //! record, stats, exit code, who stopped it, the breach step, decisions, durations). The engine
 //! owns the threads, the signals and the process tree:
 //!
@@ -34,12 +36,19 @@
 //! ```no_run
 //! use stepguard_core::StepLimit;
 //! use stepguard_plugin_api::host::Provider;
-//! use stepguard_runner::{RunSpec, Runner};
+//! use stepguard_runner::{Clocks, RunSpec, Runner};
 //!
 //! let codex = Provider::new(stepguard_provider_codex::provider()).unwrap();
 //! let counter = codex.open_counter(&Default::default()).unwrap();
 //! let command = vec!["codex".into(), "exec".into(), "--json".into(), "fix it".into()];
-//! let report = Runner::new(RunSpec::new(command, counter, StepLimit::Limited(30))).run(&mut []);
+//! let spec = RunSpec::builder(command, counter)
+//!     .budget(StepLimit::Limited(30), "--max-steps")
+//!     .clocks(Clocks {
+//!         timeout: Some(std::time::Duration::from_secs(600)),
+//!         ..Clocks::default()
+//!     })
+//!     .build();
+//! let report = Runner::new(spec).run(&mut []);
 //! println!("{} -> exit {}", report.summary_line(), report.exit_code.code());
 //! ```
 #![forbid(unsafe_code)]
@@ -62,8 +71,9 @@ pub use event::Interrupter;
 pub use observe::{Progress, RunObserver, RunStarted};
 pub use report::RunReport;
 pub use spec::{
-    Breach, Containment, LimitDecision, LimitPolicy, OnUnrecognized, Question, RecognitionWindow,
-    RunMeta, RunSpec, SpendLimits, StdinMode, StopAtLimit, WrapUp,
+    Breach, Clocks, Confinement, Containment, Io, LimitDecision, LimitPolicy, Limits,
+    OnUnrecognized, Question, RecognitionWindow, RunMeta, RunSpec, RunSpecBuilder, SpendLimits,
+    StdinMode, StopAtLimit, StreamRecognition, WrapUp,
 };
 pub use stepguard_supervisor::{ExitStatus, Mechanism, StopReport};
 pub use stream::{

@@ -84,7 +84,10 @@ pub struct RunMeta {
     pub cwd: Option<String>,
 }
 
-/// One agent run to supervise.
+/// One agent run to supervise, built with [`RunSpec::builder`] (or [`RunSpec::new`] for the
+/// defaults). Its settings come in groups, one per concern: the budget and its limits, the
+/// [`Clocks`], the [`Confinement`] of the agent's processes, the [`StreamRecognition`] of its stream
+/// and its [`Io`].
 pub struct RunSpec {
     /// The program and its arguments (any native limit already added).
     pub command: Vec<String>,
@@ -96,21 +99,80 @@ pub struct RunSpec {
     pub budget_source: String,
     /// Labels carried into the run record.
     pub meta: RunMeta,
+    /// The limits beside the step budget and what happens at the limit.
+    pub limits: Limits,
+    /// How long each part of the run may take.
+    pub clocks: Clocks,
+    /// How the agent's processes are contained, and what stops them.
+    pub confinement: Confinement,
+    /// How the agent's output is recognised as the provider's stream.
+    pub recognition: StreamRecognition,
+    /// The agent's standard streams and environment.
+    pub io: Io,
+    /// The model gateway (`--wrap-up`): when set, the agent's model calls go through a gateway
+    /// on 127.0.0.1 that makes the budget's last call tool-less and refuses calls past it.
+    pub wrap_up: Option<WrapUp>,
+}
+
+/// What happens at the step budget, and the limits beside it.
+pub struct Limits {
+    /// What happens when the budget is exceeded.
+    pub on_limit: Box<dyn LimitPolicy>,
+    /// Loop detection over the tool calls the plugin reports (slug `loop_detected`); `None`:
+    /// off (also the right choice for a plugin that does not report tool calls).
+    pub loops: Option<LoopSettings>,
+    /// Token and cost budgets, kept through the gateway's usage when the run has one, else
+    /// through the usage the stream reports.
+    pub spend: SpendLimits,
+}
+
+impl Default for Limits {
+    /// Stop at the limit, no loop detection, no token or cost budget.
+    fn default() -> Self {
+        Limits {
+            on_limit: Box::new(StopAtLimit),
+            loops: None,
+            spend: SpendLimits::default(),
+        }
+    }
+}
+
+/// How long each part of a run may take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Clocks {
     /// Time between SIGTERM and SIGKILL when the tree is stopped.
     pub grace: Duration,
     /// Stop the agent after this long (slug `timeout`).
     pub timeout: Option<Duration>,
-    /// The agent's standard input.
-    pub stdin: StdinMode,
-    /// What happens when the budget is exceeded.
-    pub on_limit: Box<dyn LimitPolicy>,
-    /// Where the agent's counted output is passed through (stepguard's stdout in the CLI).
-    pub output: Box<dyn Write + Send>,
-    /// Whether SIGINT, SIGTERM and SIGHUP to this process stop the run (slug `interrupted`).
-    /// Off by default: once on, the process keeps handlers for them after the run (doing
-    /// nothing, so they no longer end it). A short-lived supervisor like `stepguard run` turns
-    /// it on; a long-lived host should keep it off and use an [`crate::Interrupter`].
-    pub forward_signals: bool,
+    /// Stop the agent when it has written nothing to stdout for this long (slug `stalled`).
+    pub idle: Option<Duration>,
+    /// Stop the agent when no line was recognised as the provider's within this long of the
+    /// start (slug `startup_hang`).
+    pub startup: Option<Duration>,
+    /// How long a policy that asks may take to answer; then the tree is stopped (slug
+    /// `max_steps`). `None`: no limit.
+    pub ask: Option<Duration>,
+    /// A plugin call that does not return within this is abandoned and the run stopped.
+    pub plugin: Duration,
+}
+
+impl Default for Clocks {
+    /// 5 s grace, no timeout, no idle or startup timeout, 5 min to answer, 10 s per plugin call.
+    fn default() -> Self {
+        Clocks {
+            grace: Duration::from_secs(5),
+            timeout: None,
+            idle: None,
+            startup: None,
+            ask: Some(Duration::from_secs(300)),
+            plugin: Duration::from_secs(10),
+        }
+    }
+}
+
+/// How a run's processes are contained, and what stops them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Confinement {
     /// How the run's processes are contained.
     pub containment: Containment,
     /// A program that acts as the agent's trampoline and as the guardian when given
@@ -119,38 +181,111 @@ pub struct RunSpec {
     /// starts (a fork in that instant stays outside), it does not die with this process, and
     /// no guardian stops the run if this process is killed.
     pub trampoline: Option<std::path::PathBuf>,
-    /// A plugin call that does not return within this is abandoned and the run stopped.
-    pub plugin_timeout: Duration,
+    /// Whether SIGINT, SIGTERM and SIGHUP to this process stop the run (slug `interrupted`).
+    /// Off by default: once on, the process keeps handlers for them after the run (doing
+    /// nothing, so they no longer end it). A short-lived supervisor like `stepguard run` turns
+    /// it on; a long-lived host should keep it off and use an [`crate::Interrupter`].
+    pub forward_signals: bool,
+}
+
+/// How the agent's output is recognised as the provider's stream.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StreamRecognition {
     /// What the provider's stream looks like, for the message when none of it is recognised
     /// (the manifest's `expects`).
     pub expects: String,
     /// What to do when the agent's output is not recognised as the provider's stream.
     pub on_unrecognized: OnUnrecognized,
-    /// How much unrecognised output is tolerated before [`RunSpec::on_unrecognized`] applies.
-    pub recognition: RecognitionWindow,
-    /// How long a policy that asks may take to answer; then the tree is stopped (slug
-    /// `max_steps`). `None`: no limit.
-    pub ask_timeout: Option<Duration>,
+    /// How much unrecognised output is tolerated before [`StreamRecognition::on_unrecognized`]
+    /// applies.
+    pub window: RecognitionWindow,
+}
+
+/// The agent's standard streams and environment.
+pub struct Io {
+    /// The agent's standard input.
+    pub stdin: StdinMode,
+    /// Where the agent's counted output is passed through (stepguard's stdout in the CLI).
+    pub output: Box<dyn Write + Send>,
     /// Where the agent's standard error goes: `None` inherits stepguard's; a writer gets it
     /// through a pipe (e.g. to clear a status line before each write).
     pub stderr: Option<Box<dyn Write + Send>>,
-    /// Loop detection over the tool calls the plugin reports (slug `loop_detected`); `None`:
-    /// off (also the right choice for a plugin that does not report tool calls).
-    pub loops: Option<LoopSettings>,
-    /// Stop the agent when it has written nothing to stdout for this long (slug `stalled`).
-    pub idle_timeout: Option<Duration>,
-    /// Stop the agent when no line was recognised as the provider's within this long of the
-    /// start (slug `startup_hang`).
-    pub startup_timeout: Option<Duration>,
     /// Variables added to the agent's environment (e.g. `TRACEPARENT`, so that the agent's
     /// own traces nest under the run's span).
     pub env: Vec<(std::ffi::OsString, std::ffi::OsString)>,
-    /// The model gateway (`--wrap-up`): when set, the agent's model calls go through a gateway
-    /// on 127.0.0.1 that makes the budget's last call tool-less and refuses calls past it.
-    pub wrap_up: Option<WrapUp>,
-    /// Token and cost budgets, kept through the gateway's usage when the run has one, else
-    /// through the usage the stream reports.
-    pub spend: SpendLimits,
+}
+
+impl Default for Io {
+    /// Inherited stdin and stderr, output to stdout, nothing added to the environment.
+    fn default() -> Self {
+        Io {
+            stdin: StdinMode::Inherit,
+            output: Box::new(std::io::stdout()),
+            stderr: None,
+            env: Vec::new(),
+        }
+    }
+}
+
+/// Builds a [`RunSpec`] group by group; every group left out keeps its default.
+pub struct RunSpecBuilder {
+    spec: RunSpec,
+}
+
+impl RunSpecBuilder {
+    /// The step budget and where it came from (e.g. `--max-steps`), for the record.
+    pub fn budget(mut self, budget: StepLimit, source: impl Into<String>) -> Self {
+        self.spec.budget = budget;
+        self.spec.budget_source = source.into();
+        self
+    }
+
+    /// The labels carried into the run record.
+    pub fn meta(mut self, meta: RunMeta) -> Self {
+        self.spec.meta = meta;
+        self
+    }
+
+    /// The limits beside the step budget and what happens at the limit.
+    pub fn limits(mut self, limits: Limits) -> Self {
+        self.spec.limits = limits;
+        self
+    }
+
+    /// How long each part of the run may take.
+    pub fn clocks(mut self, clocks: Clocks) -> Self {
+        self.spec.clocks = clocks;
+        self
+    }
+
+    /// How the agent's processes are contained, and what stops them.
+    pub fn confinement(mut self, confinement: Confinement) -> Self {
+        self.spec.confinement = confinement;
+        self
+    }
+
+    /// How the agent's output is recognised as the provider's stream.
+    pub fn recognition(mut self, recognition: StreamRecognition) -> Self {
+        self.spec.recognition = recognition;
+        self
+    }
+
+    /// The agent's standard streams and environment.
+    pub fn io(mut self, io: Io) -> Self {
+        self.spec.io = io;
+        self
+    }
+
+    /// The model gateway, or none.
+    pub fn wrap_up(mut self, wrap_up: Option<WrapUp>) -> Self {
+        self.spec.wrap_up = wrap_up;
+        self
+    }
+
+    /// Returns the spec.
+    pub fn build(self) -> RunSpec {
+        self.spec
+    }
 }
 
 /// A run's token and cost budgets (`--max-tokens`, `--max-cost-usd`).
@@ -188,38 +323,35 @@ pub struct WrapUp {
 }
 
 impl RunSpec {
-    /// Creates a spec with the defaults of `stepguard run`: 5 s grace, no timeout, inherited
-    /// stdin and stderr, stop at the limit (a policy that asks has 5 min), output to stdout,
-    /// an unrecognised stream stops the run; signals are not forwarded, and loop detection and
-    /// the idle and startup timeouts are off.
-    pub fn new(command: Vec<String>, counter: Counter, budget: StepLimit) -> Self {
-        RunSpec {
-            command,
-            counter,
-            budget,
-            budget_source: "default".to_owned(),
-            meta: RunMeta::default(),
-            grace: Duration::from_secs(5),
-            timeout: None,
-            stdin: StdinMode::Inherit,
-            on_limit: Box::new(StopAtLimit),
-            output: Box::new(std::io::stdout()),
-            forward_signals: false,
-            containment: Containment::Auto,
-            trampoline: None,
-            plugin_timeout: Duration::from_secs(10),
-            expects: String::new(),
-            on_unrecognized: OnUnrecognized::Stop,
-            recognition: RecognitionWindow::default(),
-            ask_timeout: Some(Duration::from_secs(300)),
-            stderr: None,
-            loops: None,
-            idle_timeout: None,
-            startup_timeout: None,
-            env: Vec::new(),
-            wrap_up: None,
-            spend: SpendLimits::default(),
+    /// Starts a spec for `command`, counted by `counter`, with the defaults of every group:
+    /// an unlimited budget from `default`, 5 s grace, no timeout, inherited stdin and stderr,
+    /// stop at the limit (a policy that asks has 5 min), output to stdout, an unrecognised
+    /// stream stops the run; signals are not forwarded, and loop detection and the idle and
+    /// startup timeouts are off.
+    pub fn builder(command: Vec<String>, counter: Counter) -> RunSpecBuilder {
+        RunSpecBuilder {
+            spec: RunSpec {
+                command,
+                counter,
+                budget: StepLimit::Unlimited,
+                budget_source: "default".to_owned(),
+                meta: RunMeta::default(),
+                limits: Limits::default(),
+                clocks: Clocks::default(),
+                confinement: Confinement::default(),
+                recognition: StreamRecognition::default(),
+                io: Io::default(),
+                wrap_up: None,
+            },
         }
+    }
+
+    /// Creates a spec with the defaults of every group (see [`RunSpec::builder`]) and the step
+    /// budget `budget` from `default`.
+    pub fn new(command: Vec<String>, counter: Counter, budget: StepLimit) -> Self {
+        RunSpec::builder(command, counter)
+            .budget(budget, "default")
+            .build()
     }
 }
 
@@ -266,7 +398,7 @@ pub trait LimitPolicy: Send {
     /// Returns the decision for this breach.
     ///
     /// A policy that asks is called on a thread of its own while the engine goes on watching
-    /// signals, the timeout and [`RunSpec::ask_timeout`]; when one of them ends the run,
+    /// signals, the timeout and [`Clocks::ask`]; when one of them ends the run,
     /// [`Question::withdrawn`] turns true and the answer is ignored, so return soon after.
     fn decide(&mut self, breach: &Breach, question: &Question) -> LimitDecision;
 }

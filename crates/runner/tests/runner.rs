@@ -93,7 +93,7 @@ fn a_child_ignoring_sigterm_is_killed_after_the_grace() {
     }
     body.push_str("while :; do sleep 0.1; done\n");
     let (mut spec, _) = spec(dir.script("stubborn.sh", &body), codex(), 2);
-    spec.grace = Duration::from_millis(300);
+    spec.clocks.grace = Duration::from_millis(300);
     let started = Instant::now();
     let report = Runner::new(spec).run(&mut []);
     assert_eq!(report.exit_code, ExitCode::BudgetExceeded);
@@ -108,7 +108,7 @@ fn the_timeout_stops_the_agent() {
     let dir = Dir::new();
     let body = format!("echo '{}'\nsleep 30\n", item(0));
     let (mut spec, _) = spec(dir.script("slow.sh", &body), codex(), 10);
-    spec.timeout = Some(Duration::from_millis(300));
+    spec.clocks.timeout = Some(Duration::from_millis(300));
     let started = Instant::now();
     let report = Runner::new(spec).run(&mut []);
     assert_eq!(report.exit_code, ExitCode::Timeout);
@@ -237,7 +237,7 @@ impl LimitPolicy for AllowOnce {
 fn an_asking_policy_can_allow_more_steps() {
     let dir = Dir::new();
     let (mut spec, out) = spec(dir.items(10, "0.02"), codex(), 2);
-    spec.on_limit = Box::new(AllowOnce {
+    spec.limits.on_limit = Box::new(AllowOnce {
         more: 2,
         seen: Vec::new(),
     });
@@ -365,7 +365,7 @@ fn a_plugin_call_that_never_returns_is_abandoned_and_the_run_stopped() {
         counter,
         10,
     );
-    spec.plugin_timeout = Duration::from_millis(500);
+    spec.clocks.plugin = Duration::from_millis(500);
     let started = Instant::now();
     let report = Runner::new(spec).run(&mut []);
     assert_eq!(report.exit_code, ExitCode::Plugin);
@@ -388,7 +388,7 @@ fn a_plugin_call_that_never_returns_is_abandoned_and_the_run_stopped() {
 fn the_cgroup_or_the_walk_is_named_in_the_record() {
     let dir = Dir::new();
     let (mut spec, _) = spec(dir.items(1, "0"), codex(), 5);
-    spec.containment = stepguard_runner::Containment::ProcessWalk;
+    spec.confinement.containment = stepguard_runner::Containment::ProcessWalk;
     let report = Runner::new(spec).run(&mut []);
     assert_eq!(
         report.record.supervision.containment.map(|t| t.as_str()),
@@ -419,7 +419,7 @@ fn an_unanswered_question_gives_way_to_an_interrupt_and_is_withdrawn() {
     let dir = Dir::new();
     let (mut spec, _out) = spec(dir.items(10, "0.02"), codex(), 2);
     let (tx, rx) = std::sync::mpsc::channel();
-    spec.on_limit = Box::new(NeverAnswers(tx));
+    spec.limits.on_limit = Box::new(NeverAnswers(tx));
     let runner = Runner::new(spec);
     let interrupter = runner.interrupter();
     std::thread::spawn(move || {
@@ -441,8 +441,8 @@ fn an_unanswered_question_ends_at_the_ask_timeout_as_a_stop() {
     let dir = Dir::new();
     let (mut spec, _out) = spec(dir.items(10, "0.02"), codex(), 2);
     let (tx, rx) = std::sync::mpsc::channel();
-    spec.on_limit = Box::new(NeverAnswers(tx));
-    spec.ask_timeout = Some(Duration::from_millis(300));
+    spec.limits.on_limit = Box::new(NeverAnswers(tx));
+    spec.clocks.ask = Some(Duration::from_millis(300));
     let report = Runner::new(spec).run(&mut []);
     assert_eq!(report.exit_code, ExitCode::BudgetExceeded);
     assert_eq!(report.decisions, [LimitDecision::Stop]);
@@ -463,8 +463,8 @@ fn output_that_stays_unrecognised_is_stopped_after_the_time_window() {
         pidfile.display()
     );
     let (mut spec, out) = spec(dir.script("text.sh", &body), codex(), 5);
-    spec.expects = "Codex JSONL".to_owned();
-    spec.recognition.after = Duration::from_millis(400);
+    spec.recognition.expects = "Codex JSONL".to_owned();
+    spec.recognition.window.after = Duration::from_millis(400);
     let started = Instant::now();
     let report = Runner::new(spec).run(&mut []);
     assert_eq!(report.exit_code, ExitCode::Usage);
@@ -488,7 +488,7 @@ fn output_that_stays_unrecognised_is_stopped_after_the_time_window() {
 fn an_unrecognised_stream_can_be_let_through_with_a_warning() {
     let dir = Dir::new();
     let (mut warned, _out) = spec(dir.script("text.sh", "echo hello"), codex(), 5);
-    warned.on_unrecognized = stepguard_runner::OnUnrecognized::Warn;
+    warned.recognition.on_unrecognized = stepguard_runner::OnUnrecognized::Warn;
     let report = Runner::new(warned).run(&mut []);
     assert_eq!(report.exit_code, ExitCode::Success);
     let (stopped, _out) = spec(dir.script("text2.sh", "echo hello"), codex(), 5);
@@ -509,7 +509,7 @@ fn an_agent_that_goes_quiet_is_stalled() {
         item(0)
     );
     let (mut spec, _out) = spec(dir.script("quiet.sh", &body), codex(), 5);
-    spec.idle_timeout = Some(Duration::from_millis(500));
+    spec.clocks.idle = Some(Duration::from_millis(500));
     let started = Instant::now();
     let report = Runner::new(spec).run(&mut []);
     assert_eq!(report.exit_code, ExitCode::Timeout);
@@ -531,9 +531,9 @@ fn an_agent_that_never_starts_its_stream_is_a_startup_hang() {
     let dir = Dir::new();
     let (mut spec, _out) = spec(dir.script("hung.sh", "sleep 300"), codex(), 5);
     spec.meta.provider = "codex".to_owned();
-    spec.startup_timeout = Some(Duration::from_millis(400));
+    spec.clocks.startup = Some(Duration::from_millis(400));
     // Idle would also fire later; the startup timeout comes first.
-    spec.idle_timeout = Some(Duration::from_secs(5));
+    spec.clocks.idle = Some(Duration::from_secs(5));
     let report = Runner::new(spec).run(&mut []);
     assert_eq!(report.exit_code, ExitCode::Timeout);
     assert_eq!(report.stats.slug, Some(FailureSlug::StartupHang));
@@ -553,7 +553,7 @@ fn an_agent_that_never_starts_its_stream_is_a_startup_hang() {
     );
     // A stream that starts in time is not a hang, however long it then takes.
     let (mut spec, _out) = self::spec(dir.items(3, "0.3"), codex(), 5);
-    spec.startup_timeout = Some(Duration::from_millis(400));
+    spec.clocks.startup = Some(Duration::from_millis(400));
     let report = Runner::new(spec).run(&mut []);
     assert_eq!(report.exit_code, ExitCode::Success);
 }
@@ -576,8 +576,8 @@ impl LimitPolicy for SlowToAllow {
 fn a_pause_at_the_limit_is_not_a_stall() {
     let dir = Dir::new();
     let (mut spec, _out) = spec(dir.items(4, "0.05"), codex(), 2);
-    spec.on_limit = Box::new(SlowToAllow);
-    spec.idle_timeout = Some(Duration::from_millis(500));
+    spec.limits.on_limit = Box::new(SlowToAllow);
+    spec.clocks.idle = Some(Duration::from_millis(500));
     let report = Runner::new(spec).run(&mut []);
     assert_eq!(
         report.exit_code,
@@ -599,7 +599,7 @@ fn the_spec_adds_variables_to_the_agents_environment() {
     );
     let (mut spec, _out) = spec(dir.script("env.sh", &body), codex(), 5);
     let parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
-    spec.env = vec![("TRACEPARENT".into(), parent.into())];
+    spec.io.env = vec![("TRACEPARENT".into(), parent.into())];
     let report = Runner::new(spec).run(&mut []);
     assert_eq!(report.child_exit, Some(ExitStatus::Code(0)));
     assert_eq!(std::fs::read_to_string(&seen).unwrap(), parent);

@@ -17,7 +17,7 @@ fn sigterm_to_the_supervisor_stops_the_tree() {
     let dir = Dir::new();
     let body = format!("echo '{}'\nsleep 30\n", item(0));
     let (mut first, _) = spec(dir.script("agent.sh", &body), codex(), 10);
-    first.forward_signals = true;
+    first.confinement.forward_signals = true;
     let me = rustix::process::getpid();
     let poke = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(400));

@@ -13,18 +13,13 @@ use stepguard_runner::{
 
 use crate::args::{Cli, CountArgs};
 use crate::session::Session;
-use crate::{output, providers, settings};
+use crate::{output, plan, providers, settings};
 
 /// Runs `stepguard count`.
 pub fn run(cli: &Cli, args: &CountArgs) -> anyhow::Result<ExitCode> {
     let session = Session::load(cli)?;
     let config = &session.config;
-    let selection = providers::select(
-        session.registry(),
-        &args.provider,
-        args.unit.as_deref(),
-        Some(config),
-    )?;
+    let selection = plan::provider(&session, &args.provider, args.unit.as_deref())?;
     if selection.request.unit == stepguard_plugin_api::host::REQUEST_UNIT {
         return Err(crate::exit::UsageError(format!(
             "unit `{}` counts model calls, which only the model gateway of `run --wrap-up` \
@@ -44,7 +39,7 @@ pub fn run(cli: &Cli, args: &CountArgs) -> anyhow::Result<ExitCode> {
         output::diag("warning", w);
     }
     let manifest = selection.provider.manifest();
-    let settings = loops.settings.filter(|_| manifest.tool_calls);
+    let settings = plan::loop_settings(manifest, &loops);
     let mut failed = false;
     for path in &args.files {
         match count_file(&selection, path, settings.clone()) {

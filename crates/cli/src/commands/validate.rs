@@ -51,10 +51,7 @@ pub fn run(cli: &Cli, config_path: Option<&Path>, args: &ValidateArgs) -> anyhow
         let (loaded, failures) = stepguard_config::load_all(&sources);
         diags.extend(failures);
         diags.extend(stepguard_config::validate(&loaded, args.strict));
-        let registry = providers::load_registry(
-            &cli.plugin_dir,
-            settings::allow_override(&loaded, cli.allow_override),
-        );
+        let registry = crate::session::load_registry(cli, &loaded);
         diags.extend(providers::check_config(&registry, &loaded.model, None));
     }
     if args.strict {

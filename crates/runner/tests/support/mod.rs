@@ -10,7 +10,7 @@ use std::time::Duration;
 use stepguard_core::StepLimit;
 use stepguard_plugin_api::host::{Counter, Provider};
 use stepguard_plugin_api::{CounterRequest, ProviderBox};
-use stepguard_runner::{RunSpec, StdinMode};
+use stepguard_runner::{Clocks, Io, RunSpec, StdinMode};
 
 /// One Codex item line (unit `item` counts each as a step).
 pub fn item(i: usize) -> String {
@@ -95,11 +95,18 @@ impl Write for Captured {
 /// and a short grace.
 pub fn spec(command: Vec<String>, counter: Counter, budget: u32) -> (RunSpec, Captured) {
     let out = Captured::default();
-    let mut spec = RunSpec::new(command, counter, StepLimit::Limited(budget));
-    spec.output = Box::new(out.clone());
-    spec.stdin = StdinMode::Null;
-    spec.forward_signals = false;
-    spec.grace = Duration::from_millis(500);
+    let spec = RunSpec::builder(command, counter)
+        .budget(StepLimit::Limited(budget), "default")
+        .io(Io {
+            stdin: StdinMode::Null,
+            output: Box::new(out.clone()),
+            ..Io::default()
+        })
+        .clocks(Clocks {
+            grace: Duration::from_millis(500),
+            ..Clocks::default()
+        })
+        .build();
     (spec, out)
 }
 
