@@ -9,7 +9,7 @@ use stepguard_core::ExitCode;
 /// One step budget for every coding agent CLI.
 #[derive(Debug, Parser)]
 #[command(name = "stepguard", version, about, after_long_help = exit_codes_help(), after_help = exit_codes_help())]
-pub struct Cli {
+pub(crate) struct Cli {
     /// Use exactly this config file instead of discovering stepguard.toml files.
     #[arg(long, global = true, value_name = "PATH")]
     pub config: Option<PathBuf>,
@@ -45,7 +45,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 // Parsed once per process: the size of `run`'s arguments costs nothing worth a box.
 #[allow(clippy::large_enum_variant)]
-pub enum Command {
+pub(crate) enum Command {
     /// Show the effective budget, where it came from, provider options and warnings.
     Config(ConfigArgs),
     /// Check every config file in effect; exit 0 when valid, 2 otherwise.
@@ -78,7 +78,7 @@ pub enum Command {
 
 impl Command {
     /// Returns true when the command was asked for JSON output (`--json`).
-    pub fn wants_json(&self) -> bool {
+    pub(crate) fn wants_json(&self) -> bool {
         match self {
             Command::Config(a) => a.json,
             Command::Count(a) => a.json,
@@ -96,7 +96,7 @@ impl Command {
 
 /// What to do when the budget is exceeded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum OnLimit {
+pub(crate) enum OnLimit {
     /// Stop the agent's whole process tree.
     Stop,
     /// Pause the agent and ask on the terminal (stop, allow N more, continue); `stop` without one.
@@ -105,7 +105,7 @@ pub enum OnLimit {
 
 /// What to do with a stream none of which is recognised as the provider's format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Unrecognized {
+pub(crate) enum Unrecognized {
     /// Stop the agent (slug `unrecognized_stream`, exit 2): nothing could be counted.
     Stop,
     /// Warn once and let the run go on uncounted.
@@ -114,7 +114,7 @@ pub enum Unrecognized {
 
 /// How the agent's processes are contained.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum ContainmentArg {
+pub(crate) enum ContainmentArg {
     /// A cgroup of the run's own when possible, else the process walk.
     Auto,
     /// A cgroup of the run's own, or the run does not start (exit 2).
@@ -125,7 +125,7 @@ pub enum ContainmentArg {
 
 /// Where the agent's standard input comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum StdinMode {
+pub(crate) enum StdinMode {
     /// stepguard's own standard input.
     Inherit,
     /// /dev/null (Codex reads stdin to EOF and would wait on an open pipe).
@@ -134,7 +134,7 @@ pub enum StdinMode {
 
 /// Arguments of `stepguard run`.
 #[derive(Debug, Args)]
-pub struct RunArgs {
+pub(crate) struct RunArgs {
     /// Provider whose step mapping applies (see `stepguard plugins`).
     #[arg(long, short = 'p', value_name = "P")]
     pub provider: String,
@@ -226,7 +226,7 @@ pub struct RunArgs {
 
 /// Arguments of `stepguard history`.
 #[derive(Debug, Args)]
-pub struct HistoryArgs {
+pub(crate) struct HistoryArgs {
     /// Only the N newest runs.
     #[arg(long, value_name = "N")]
     pub last: Option<usize>,
@@ -249,7 +249,7 @@ pub struct HistoryArgs {
 
 /// Subcommands of `stepguard history`.
 #[derive(Debug, Subcommand)]
-pub enum HistoryAction {
+pub(crate) enum HistoryAction {
     /// Write the recorded runs (oldest first; the filters apply) as JSON Lines of run records
     /// on stdout, or with `--otlp` replay them to the collector OTEL_EXPORTER_OTLP_ENDPOINT (or
     /// `[telemetry]`) names, one span each with the run's own times.
@@ -262,7 +262,7 @@ pub enum HistoryAction {
 
 /// Arguments of `stepguard show`.
 #[derive(Debug, Args)]
-pub struct ShowArgs {
+pub(crate) struct ShowArgs {
     /// The run's id (see `stepguard history`).
     pub id: i64,
     /// Print one JSON object on stdout.
@@ -272,7 +272,7 @@ pub struct ShowArgs {
 
 /// Arguments of `stepguard stats`.
 #[derive(Debug, Args)]
-pub struct StatsArgs {
+pub(crate) struct StatsArgs {
     /// Only this provider.
     #[arg(long, value_name = "P")]
     pub provider: Option<String>,
@@ -283,14 +283,14 @@ pub struct StatsArgs {
 
 /// Arguments of `stepguard simulate`.
 #[derive(Debug, Args)]
-pub struct SimulateArgs {
+pub(crate) struct SimulateArgs {
     /// The scenario file (format: docs/scenarios.md).
     pub scenario: PathBuf,
 }
 
 /// Arguments of `stepguard count`.
 #[derive(Debug, Args)]
-pub struct CountArgs {
+pub(crate) struct CountArgs {
     /// Provider whose step mapping applies (see `stepguard plugins`).
     #[arg(long, short = 'p', value_name = "P")]
     pub provider: String,
@@ -310,7 +310,7 @@ pub struct CountArgs {
 
 /// Arguments of `stepguard plugins`.
 #[derive(Debug, Args)]
-pub struct PluginsArgs {
+pub(crate) struct PluginsArgs {
     /// What to do; without one, list every provider.
     #[command(subcommand)]
     pub action: Option<PluginsAction>,
@@ -321,7 +321,7 @@ pub struct PluginsArgs {
 
 /// Subcommands of `stepguard plugins`.
 #[derive(Debug, Subcommand)]
-pub enum PluginsAction {
+pub(crate) enum PluginsAction {
     /// Explain whether and why a plugin file loads (exit 0 when it does, 4 otherwise).
     Check {
         /// The plugin file.
@@ -345,7 +345,7 @@ pub enum PluginsAction {
 
 /// Flags that decide a run's budget, shared by every command that resolves one.
 #[derive(Debug, Clone, Default, Args)]
-pub struct BudgetArgs {
+pub(crate) struct BudgetArgs {
     /// Step budget for this run: a whole number, or `unlimited` (beats env and config).
     // Negative numbers reach the budget parser, which says why they are refused.
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
@@ -371,7 +371,7 @@ pub struct BudgetArgs {
 
 /// The loop-limit flag, shared by `run`, `count` and `config`.
 #[derive(Debug, Clone, Default, Args)]
-pub struct LoopArgs {
+pub(crate) struct LoopArgs {
     /// The loop limit (see `loop_limit_help`).
     // Validated with the other sources of the limit, which say where a bad value came from.
     #[arg(long, value_name = "N|off", allow_negative_numbers = true, help = loop_limit_help())]
@@ -392,7 +392,7 @@ fn loop_limit_help() -> String {
 
 /// Arguments of `stepguard config`.
 #[derive(Debug, Args)]
-pub struct ConfigArgs {
+pub(crate) struct ConfigArgs {
     /// Budget flags, as `run` takes them.
     #[command(flatten)]
     pub budget: BudgetArgs,
@@ -409,7 +409,7 @@ pub struct ConfigArgs {
 
 /// Arguments of `stepguard validate`.
 #[derive(Debug, Args)]
-pub struct ValidateArgs {
+pub(crate) struct ValidateArgs {
     /// Treat every warning as an error.
     #[arg(long)]
     pub strict: bool,
@@ -421,7 +421,7 @@ pub struct ValidateArgs {
 
 /// Arguments of `stepguard prices`.
 #[derive(Debug, Args)]
-pub struct PricesArgs {
+pub(crate) struct PricesArgs {
     /// A price file to merge over the shipped table (also `STEPGUARD_PRICES`).
     #[arg(long, value_name = "FILE", env = "STEPGUARD_PRICES")]
     pub prices: Option<PathBuf>,
@@ -432,7 +432,7 @@ pub struct PricesArgs {
 
 /// Arguments of `stepguard completions`.
 #[derive(Debug, Args)]
-pub struct CompletionsArgs {
+pub(crate) struct CompletionsArgs {
     /// The shell to complete for.
     #[arg(value_enum)]
     pub shell: clap_complete::Shell,
@@ -440,7 +440,7 @@ pub struct CompletionsArgs {
 
 /// Arguments of `stepguard man`.
 #[derive(Debug, Args)]
-pub struct ManArgs {
+pub(crate) struct ManArgs {
     /// Write stepguard.1 and one page per subcommand (stepguard-run.1, …) into this directory
     /// instead of printing stepguard.1 on stdout.
     #[arg(long, value_name = "DIR")]

@@ -18,14 +18,16 @@ use stepguard_telemetry::TelemetryError;
 /// A usage error found by stepguard itself (not clap), e.g. an unknown provider name.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
-pub struct UsageError(pub String);
+pub(crate) struct UsageError(pub String);
 
 /// Every error a command can end with, as the CLI knows it. [`Known::code`] is the one place
 /// each gets its exit code and `--json` kind: its matches name every type and every variant, so
 /// a new variant does not compile without a code, and `tests/e2e/architecture.rs` checks that every
 /// error type the libraries declare is here (or named as never reaching the CLI).
 #[derive(Debug)]
-pub enum Known<'a> {
+// The reference names what was matched; the code depends on its type and variant only.
+#[allow(dead_code)]
+pub(crate) enum Known<'a> {
     /// A provider that is not there or did not load.
     Lookup(&'a LookupError),
     /// Why a plugin file was not used.
@@ -62,8 +64,10 @@ pub enum Known<'a> {
     Io(&'a std::io::Error),
 }
 
-/// Error types of the libraries that never reach the CLI as an error, and why.
-pub const NEVER_AN_ERROR_OF_THE_CLI: &[(&str, &str)] = &[
+/// Error types of the libraries that never reach the CLI as an error, and why (read by
+/// `tests/e2e/architecture.rs`, which checks that every error type has a code or a reason here).
+#[allow(dead_code)]
+pub(crate) const NEVER_AN_ERROR_OF_THE_CLI: &[(&str, &str)] = &[
     (
         "GatewayError",
         "the runner makes a gateway that cannot start a run that did not start (`spawn_failed`)",
@@ -84,7 +88,7 @@ pub const NEVER_AN_ERROR_OF_THE_CLI: &[(&str, &str)] = &[
 
 impl<'a> Known<'a> {
     /// The first thing stepguard knows `cause` to be.
-    pub fn of(cause: &'a (dyn Error + 'static)) -> Option<Self> {
+    pub(crate) fn of(cause: &'a (dyn Error + 'static)) -> Option<Self> {
         macro_rules! first {
             ($($variant:ident($ty:ty)),* $(,)?) => {
                 $(if let Some(e) = cause.downcast_ref::<$ty>() {
@@ -115,7 +119,7 @@ impl<'a> Known<'a> {
     }
 
     /// The exit code and the `--json` kind of this error.
-    pub fn code(&self) -> (ExitCode, &'static str) {
+    pub(crate) fn code(&self) -> (ExitCode, &'static str) {
         match self {
             Known::Lookup(LookupError::Unknown { .. }) => (ExitCode::Usage, "unknown_provider"),
             Known::Lookup(LookupError::FailedToLoad { .. })
@@ -138,13 +142,13 @@ impl<'a> Known<'a> {
 }
 
 /// Returns the exit code for an error that ended a command.
-pub fn exit_code_for(err: &anyhow::Error) -> ExitCode {
+pub(crate) fn exit_code_for(err: &anyhow::Error) -> ExitCode {
     classify(err).0
 }
 
 /// Returns the exit code and the error's kind (the `kind` of a `--json` error object), deciding
 /// both from the first cause stepguard knows.
-pub fn classify(err: &anyhow::Error) -> (ExitCode, &'static str) {
+pub(crate) fn classify(err: &anyhow::Error) -> (ExitCode, &'static str) {
     err.chain()
         .find_map(Known::of)
         .map(|known| known.code())
@@ -154,7 +158,7 @@ pub fn classify(err: &anyhow::Error) -> (ExitCode, &'static str) {
 }
 
 /// Returns the `--json` form of an error: `{"error": {"kind": …, "message": …}}`.
-pub fn error_object(err: &anyhow::Error) -> serde_json::Value {
+pub(crate) fn error_object(err: &anyhow::Error) -> serde_json::Value {
     serde_json::json!({
         "error": {
             "kind": classify(err).1,
@@ -170,7 +174,7 @@ pub fn error_object(err: &anyhow::Error) -> serde_json::Value {
 /// A cause is left out when the message so far already says it, or when it only restates the
 /// cause before it with a prefix (SQLite's `Error code 26: file is not a database` under
 /// `file is not a database`).
-pub fn render(err: &anyhow::Error) -> String {
+pub(crate) fn render(err: &anyhow::Error) -> String {
     let mut message = String::new();
     let mut previous = String::new();
     for cause in err.chain() {
@@ -190,7 +194,7 @@ pub fn render(err: &anyhow::Error) -> String {
 }
 
 /// Converts our exit code into the process's.
-pub fn to_process(code: ExitCode) -> std::process::ExitCode {
+pub(crate) fn to_process(code: ExitCode) -> std::process::ExitCode {
     std::process::ExitCode::from(code.code())
 }
 

@@ -8,17 +8,19 @@
 //! std::process::exit(i32::from(stepguard_cli::run(["stepguard", "validate"]).code()));
 //! ```
 #![forbid(unsafe_code)]
+// Everything but `main` and `run` is internal: `pub` inside says `pub(crate)`.
+#![warn(unreachable_pub)]
 
-pub mod args;
-pub mod commands;
-pub mod exit;
-pub mod output;
-pub mod plan;
-pub mod providers;
-pub mod recording;
-pub mod session;
-pub mod settings;
-pub mod terminal;
+mod args;
+mod commands;
+mod exit;
+mod output;
+mod plan;
+mod providers;
+mod recording;
+mod session;
+mod settings;
+mod terminal;
 
 use std::ffi::OsString;
 

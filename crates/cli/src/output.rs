@@ -22,7 +22,7 @@ const RESET: &str = "\x1b[0m";
 /// Decides, once for the process, whether stderr gets colour: `always`, `never`, or with `auto`
 /// when stderr is a terminal, `NO_COLOR` is unset or empty and `TERM` is not `dumb`
 /// (`CLICOLOR_FORCE` forces it, as `NO_COLOR` does not). Later calls change nothing.
-pub fn set_color(choice: ColorChoice) {
+pub(crate) fn set_color(choice: ColorChoice) {
     let _ = STDERR_COLOR.set(resolve_color(
         choice,
         &|name| std::env::var_os(name),
@@ -31,7 +31,7 @@ pub fn set_color(choice: ColorChoice) {
 }
 
 /// Returns whether stderr gets colour (e.g. for the log's ANSI styling).
-pub fn stderr_color() -> bool {
+pub(crate) fn stderr_color() -> bool {
     *STDERR_COLOR.get_or_init(|| {
         resolve_color(ColorChoice::Auto, &|name| std::env::var_os(name), &|| {
             io::stderr().is_terminal()
@@ -62,20 +62,20 @@ fn resolve_color(
 }
 
 /// Writes one line of command output on stdout.
-pub fn line(text: impl AsRef<str>) -> io::Result<()> {
+pub(crate) fn line(text: impl AsRef<str>) -> io::Result<()> {
     let mut out = io::stdout().lock();
     out.write_all(text.as_ref().as_bytes())?;
     out.write_all(b"\n")
 }
 
 /// Writes a value as one line of compact JSON on stdout.
-pub fn json(value: &impl serde::Serialize) -> anyhow::Result<()> {
+pub(crate) fn json(value: &impl serde::Serialize) -> anyhow::Result<()> {
     line(serde_json::to_string(value)?)?;
     Ok(())
 }
 
 /// Writes a diagnostic line on stderr, e.g. `stepguard: warning: …`.
-pub fn diag(level: &str, text: impl AsRef<str>) {
+pub(crate) fn diag(level: &str, text: impl AsRef<str>) {
     // A closed stderr leaves nowhere to report to; ignoring is the only option.
     let level = match (stderr_color(), level) {
         (true, "error") => format!("{BOLD_RED}error:{RESET}"),
@@ -87,7 +87,7 @@ pub fn diag(level: &str, text: impl AsRef<str>) {
 
 /// Writes an informational line on stderr, e.g. the run's summary: `stepguard: …`. With colour,
 /// a run summary's outcome (`success`, `failed: max_steps`, …) is coloured.
-pub fn note(text: impl AsRef<str>) {
+pub(crate) fn note(text: impl AsRef<str>) {
     let text = text.as_ref();
     let text = if stderr_color() {
         paint_outcome(text)
@@ -120,7 +120,7 @@ fn paint_outcome(text: &str) -> String {
 }
 
 /// Returns true when `err` is a closed stdout (e.g. piped into `head`), which is not a failure.
-pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
+pub(crate) fn is_broken_pipe(err: &anyhow::Error) -> bool {
     err.chain()
         .filter_map(|c| c.downcast_ref::<io::Error>())
         .any(|e| e.kind() == io::ErrorKind::BrokenPipe)

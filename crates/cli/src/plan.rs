@@ -27,7 +27,7 @@ use crate::settings::Limits;
 mod command;
 
 /// Everything a run is, decided before its agent starts.
-pub struct RunPlan<'s> {
+pub(crate) struct RunPlan<'s> {
     /// The provider, where it came from, and the unit and options it counts with.
     pub selection: Selection<'s>,
     /// The provider's counter, opened for the unit.
@@ -63,7 +63,7 @@ pub struct RunPlan<'s> {
 
 /// The observers a run is planned with (telemetry comes from the environment and `[telemetry]`).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Observers {
+pub(crate) struct Observers {
     /// The status line on the terminal (not with `--quiet`).
     pub status_line: bool,
     /// The record in the history database (not with `--no-record`).
@@ -75,7 +75,7 @@ pub struct Observers {
 impl<'s> RunPlan<'s> {
     /// Plans a run of `args` in `cwd` from what `session` loaded; each warning goes to `warn`
     /// as it is found, and the first problem is the error (a usage error names its fix).
-    pub fn new(
+    pub(crate) fn new(
         args: &RunArgs,
         session: &'s Session<'_>,
         cwd: &Path,
@@ -147,17 +147,17 @@ impl<'s> RunPlan<'s> {
     }
 
     /// The provider's manifest.
-    pub fn manifest(&self) -> &Manifest {
+    pub(crate) fn manifest(&self) -> &Manifest {
         self.selection.provider.manifest()
     }
 
     /// The step unit counted.
-    pub fn unit(&self) -> &str {
+    pub(crate) fn unit(&self) -> &str {
         &self.selection.request.unit
     }
 
     /// Logs the budget and the loop limit of the plan, each with its source (`-v`).
-    pub fn log(&self) {
+    pub(crate) fn log(&self) {
         let (budget, loops) = (&self.limits.budget, &self.limits.loops);
         tracing::info!(
             max_steps = %budget.max_steps,
@@ -177,7 +177,7 @@ impl<'s> RunPlan<'s> {
 
 /// Picks the provider, its unit (`--unit`, else the config's, else the default) and its
 /// options, for a command that counts (`run`, `count`).
-pub fn provider<'s>(
+pub(crate) fn provider<'s>(
     session: &'s Session<'_>,
     name: &str,
     unit: Option<&str>,
@@ -186,7 +186,7 @@ pub fn provider<'s>(
 }
 
 /// The loop settings a provider can keep: none when it does not report tool calls.
-pub fn loop_settings(manifest: &Manifest, loops: &ResolvedLoops) -> Option<LoopSettings> {
+pub(crate) fn loop_settings(manifest: &Manifest, loops: &ResolvedLoops) -> Option<LoopSettings> {
     loops.settings.clone().filter(|_| manifest.tool_calls)
 }
 

@@ -13,10 +13,10 @@ use crate::exit::UsageError;
 use crate::output;
 
 /// The provider-table key that selects the unit; handled here, not passed to plugins.
-pub const UNIT_OPTION: &str = "max_steps_unit";
+pub(crate) const UNIT_OPTION: &str = "max_steps_unit";
 
 /// Returns the built-in providers, reached through the plugin interface like loaded ones.
-pub fn builtins() -> Vec<ProviderBox> {
+pub(crate) fn builtins() -> Vec<ProviderBox> {
     vec![
         stepguard_provider_claude::provider(),
         stepguard_provider_codex::provider(),
@@ -26,7 +26,7 @@ pub fn builtins() -> Vec<ProviderBox> {
 
 /// A provider's table from the config files in effect (`[codex]`): each key with its value and
 /// where it was set.
-pub type ProviderTable = BTreeMap<String, (serde_json::Value, Origin)>;
+pub(crate) type ProviderTable = BTreeMap<String, (serde_json::Value, Origin)>;
 
 /// Builds the registry: built-ins, then every trusted plugin file in the search path; a plugin
 /// replaces a built-in of the same name only with `allow_override` (`--allow-override`). Each
@@ -36,7 +36,7 @@ pub type ProviderTable = BTreeMap<String, (serde_json::Value, Origin)>;
 /// Files that are refused or fail to load are not reported here: `plugins` lists them all
 /// ([`warn_failure`]), and a command that needs a provider warns about the files meant to be that
 /// provider ([`select`], [`check_config`]). A file no command needs is news only to `plugins`.
-pub fn load_registry(plugin_dirs: &[PathBuf], allow_override: bool) -> Registry {
+pub(crate) fn load_registry(plugin_dirs: &[PathBuf], allow_override: bool) -> Registry {
     for unusable in unusable_plugin_dirs(plugin_dirs) {
         output::diag("warning", unusable);
     }
@@ -53,13 +53,13 @@ pub fn load_registry(plugin_dirs: &[PathBuf], allow_override: bool) -> Registry 
 
 /// Warns about a plugin file that was refused or did not load, in one line; a long reason's full
 /// text (abi_stable's layout report) goes to the log at info level, shown with `-v`.
-pub fn warn_failure(failure: &LoadFailure) {
+pub(crate) fn warn_failure(failure: &LoadFailure) {
     output::diag("warning", failure.to_string());
     log_details(failure);
 }
 
 /// Logs the full text behind a shortened reason, at info level (`-v`).
-pub fn log_details(failure: &LoadFailure) {
+pub(crate) fn log_details(failure: &LoadFailure) {
     if let Some(details) = failure.error.details() {
         tracing::info!("plugin {}: {details}", failure.path.display());
     }
@@ -114,7 +114,11 @@ fn unusable_plugin_dirs(dirs: &[PathBuf]) -> Vec<String> {
 /// `validate_options` for their values, its message reported at the table.
 ///
 /// Returns one error diagnostic per problem; none for an empty table.
-pub fn check_options(name: &str, provider: &Provider, table: &ProviderTable) -> Vec<Diagnostic> {
+pub(crate) fn check_options(
+    name: &str,
+    provider: &Provider,
+    table: &ProviderTable,
+) -> Vec<Diagnostic> {
     let Some((_, (_, first))) = table.iter().next() else {
         return Vec::new();
     };
@@ -193,7 +197,7 @@ fn suggestion(name: &str, known: &[&str]) -> String {
 /// when one meant to be that provider was refused. A refused file meant to be a provider that is
 /// available (a built-in it would have replaced) and that these checks need (`only`, or one with
 /// a table or a policy unit) is a warning at the file; other refused files are not mentioned.
-pub fn check_config(
+pub(crate) fn check_config(
     registry: &Registry,
     config: &ConfigModel,
     only: Option<&str>,
@@ -275,7 +279,7 @@ fn diagnostic(severity: Severity, origin: &Origin, message: String) -> Diagnosti
 }
 
 /// Returns a diagnostic as an error message: `FILE: KEY: message`, without its level.
-pub fn located(d: &Diagnostic) -> String {
+pub(crate) fn located(d: &Diagnostic) -> String {
     match &d.key {
         Some(key) => format!("{}: {key}: {}", d.file, d.message),
         None => format!("{}: {}", d.file, d.message),
@@ -283,7 +287,7 @@ pub fn located(d: &Diagnostic) -> String {
 }
 
 /// A provider chosen for one command, with the counter request to open.
-pub struct Selection<'r> {
+pub(crate) struct Selection<'r> {
     /// The provider.
     pub provider: &'r Provider,
     /// Where it came from: `builtin` or the plugin file.
@@ -295,7 +299,7 @@ pub struct Selection<'r> {
 /// Picks the provider, the unit (`--unit`, else `[P] max_steps_unit`, else the default) and the
 /// provider options (`[P]` table), after [`check_options`] accepted the table: a command fails
 /// on exactly what `config` and `validate` report as errors for this provider.
-pub fn select<'r>(
+pub(crate) fn select<'r>(
     registry: &'r Registry,
     name: &str,
     unit_flag: Option<&str>,

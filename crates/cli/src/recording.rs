@@ -29,7 +29,7 @@ enum Write {
 /// A history problem never stops the run; it is reported, and the end of a run waits for the
 /// database at most `FINISH_WAIT` (the row is then left `running`, and the next stepguard
 /// that opens the database marks it `interrupted`).
-pub struct HistoryRecorder {
+pub(crate) struct HistoryRecorder {
     path: Option<PathBuf>,
     writer: Option<(Sender<Write>, Receiver<Finished>)>,
     last_write: Option<Instant>,
@@ -38,7 +38,7 @@ pub struct HistoryRecorder {
 
 impl HistoryRecorder {
     /// Records into the database at `path`; `None` records nothing (`--no-record`).
-    pub fn new(path: Option<PathBuf>) -> Self {
+    pub(crate) fn new(path: Option<PathBuf>) -> Self {
         HistoryRecorder {
             path,
             writer: None,
@@ -173,7 +173,7 @@ impl RunObserver for HistoryRecorder {
 }
 
 /// Writes the run record as one JSON line to `--summary-file`.
-pub struct SummaryFile(pub Option<PathBuf>);
+pub(crate) struct SummaryFile(pub Option<PathBuf>);
 
 impl RunObserver for SummaryFile {
     fn finished(&mut self, report: &mut RunReport) {

@@ -12,7 +12,7 @@ use crate::providers;
 use crate::settings::{self, Limits};
 
 /// One command's view of the config files and plugins, built once and shared by its steps.
-pub struct Session<'c> {
+pub(crate) struct Session<'c> {
     cli: &'c Cli,
     /// The config files in effect, merged, policy included.
     pub config: LoadedConfig,
@@ -20,8 +20,9 @@ pub struct Session<'c> {
 }
 
 impl<'c> Session<'c> {
-    /// A session over config already loaded (e.g. for a plan made in a test).
-    pub fn with_config(cli: &'c Cli, config: LoadedConfig) -> Self {
+    /// A session over config already loaded (for a plan made in a test).
+    #[cfg(test)]
+    pub(crate) fn with_config(cli: &'c Cli, config: LoadedConfig) -> Self {
         Session {
             cli,
             config,
@@ -30,7 +31,7 @@ impl<'c> Session<'c> {
     }
 
     /// Loads the config files in effect (`--config`, else discovery, and the policy files).
-    pub fn load(cli: &'c Cli) -> anyhow::Result<Self> {
+    pub(crate) fn load(cli: &'c Cli) -> anyhow::Result<Self> {
         Ok(Session {
             cli,
             config: settings::load_config(cli.config.as_deref())?,
@@ -40,26 +41,33 @@ impl<'c> Session<'c> {
 
     /// Resolves every limit of a run from `budget`'s flags, `--loop-limit` (`loop_limit`), the
     /// environment and the config files.
-    pub fn limits(&self, budget: &BudgetArgs, loop_limit: Option<&str>) -> anyhow::Result<Limits> {
+    pub(crate) fn limits(
+        &self,
+        budget: &BudgetArgs,
+        loop_limit: Option<&str>,
+    ) -> anyhow::Result<Limits> {
         Limits::resolve(budget, loop_limit, &self.config.model)
     }
 
     /// Returns the providers: the built-in ones and the plugins found, loaded on first use (so a
     /// bad limit is reported before any warning about plugins, as a user reads a command line).
-    pub fn registry(&self) -> &Registry {
+    pub(crate) fn registry(&self) -> &Registry {
         self.registry
             .get_or_init(|| load_registry(self.cli, &self.config))
     }
 
     /// Returns the price table in effect: the shipped one, with the models of `--prices FILE`
     /// (`file`) over it.
-    pub fn price_table(&self, file: Option<&Path>) -> anyhow::Result<stepguard_prices::PriceTable> {
+    pub(crate) fn price_table(
+        &self,
+        file: Option<&Path>,
+    ) -> anyhow::Result<stepguard_prices::PriceTable> {
         settings::price_table(file)
     }
 
     /// Returns the run history database: `--db` / `STEPGUARD_DB`, else beside the config file in
     /// effect, else in `cwd`.
-    pub fn history_db(&self, cwd: &Path) -> PathBuf {
+    pub(crate) fn history_db(&self, cwd: &Path) -> PathBuf {
         stepguard_store::default_location(
             self.cli.db.as_deref(),
             self.config.project_dir().as_deref(),
@@ -71,7 +79,7 @@ impl<'c> Session<'c> {
 /// Loads the providers for `config`: the built-in ones and the plugins of `--plugin-dir` and the
 /// search path, a plugin replacing a built-in one only with consent (see
 /// [`settings::allow_override`]). `validate` loads them this way for config it checks itself.
-pub fn load_registry(cli: &Cli, config: &LoadedConfig) -> Registry {
+pub(crate) fn load_registry(cli: &Cli, config: &LoadedConfig) -> Registry {
     let allow = settings::allow_override(config, cli.allow_override);
     providers::load_registry(&cli.plugin_dir, allow)
 }

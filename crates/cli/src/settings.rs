@@ -1,7 +1,7 @@
 //! Turns global flags, the environment and config files into the inputs of budget, token and
 //! cost budget, and loop-settings resolution.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::Context as _;
 use stepguard_config::{
@@ -13,21 +13,21 @@ use stepguard_config::{
 use crate::args::BudgetArgs;
 
 /// Environment variable holding the per-run budget (below `--max-steps`).
-pub const ENV_MAX_STEPS: &str = "STEPGUARD_MAX_STEPS";
+pub(crate) const ENV_MAX_STEPS: &str = "STEPGUARD_MAX_STEPS";
 /// Deprecated environment spelling of [`ENV_MAX_STEPS`].
-pub const ENV_MAX_TURNS: &str = "STEPGUARD_MAX_TURNS";
+pub(crate) const ENV_MAX_TURNS: &str = "STEPGUARD_MAX_TURNS";
 /// Environment variable holding the per-run token budget (below `--max-tokens`).
-pub const ENV_MAX_TOKENS: &str = "STEPGUARD_MAX_TOKENS";
+pub(crate) const ENV_MAX_TOKENS: &str = "STEPGUARD_MAX_TOKENS";
 /// Environment variable holding the per-run cost budget in US dollars (below `--max-cost-usd`).
-pub const ENV_MAX_COST_USD: &str = "STEPGUARD_MAX_COST_USD";
+pub(crate) const ENV_MAX_COST_USD: &str = "STEPGUARD_MAX_COST_USD";
 /// Environment variable selecting a profile (below `--profile`).
-pub const ENV_PROFILE: &str = "STEPGUARD_PROFILE";
+pub(crate) const ENV_PROFILE: &str = "STEPGUARD_PROFILE";
 /// Environment variable holding the loop limit (below `--loop-limit`).
-pub const ENV_LOOP_LIMIT: &str = "STEPGUARD_LOOP_LIMIT";
+pub(crate) const ENV_LOOP_LIMIT: &str = "STEPGUARD_LOOP_LIMIT";
 
 /// Returns the config files in effect, each with its role: `--config`, else discovery from the
 /// working directory, then the user and system files and the `STEPGUARD_POLICY` file.
-pub fn config_sources(explicit: Option<&Path>) -> anyhow::Result<Vec<ConfigSource>> {
+pub(crate) fn config_sources(explicit: Option<&Path>) -> anyhow::Result<Vec<ConfigSource>> {
     if let Some(path) = explicit
         && !path.is_file()
     {
@@ -45,23 +45,15 @@ pub fn config_sources(explicit: Option<&Path>) -> anyhow::Result<Vec<ConfigSourc
     ))
 }
 
-/// Returns the paths of the config files in effect (see [`config_sources`]).
-pub fn config_paths(explicit: Option<&Path>) -> anyhow::Result<Vec<PathBuf>> {
-    Ok(config_sources(explicit)?
-        .into_iter()
-        .map(|s| s.path)
-        .collect())
-}
-
 /// Loads and merges the config files in effect, policy included.
-pub fn load_config(explicit: Option<&Path>) -> anyhow::Result<LoadedConfig> {
+pub(crate) fn load_config(explicit: Option<&Path>) -> anyhow::Result<LoadedConfig> {
     Ok(stepguard_config::load(&config_sources(explicit)?)?)
 }
 
 /// Returns whether plugin files may replace built-in providers: a policy's
 /// `allow_plugin_override` decides when one says it (a policy's `false` beats `--allow-override`,
 /// which is warned about), else the `--allow-override` flag. A project file cannot consent.
-pub fn allow_override(config: &LoadedConfig, flag: bool) -> bool {
+pub(crate) fn allow_override(config: &LoadedConfig, flag: bool) -> bool {
     match &config.model.policy.allow_plugin_override {
         Some((false, origin)) => {
             if flag {
@@ -79,7 +71,7 @@ pub fn allow_override(config: &LoadedConfig, flag: bool) -> bool {
 
 /// Returns the unit the policy fixes for `provider` (`[policy.P] max_steps_unit`) and where it
 /// was fixed, e.g. `("item", "/etc/stepguard/stepguard.toml: policy.codex.max_steps_unit")`.
-pub fn policy_unit(config: &LoadedConfig, provider: &str) -> Option<(String, String)> {
+pub(crate) fn policy_unit(config: &LoadedConfig, provider: &str) -> Option<(String, String)> {
     config
         .model
         .policy
@@ -112,7 +104,7 @@ fn profile_choice(args: &BudgetArgs) -> Option<(String, Origin)> {
 /// Resolves the loop settings of a command: `--loop-limit` (`loop_limit`),
 /// `STEPGUARD_LOOP_LIMIT`, then the config for the task type and profile of `budget` (see
 /// [`stepguard_config::loop_settings`]).
-pub fn resolve_loops(
+pub(crate) fn resolve_loops(
     loop_limit: Option<&str>,
     budget: &BudgetArgs,
     config: &ConfigModel,
@@ -154,7 +146,10 @@ fn env_level() -> LevelSettings {
 }
 
 /// Builds the budget request for a run from its flags, the environment and the config.
-pub fn budget_request<'a>(args: &'a BudgetArgs, config: &'a ConfigModel) -> BudgetRequest<'a> {
+pub(crate) fn budget_request<'a>(
+    args: &'a BudgetArgs,
+    config: &'a ConfigModel,
+) -> BudgetRequest<'a> {
     BudgetRequest {
         flags: flag_level(args),
         env: env_level(),
@@ -166,7 +161,7 @@ pub fn budget_request<'a>(args: &'a BudgetArgs, config: &'a ConfigModel) -> Budg
 
 /// Builds the token and cost budget request for a run from its flags, the environment and the
 /// config.
-pub fn spend_request<'a>(args: &'a BudgetArgs, model: &'a ConfigModel) -> SpendRequest<'a> {
+pub(crate) fn spend_request<'a>(args: &'a BudgetArgs, model: &'a ConfigModel) -> SpendRequest<'a> {
     SpendRequest {
         flags: flag_level(args),
         env: env_level(),
@@ -180,14 +175,17 @@ pub fn spend_request<'a>(args: &'a BudgetArgs, model: &'a ConfigModel) -> SpendR
 /// `STEPGUARD_MAX_TOKENS` / `STEPGUARD_MAX_COST_USD`, then the config for the task type and
 /// profile of `args`, bounded by the policy's ceilings (see [`stepguard_config::spend`]). A bad
 /// value is an error naming where it was set (exit 2).
-pub fn resolve_spend(args: &BudgetArgs, model: &ConfigModel) -> anyhow::Result<ResolvedSpend> {
+pub(crate) fn resolve_spend(
+    args: &BudgetArgs,
+    model: &ConfigModel,
+) -> anyhow::Result<ResolvedSpend> {
     Ok(spend::resolve(&spend_request(args, model))?)
 }
 
 /// Every limit of a command (step budget, loop settings, token and cost budgets), resolved once
 /// from its flags, the environment and the config files on `stepguard-config`'s ladder.
 #[derive(Debug)]
-pub struct Limits {
+pub(crate) struct Limits {
     /// The step budget.
     pub budget: ResolvedBudget,
     /// The loop settings.
@@ -199,7 +197,7 @@ pub struct Limits {
 impl Limits {
     /// Resolves every limit: the budget, then the loop settings (`--loop-limit` is
     /// `loop_limit`), then the token and cost budgets; the first bad value is the error.
-    pub fn resolve(
+    pub(crate) fn resolve(
         args: &BudgetArgs,
         loop_limit: Option<&str>,
         model: &ConfigModel,
@@ -214,7 +212,7 @@ impl Limits {
 
 /// Returns the `[telemetry]` table of the config files in effect as the exporter's settings
 /// (the `OTEL_*` environment overrides them key by key).
-pub fn telemetry_settings(model: &ConfigModel) -> stepguard_telemetry::TelemetrySettings {
+pub(crate) fn telemetry_settings(model: &ConfigModel) -> stepguard_telemetry::TelemetrySettings {
     let text = |key: &str| {
         model
             .telemetry
@@ -240,7 +238,7 @@ pub fn telemetry_settings(model: &ConfigModel) -> stepguard_telemetry::Telemetry
 
 /// Returns the run's telemetry exporter when the environment or `[telemetry]` asks for one
 /// (nothing is created, and no network touched, otherwise).
-pub fn telemetry(model: &ConfigModel) -> Option<stepguard_telemetry::TelemetryConfig> {
+pub(crate) fn telemetry(model: &ConfigModel) -> Option<stepguard_telemetry::TelemetryConfig> {
     stepguard_telemetry::TelemetryConfig::resolve(
         |name| std::env::var(name).ok(),
         &telemetry_settings(model),
@@ -248,7 +246,7 @@ pub fn telemetry(model: &ConfigModel) -> Option<stepguard_telemetry::TelemetryCo
 }
 
 /// The price table in effect: the shipped one, with the models of `--prices FILE` over it.
-pub fn price_table(file: Option<&Path>) -> anyhow::Result<stepguard_prices::PriceTable> {
+pub(crate) fn price_table(file: Option<&Path>) -> anyhow::Result<stepguard_prices::PriceTable> {
     let builtin = stepguard_prices::PriceTable::builtin();
     Ok(match file {
         Some(path) => stepguard_prices::PriceTable::load_file(path)

@@ -12,7 +12,7 @@ use stepguard_runner::{
 
 /// The live status line on stderr (drawn only when stderr is a terminal).
 #[derive(Clone)]
-pub struct StatusLine {
+pub(crate) struct StatusLine {
     enabled: bool,
     label: String,
     state: Arc<Mutex<LineState>>,
@@ -31,7 +31,7 @@ struct LineState {
 
 impl StatusLine {
     /// Creates the status line for `provider (unit)`; `wanted` is false under `--quiet`.
-    pub fn new(wanted: bool, provider: &str, unit: &str) -> Self {
+    pub(crate) fn new(wanted: bool, provider: &str, unit: &str) -> Self {
         StatusLine {
             enabled: wanted && io::stderr().is_terminal(),
             label: format!("{provider} ({unit})"),
@@ -44,13 +44,13 @@ impl StatusLine {
     }
 
     /// Erases the line if it is drawn.
-    pub fn clear(&self) {
+    pub(crate) fn clear(&self) {
         erase(&mut self.state());
     }
 
     /// Returns where the agent's output goes: stdout, clearing the status line first when both
     /// are the same terminal.
-    pub fn passthrough(&self) -> Box<dyn io::Write + Send> {
+    pub(crate) fn passthrough(&self) -> Box<dyn io::Write + Send> {
         if self.enabled && io::stdout().is_terminal() {
             Box::new(ClearingStdout(self.clone()))
         } else {
@@ -60,7 +60,7 @@ impl StatusLine {
 
     /// Returns where the agent's stderr goes while the line is drawn: through stepguard, which
     /// clears the line before each write; `None` (inherited) when no line is drawn.
-    pub fn agent_stderr(&self) -> Option<Box<dyn io::Write + Send>> {
+    pub(crate) fn agent_stderr(&self) -> Option<Box<dyn io::Write + Send>> {
         self.enabled
             .then(|| Box::new(ClearingStderr(self.clone())) as Box<dyn io::Write + Send>)
     }
@@ -133,7 +133,7 @@ impl io::Write for ClearingStderr {
 }
 
 /// Asks on the terminal at the limit: stop, allow N more steps, or continue without a limit.
-pub struct AskOnTerminal {
+pub(crate) struct AskOnTerminal {
     provider: String,
     status: StatusLine,
     /// The highest limit an answer may reach.
@@ -146,7 +146,7 @@ impl AskOnTerminal {
     /// Creates the prompt; it clears `status` before asking. `policy_ceiling` is the policy's
     /// `max_steps_ceiling`: no answer may raise the limit past it (or past the 100000 any
     /// budget is held to), nor lift it.
-    pub fn new(provider: &str, status: StatusLine, policy_ceiling: Option<u32>) -> Self {
+    pub(crate) fn new(provider: &str, status: StatusLine, policy_ceiling: Option<u32>) -> Self {
         AskOnTerminal {
             provider: provider.to_owned(),
             status,

@@ -11,7 +11,7 @@ use crate::args::{Cli, CompletionsArgs, ManArgs};
 use crate::output;
 
 /// Runs `stepguard completions SHELL`: the completion script on stdout.
-pub fn completions(args: &CompletionsArgs) -> anyhow::Result<ExitCode> {
+pub(crate) fn completions(args: &CompletionsArgs) -> anyhow::Result<ExitCode> {
     let mut command = Cli::command();
     let mut script = Vec::new();
     clap_complete::generate(args.shell, &mut command, "stepguard", &mut script);
@@ -23,7 +23,7 @@ pub fn completions(args: &CompletionsArgs) -> anyhow::Result<ExitCode> {
 
 /// Runs `stepguard man`: `stepguard.1` on stdout, or with `--out-dir DIR` that page and one per
 /// subcommand (`stepguard-run.1`, …) written into DIR, each named on stderr.
-pub fn man(args: &ManArgs) -> anyhow::Result<ExitCode> {
+pub(crate) fn man(args: &ManArgs) -> anyhow::Result<ExitCode> {
     let command = Cli::command();
     let Some(dir) = &args.out_dir else {
         let mut page = Vec::new();

@@ -121,7 +121,7 @@ fn policy_report<'a>(loaded: &'a LoadedConfig, provider: Option<&str>) -> Policy
 
 /// Runs `stepguard config`: exit 0, or 2 when the provider options (or a policy's unit) are
 /// wrong, after the report.
-pub fn run(cli: &Cli, args: &ConfigArgs) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(cli: &Cli, args: &ConfigArgs) -> anyhow::Result<ExitCode> {
     let session = Session::load(cli)?;
     let loaded = &session.config;
     let limits = session.limits(&args.budget, args.loops.loop_limit.as_deref())?;

@@ -16,7 +16,7 @@ use crate::session::Session;
 use crate::{output, plan, providers, settings};
 
 /// Runs `stepguard count`.
-pub fn run(cli: &Cli, args: &CountArgs) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(cli: &Cli, args: &CountArgs) -> anyhow::Result<ExitCode> {
     let session = Session::load(cli)?;
     let config = &session.config;
     let selection = plan::provider(&session, &args.provider, args.unit.as_deref())?;

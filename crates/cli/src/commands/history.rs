@@ -11,7 +11,7 @@ use crate::exit::UsageError;
 use crate::{output, settings};
 
 /// Returns where the history database is for this invocation.
-pub fn db_path(cli: &Cli) -> anyhow::Result<PathBuf> {
+pub(crate) fn db_path(cli: &Cli) -> anyhow::Result<PathBuf> {
     let cwd = std::env::current_dir()?;
     let project_dir = if cli.db.is_some() {
         None
@@ -121,7 +121,7 @@ fn loop_detail(l: &LoopFound) -> String {
 ///
 /// No runs (none yet, or none matching the filters) is an answer, not an error: `[]` under
 /// `--json`, else a note on stderr; exit 0 either way.
-pub fn history(cli: &Cli, args: &HistoryArgs) -> anyhow::Result<ExitCode> {
+pub(crate) fn history(cli: &Cli, args: &HistoryArgs) -> anyhow::Result<ExitCode> {
     if let Some(HistoryAction::Export { otlp }) = &args.action {
         return export(cli, args, *otlp);
     }
@@ -200,7 +200,7 @@ fn export(cli: &Cli, args: &HistoryArgs, otlp: bool) -> anyhow::Result<ExitCode>
 }
 
 /// Runs `stepguard show`.
-pub fn show(cli: &Cli, args: &ShowArgs) -> anyhow::Result<ExitCode> {
+pub(crate) fn show(cli: &Cli, args: &ShowArgs) -> anyhow::Result<ExitCode> {
     let store = match open(cli)? {
         History::Found(store) => store,
         History::Empty(path) => {
@@ -479,7 +479,7 @@ fn final_report_block(report: &str) -> Vec<String> {
 ///
 /// No runs is an answer, not an error: the report with no groups under `--json`, else a note on
 /// stderr; exit 0 either way.
-pub fn stats(cli: &Cli, args: &StatsArgs) -> anyhow::Result<ExitCode> {
+pub(crate) fn stats(cli: &Cli, args: &StatsArgs) -> anyhow::Result<ExitCode> {
     let (records, empty_db) = match open(cli)? {
         History::Found(store) => {
             let records = store.list(&Filter {

@@ -1,12 +1,12 @@
 //! One module per subcommand; each exposes `run(…) -> anyhow::Result<ExitCode>`.
 
-pub mod completions;
-pub mod config;
-pub mod count;
-pub mod history;
-pub mod plugin_template;
-pub mod plugins;
-pub mod prices;
-pub mod run;
-pub mod simulate;
-pub mod validate;
+pub(crate) mod completions;
+pub(crate) mod config;
+pub(crate) mod count;
+pub(crate) mod history;
+pub(crate) mod plugin_template;
+pub(crate) mod plugins;
+pub(crate) mod prices;
+pub(crate) mod run;
+pub(crate) mod simulate;
+pub(crate) mod validate;

@@ -29,7 +29,11 @@ const FILES: &[(&str, &str)] = &[
 ];
 
 /// Writes the crate for provider `name` into `dir` (default `./stepguard-plugin-NAME`).
-pub fn run(name: &str, dir: Option<&Path>, api_path: Option<&Path>) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(
+    name: &str,
+    dir: Option<&Path>,
+    api_path: Option<&Path>,
+) -> anyhow::Result<ExitCode> {
     check_name(name)?;
     let dir = dir.map_or_else(
         || PathBuf::from(format!("stepguard-plugin-{name}")),

@@ -25,7 +25,7 @@ struct PluginReport<'a> {
 }
 
 /// Runs `stepguard plugins`.
-pub fn run(cli: &Cli, args: &PluginsArgs) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(cli: &Cli, args: &PluginsArgs) -> anyhow::Result<ExitCode> {
     match &args.action {
         Some(PluginsAction::Check { path }) => return check(path),
         Some(PluginsAction::New {

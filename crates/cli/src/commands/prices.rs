@@ -10,7 +10,7 @@ use crate::output;
 
 /// Runs `stepguard prices`: the shipped table as TOML (a template for `--prices` files), or with
 /// `--json` every model of the table in effect.
-pub fn run(args: &PricesArgs) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(args: &PricesArgs) -> anyhow::Result<ExitCode> {
     let table = crate::settings::price_table(args.prices.as_deref())?;
     if args.json {
         let models: Vec<_> = table.models().collect();

@@ -19,7 +19,7 @@ use crate::terminal::{AskOnTerminal, StatusLine};
 use crate::{output, settings};
 
 /// Runs `stepguard run`.
-pub fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
     let session = Session::load(cli)?;
     let cwd = std::env::current_dir().unwrap_or_default();
     let plan = RunPlan::new(args, &session, &cwd, &mut |w| output::diag("warning", w))?;

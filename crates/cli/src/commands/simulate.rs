@@ -8,7 +8,7 @@ use crate::args::SimulateArgs;
 use crate::output;
 
 /// Runs `stepguard simulate`.
-pub fn run(args: &SimulateArgs) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(args: &SimulateArgs) -> anyhow::Result<ExitCode> {
     let text = std::fs::read_to_string(&args.scenario)
         .with_context(|| format!("cannot read {}", args.scenario.display()))?;
     let parsed = scenario::parse(&text).with_context(|| format!("{}", args.scenario.display()))?;

@@ -40,7 +40,11 @@ impl<'a> From<&'a Diagnostic> for Problem<'a> {
 }
 
 /// Runs `stepguard validate`.
-pub fn run(cli: &Cli, config_path: Option<&Path>, args: &ValidateArgs) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(
+    cli: &Cli,
+    config_path: Option<&Path>,
+    args: &ValidateArgs,
+) -> anyhow::Result<ExitCode> {
     let sources = settings::config_sources(config_path)?;
     let files: Vec<String> = sources
         .iter()
