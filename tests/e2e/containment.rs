@@ -510,3 +510,83 @@ fn a_write_locked_history_database_does_not_delay_the_stop_or_the_exit() {
     assert_eq!(code, Some(124), "{stderr}");
     drop(lock);
 }
+
+/// The cgroup v2 directory of `pid` (from `/proc/PID/cgroup` and the mount of cgroup2).
+fn cgroup_dir_of(pid: u32) -> Option<PathBuf> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let mount = info.lines().find_map(|line| {
+        let (left, right) = line.split_once(" - ")?;
+        let mount_point = left.split_whitespace().nth(4)?;
+        (right.split_whitespace().next()? == "cgroup2").then(|| PathBuf::from(mount_point))
+    })?;
+    let own = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    let path = own.lines().find_map(|l| l.strip_prefix("0::"))?;
+    Some(mount.join(path.trim_start_matches('/')))
+}
+
+#[test]
+fn the_guardian_stops_a_zombie_leader_of_a_killed_stepguard_and_removes_its_cgroup() {
+    // cgroup.kill does not reach the live threads of a zombie thread-group leader on every
+    // kernel: the guardian of a SIGKILLed stepguard must stop them itself, say so only when the
+    // cgroup is empty, and remove it.
+    if !cgroup_available() {
+        eprintln!("SKIPPED: no cgroup v2 with cgroup.kill that this user may create under");
+        return;
+    }
+    let sb = Sandbox::new();
+    let helper = compile(&sb, "zombie", ZOMBIE_LEADER);
+    let pidfile = sb.root().join("zombie-guardian.pid");
+    let agent = script(
+        &sb,
+        "victim.sh",
+        &format!(
+            "{} {}\necho '{}'\nsleep 300",
+            helper.display(),
+            pidfile.display(),
+            item(0)
+        ),
+    );
+    let err_path = sb.root().join("stepguard.err");
+    let mut cmd = sb.cmd(&[
+        "run",
+        "-q",
+        "--no-record",
+        "-p",
+        "codex",
+        "--containment",
+        "cgroup",
+        "--",
+        &agent,
+    ]);
+    cmd.stdout(Stdio::null())
+        .stderr(std::fs::File::create(&err_path).unwrap());
+    let mut stepguard = cmd.spawn().unwrap();
+    let zombie = read_pid(&pidfile);
+    assert!(
+        eventually(Duration::from_secs(2), || stat(zombie)
+            .is_some_and(|(state, _)| state == 'Z')
+            && alive(zombie)),
+        "the helper did not become a zombie leader with a live thread"
+    );
+    let cgroup = cgroup_dir_of(zombie).expect("the run's cgroup");
+    assert!(
+        cgroup.to_string_lossy().contains("stepguard-"),
+        "{}",
+        cgroup.display()
+    );
+    let sg = rustix::process::Pid::from_raw(stepguard.id() as i32).unwrap();
+    rustix::process::kill_process(sg, rustix::process::Signal::KILL).unwrap();
+    let _ = stepguard.wait();
+    let stopped = eventually(Duration::from_secs(5), || !alive(zombie));
+    if !stopped && let Some(p) = rustix::process::Pid::from_raw(zombie as i32) {
+        let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
+    }
+    assert!(stopped, "the zombie leader's thread outlived the guardian");
+    assert!(
+        eventually(Duration::from_secs(5), || !cgroup.exists()),
+        "the guardian left {} behind",
+        cgroup.display()
+    );
+    let said = std::fs::read_to_string(&err_path).unwrap_or_default();
+    assert!(said.contains("were stopped"), "{said}");
+}

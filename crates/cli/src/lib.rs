@@ -30,6 +30,40 @@ use stepguard_supervisor::guard;
 
 use crate::args::{Cli, Command};
 
+/// Plays the guardian of a run (see `stepguard_supervisor::guard`) and says how it ended, since
+/// the supervising stepguard no longer can.
+fn guardian(args: &[OsString]) -> ExitCode {
+    match guard::guardian_main(args) {
+        guard::GuardianEnd::Released => ExitCode::Success,
+        guard::GuardianEnd::Stopped => {
+            output::note(
+                "guardian: the supervising stepguard is gone; the run's processes were stopped",
+            );
+            ExitCode::Success
+        }
+        guard::GuardianEnd::Survivors { pids, cgroup } => {
+            let mut why = String::from("guardian: the supervising stepguard is gone; ");
+            if !pids.is_empty() {
+                let list: Vec<String> = pids.iter().map(u32::to_string).collect();
+                why.push_str(&format!(
+                    "processes of the run survived SIGKILL (pids {}; uninterruptible?)",
+                    list.join(", ")
+                ));
+            }
+            if let Some(dir) = cgroup {
+                if !pids.is_empty() {
+                    why.push_str("; ");
+                }
+                why.push_str(&format!("its cgroup {} is left behind", dir.display()));
+            }
+            output::diag("warning", why);
+            // Nobody waits for the guardian's status (its supervisor is gone): the message is
+            // what tells.
+            ExitCode::Success
+        }
+    }
+}
+
 /// Runs the binary with the process's arguments.
 pub fn main() -> std::process::ExitCode {
     exit::to_process(run(std::env::args_os()))
@@ -49,14 +83,7 @@ where
             output::diag("error", format!("cannot start the agent: {err}"));
             return ExitCode::Usage;
         }
-        Some(guard::GUARDIAN_ARG) => {
-            if guard::guardian_main(&argv[2..]) {
-                output::note(
-                    "guardian: the supervising stepguard is gone; the run's processes were stopped",
-                );
-            }
-            return ExitCode::Success;
-        }
+        Some(guard::GUARDIAN_ARG) => return guardian(&argv[2..]),
         _ => {}
     }
     let cli = match parse(argv) {

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use rustix::process::{Pid, Signal};
+use rustix::process::Signal;
 
 /// The first argument that makes a supervisor binary act as the agent's trampoline.
 pub const EXEC_ARG: &str = "__stepguard-exec";
@@ -67,25 +67,51 @@ fn guardian_args(cgroup: Option<&Path>) -> Vec<OsString> {
     ]
 }
 
+/// How a guardian's watch ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GuardianEnd {
+    /// The supervisor said the run ended: nothing was left to do.
+    Released,
+    /// The supervisor is gone; every process of the run was stopped and its cgroup removed.
+    Stopped,
+    /// The supervisor is gone and not everything could be stopped within the bound: these
+    /// processes are left (e.g. in uninterruptible sleep), and the cgroup, if it could not be
+    /// removed.
+    Survivors {
+        /// Live processes of the run, as last seen.
+        pids: Vec<u32>,
+        /// The run's cgroup, still there.
+        cgroup: Option<PathBuf>,
+    },
+}
+
 /// Runs the guardian: in a session of its own, it waits on standard input (a pipe only the
 /// supervisor writes to: the agent's process group once it exists, then "done"). End of input
-/// without "done" means the supervisor is gone: SIGKILL to the run's cgroup and the agent's
-/// process group. Returns true when it had to stop the run (the caller says so: the supervisor
-/// no longer can).
-pub fn guardian_main(args: &[OsString]) -> bool {
+/// without "done" means the supervisor is gone: the run is stopped as the engine stops it
+/// (see [`GuardianEnd`]; the caller says how it went: the supervisor no longer can).
+pub fn guardian_main(args: &[OsString]) -> GuardianEnd {
     let [cgroup] = args else {
-        return false;
+        return GuardianEnd::Released;
     };
     // Out of the supervisor's session and group: killing those must not take the guardian.
     let _ = rustix::process::setsid();
     let cgroup = (cgroup != "-").then(|| PathBuf::from(cgroup));
+    match watch_supervisor() {
+        None => GuardianEnd::Released,
+        Some(pgid) => stop_everything(cgroup.as_deref(), pgid, Duration::from_secs(5)),
+    }
+}
+
+/// Reads the supervisor's pipe to its end: `None` when it said "done", else the agent's
+/// process group, when it was told.
+fn watch_supervisor() -> Option<Option<u32>> {
     let mut pgid: Option<u32> = None;
     let mut message = Vec::new();
     let mut byte = [0u8; 1];
-    let done = loop {
+    loop {
         match std::io::stdin().read(&mut byte) {
-            Ok(0) => break false,
-            Ok(_) if message.is_empty() && byte[0] == DONE => break true,
+            Ok(0) => return Some(pgid),
+            Ok(_) if message.is_empty() && byte[0] == DONE => return None,
             Ok(_) if byte[0] == b'\n' => {
                 if let Some(digits) = message.strip_prefix(&[GROUP]) {
                     pgid = std::str::from_utf8(digits)
@@ -96,33 +122,85 @@ pub fn guardian_main(args: &[OsString]) -> bool {
             }
             Ok(_) => message.push(byte[0]),
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(_) => break false,
+            Err(_) => return Some(pgid),
         }
-    };
-    if done {
-        return false;
     }
-    let deadline = Instant::now() + Duration::from_secs(5);
+}
+
+/// SIGKILLs everything of the run until nothing is left or `bound` has passed: the cgroup
+/// (`cgroup.kill`, and every process and thread it lists, each signalled itself: on some
+/// kernels `cgroup.kill` does not reach the live threads of a zombie thread-group leader), the
+/// agent's group, and every descendant of the agent found in `/proc`. Then removes the cgroup.
+fn stop_everything(cgroup: Option<&Path>, pgid: Option<u32>, bound: Duration) -> GuardianEnd {
+    let deadline = Instant::now() + bound;
     loop {
-        if let Some(dir) = &cgroup {
+        if let Some(dir) = cgroup {
             let _ = crate::cgroup::kill_dir(dir);
+            for id in listed(dir, "cgroup.threads").chain(listed(dir, "cgroup.procs")) {
+                kill(id);
+            }
         }
-        if let Some(g) = pgid
-            .and_then(|g| i32::try_from(g).ok())
-            .and_then(Pid::from_raw)
-        {
+        if let Some(g) = pgid.and_then(crate::pid) {
             let _ = rustix::process::kill_process_group(g, Signal::KILL);
+            let _ = rustix::process::kill_process(g, Signal::KILL);
         }
-        let populated = cgroup.as_deref().is_some_and(crate::cgroup::populated);
-        if !populated || Instant::now() >= deadline {
+        let walked = pgid.map(crate::walk::scan).unwrap_or_default();
+        for p in &walked {
+            kill(p.pid);
+        }
+        let populated = cgroup.is_some_and(crate::cgroup::populated);
+        if !populated && walked.is_empty() {
             break;
+        }
+        if Instant::now() >= deadline {
+            let mut pids: Vec<u32> = cgroup
+                .map(|dir| listed(dir, "cgroup.procs").collect())
+                .unwrap_or_default();
+            pids.extend(walked.iter().map(|p| p.pid));
+            pids.sort_unstable();
+            pids.dedup();
+            return GuardianEnd::Survivors {
+                pids,
+                cgroup: cgroup.map(Path::to_path_buf),
+            };
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    if let Some(dir) = &cgroup {
-        let _ = std::fs::remove_dir(dir);
+    match cgroup {
+        Some(dir) if !remove(dir) => GuardianEnd::Survivors {
+            pids: Vec::new(),
+            cgroup: Some(dir.to_path_buf()),
+        },
+        _ => GuardianEnd::Stopped,
     }
-    true
+}
+
+/// The ids a cgroup file lists, one a line.
+fn listed(dir: &Path, file: &str) -> impl Iterator<Item = u32> {
+    std::fs::read_to_string(dir.join(file))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect::<Vec<u32>>()
+        .into_iter()
+}
+
+/// SIGKILL to one process (a thread's id reaches its whole thread group).
+fn kill(id: u32) {
+    if let Some(p) = crate::pid(id) {
+        let _ = rustix::process::kill_process(p, Signal::KILL);
+    }
+}
+
+/// Removes an empty cgroup, retrying briefly while the kernel lets go of it.
+fn remove(dir: &Path) -> bool {
+    for _ in 0..50 {
+        if std::fs::remove_dir(dir).is_ok() || !dir.exists() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    false
 }
 
 /// A running guardian. Dropping it without [`Guardian::release`] (a panic, an early return)
@@ -165,5 +243,51 @@ impl Guardian {
         if let Some(mut stdin) = self.stdin.take() {
             let _ = std::io::Write::write_all(&mut stdin, &[DONE]);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cgroup_it_cannot_remove_is_reported_not_claimed() {
+        // Not a cgroup: nothing to kill, nothing populated, and a directory that will not go
+        // (it holds a file): the guardian says the directory is left, not that all is well.
+        let dir = std::env::temp_dir().join(format!("stepguard-guard-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("keep"), "x").unwrap();
+        let end = stop_everything(Some(&dir), None, Duration::from_millis(50));
+        assert_eq!(
+            end,
+            GuardianEnd::Survivors {
+                pids: Vec::new(),
+                cgroup: Some(dir.clone())
+            }
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(
+            stop_everything(None, None, Duration::from_millis(50)),
+            GuardianEnd::Stopped
+        );
+    }
+
+    #[test]
+    fn a_process_of_the_group_is_stopped_and_the_end_is_told() {
+        let mut child = Command::new("sleep")
+            .arg("30")
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let pgid = child.id();
+        assert_eq!(
+            stop_everything(None, Some(pgid), Duration::from_secs(5)),
+            GuardianEnd::Stopped
+        );
+        let status = child.wait().unwrap();
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(9)
+        );
     }
 }
