@@ -189,6 +189,52 @@ fn files_that_do_not_load_are_skipped_with_one_warning_each() {
 }
 
 #[test]
+fn a_truncated_plugin_file_is_refused_in_one_line_and_never_crashes_stepguard() {
+    // A copy cut short (an interrupted copy, a full disk) used to map and then kill every
+    // command with SIGBUS (exit 135, no message), built-in providers included.
+    let dirs = plugin_dirs();
+    let sb = Sandbox::new();
+    let ext = std::env::consts::DLL_EXTENSION;
+    let whole = std::fs::read(dirs.good.join(format!("libfixture.{ext}"))).unwrap();
+    let stream = workspace().join("tests/fixtures/streams/codex/success_multi_tool.jsonl");
+    // Cut inside the loadable segments, inside the program headers, inside the ELF header.
+    for keep in [whole.len() / 30, 4096, 100] {
+        let dir = sb.root().join(format!("cut-{keep}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cut = dir.join(format!("libcut.{ext}"));
+        std::fs::write(&cut, &whole[..keep]).unwrap();
+        let list = sb.run(&["plugins", "--plugin-dir", arg(&dir)]);
+        assert_eq!(list.code, Some(0), "{keep} bytes: {}", list.stderr);
+        let warning = format!("stepguard: warning: skipped plugin {}: ", cut.display());
+        let said: Vec<&str> = list
+            .stderr
+            .lines()
+            .filter(|l| l.starts_with(&warning))
+            .collect();
+        assert_eq!(said.len(), 1, "{keep} bytes: {}", list.stderr);
+        assert!(said[0].contains("damaged ELF file"), "{}", said[0]);
+        assert!(list.stdout.contains("codex 0.1.0"), "{}", list.stdout);
+        let count = sb.run(&[
+            "count",
+            "-p",
+            "codex",
+            "--plugin-dir",
+            arg(&dir),
+            arg(&stream),
+        ]);
+        assert_eq!(count.code, Some(0), "{keep} bytes: {}", count.stderr);
+        assert!(count.stdout.contains("Steps: 9"), "{}", count.stdout);
+        let check = sb.run(&["plugins", "check", arg(&cut)]);
+        assert_eq!(check.code, Some(4), "{keep} bytes: {}", check.stderr);
+        assert!(
+            check.stdout.contains("damaged ELF file"),
+            "{}",
+            check.stdout
+        );
+    }
+}
+
+#[test]
 fn a_command_needing_a_provider_that_failed_to_load_exits_4_with_the_same_message() {
     let dirs = plugin_dirs();
     let sb = Sandbox::new();

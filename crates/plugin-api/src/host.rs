@@ -356,8 +356,10 @@ pub fn load_file(path: &Path, host: HostCallbacks) -> Result<Provider, LoadError
     Provider::new(object)
 }
 
-/// Reads the plain ABI-generation symbol before abi_stable touches the library.
+/// Reads the plain ABI-generation symbol before abi_stable touches the library, after checking
+/// that the file holds everything the loader would map ([`check_elf`]).
 pub fn preflight(path: &Path) -> Result<u32, LoadError> {
+    check_elf(path)?;
     // SAFETY: opening a library runs its initialisers; the caller chose this file from a
     // directory the user configured for plugins, which is the documented trust decision.
     let lib = unsafe { libloading::Library::new(path) }
@@ -378,6 +380,46 @@ pub fn preflight(path: &Path) -> Result<u32, LoadError> {
     } else {
         Err(LoadError::AbiGeneration { found: generation })
     }
+}
+
+/// Refuses an ELF file the dynamic loader would map past its end: a plugin cut short (a copy
+/// interrupted, a full disk) maps fine and then crashes the host with SIGBUS when a page beyond
+/// the end is touched. Every loadable segment must lie within the file. Files that are not ELF
+/// are left to the loader, whose message says what they are.
+pub fn check_elf(path: &Path) -> Result<(), LoadError> {
+    use object::read::elf::{FileHeader as _, ProgramHeader as _};
+    let damaged = |why: String| LoadError::NotALibrary(format!("damaged ELF file: {why}"));
+    let Ok(file) = std::fs::File::open(path) else {
+        // Unreadable: the loader says why in its own words.
+        return Ok(());
+    };
+    let len = file.metadata().map_or(0, |m| m.len());
+    let data = object::ReadCache::new(file);
+    // A 64-bit ELF file (a 32-bit one, or none at all, is the loader's to refuse).
+    let ident = object::ReadRef::read_bytes_at(&data, 0, 5).unwrap_or_default();
+    if ident != b"\x7fELF\x02" {
+        return Ok(());
+    }
+    let header = object::elf::FileHeader64::<object::Endianness>::parse(&data)
+        .map_err(|e| damaged(format!("{e} ({len} bytes; truncated?)")))?;
+    let endian = header.endian().map_err(|e| damaged(e.to_string()))?;
+    let segments = header
+        .program_headers(endian, &data)
+        .map_err(|e| damaged(format!("{e} ({len} bytes; truncated?)")))?;
+    for segment in segments {
+        if segment.p_type(endian) != object::elf::PT_LOAD {
+            continue;
+        }
+        let (offset, size) = (segment.p_offset(endian), segment.p_filesz(endian));
+        let end = offset.saturating_add(size);
+        if end > len {
+            return Err(damaged(format!(
+                "a loadable segment ends at byte {end}, past the end of the file ({len} bytes): \
+                 truncated; copy or build it again"
+            )));
+        }
+    }
+    Ok(())
 }
 
 fn short_dl_error(message: &str, path: &Path) -> String {
