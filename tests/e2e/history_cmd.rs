@@ -681,3 +681,37 @@ fn rusqlite_free_newer_db(path: &std::path::Path) -> std::fs::File {
     std::fs::write(path, &bytes).unwrap();
     std::fs::File::open(path).unwrap()
 }
+
+#[test]
+fn escape_sequences_from_a_run_are_never_printed_raw() {
+    // A command argument (as a stream's tool name or message could be) holding an escape
+    // sequence that clears the screen: the summary line, `history` and `show` print it escaped;
+    // the record keeps it as it was.
+    let sb = Sandbox::new();
+    let ok = agent(
+        &sb,
+        "ok.sh",
+        &format!("cat {}", fixture("real/codex/tools3.jsonl")),
+    );
+    let hostile = "title\u{1b}[2J\u{1b}]0;owned\u{7}";
+    let run = sb.run(&["run", "-p", "codex", "--", &ok, hostile]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert!(!run.stderr.contains('\u{1b}'), "{:?}", run.stderr);
+    for args in [&["history"][..], &["show", "1"][..]] {
+        let out = sb.run(args);
+        assert_eq!(out.code, Some(0), "{args:?}: {}", out.stderr);
+        let printed = format!("{}{}", out.stdout, out.stderr);
+        assert!(
+            !printed.contains('\u{1b}') && !printed.contains('\u{7}'),
+            "{args:?} printed a raw control character: {printed:?}"
+        );
+    }
+    let show = sb.run(&["show", "1"]);
+    assert!(
+        show.stdout.contains("title\\u{1b}[2J\\u{1b}]0;owned\\u{7}"),
+        "{}",
+        show.stdout
+    );
+    let json = sb.run(&["show", "1", "--json"]).json();
+    assert_eq!(json["command"][1], hostile, "the record keeps what ran");
+}

@@ -61,10 +61,30 @@ fn resolve_color(
     }
 }
 
-/// Writes one line of command output on stdout.
+/// Returns `text` safe to print on a terminal: every control character but newline and tab
+/// (C0, DEL, C1: what starts an escape sequence) is written as `\u{..}`. Text that came from an
+/// agent's stream or command (a tool's name, a message, an argument) can hold anything; printed
+/// raw, it could clear the screen, move the cursor or retitle the window.
+pub(crate) fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    let unsafe_char = |c: char| c.is_control() && c != '\n' && c != '\t';
+    if !text.chars().any(unsafe_char) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if unsafe_char(c) {
+            out.push_str(&format!("\\u{{{:x}}}", u32::from(c)));
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// Writes one line of command output on stdout (control characters escaped: [`printable`]).
 pub(crate) fn line(text: impl AsRef<str>) -> io::Result<()> {
     let mut out = io::stdout().lock();
-    out.write_all(text.as_ref().as_bytes())?;
+    out.write_all(printable(text.as_ref()).as_bytes())?;
     out.write_all(b"\n")
 }
 
@@ -82,12 +102,14 @@ pub(crate) fn diag(level: &str, text: impl AsRef<str>) {
         (true, "warning") => format!("{BOLD_YELLOW}warning:{RESET}"),
         _ => format!("{level}:"),
     };
-    let _ = writeln!(io::stderr().lock(), "stepguard: {level} {}", text.as_ref());
+    let text = printable(text.as_ref());
+    let _ = writeln!(io::stderr().lock(), "stepguard: {level} {text}");
 }
 
 /// Writes an informational line on stderr, e.g. the run's summary: `stepguard: …`. With colour,
 /// a run summary's outcome (`success`, `failed: max_steps`, …) is coloured.
 pub(crate) fn note(text: impl AsRef<str>) {
+    let text = printable(text.as_ref());
     let text = text.as_ref();
     let text = if stderr_color() {
         paint_outcome(text)
@@ -131,6 +153,17 @@ mod tests {
     use std::ffi::OsString;
 
     use super::*;
+
+    #[test]
+    fn control_characters_from_streams_are_escaped_and_the_rest_kept() {
+        assert_eq!(printable("Ba\u{1b}[2Jsh"), "Ba\\u{1b}[2Jsh");
+        assert_eq!(
+            printable("a\u{7}b\u{7f}c\u{9b}d\re"),
+            "a\\u{7}b\\u{7f}c\\u{9b}d\\u{d}e"
+        );
+        assert_eq!(printable("two\nlines\tand é ✓"), "two\nlines\tand é ✓");
+        assert!(matches!(printable("plain"), std::borrow::Cow::Borrowed(_)));
+    }
 
     fn decide(choice: ColorChoice, vars: &[(&str, &str)], tty: bool) -> bool {
         let env = |name: &str| {
