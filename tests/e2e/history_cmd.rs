@@ -715,3 +715,26 @@ fn escape_sequences_from_a_run_are_never_printed_raw() {
     let json = sb.run(&["show", "1", "--json"]).json();
     assert_eq!(json["command"][1], hostile, "the record keeps what ran");
 }
+
+#[test]
+fn history_filters_may_come_before_or_after_export() {
+    let sb = Sandbox::new();
+    let ok = agent(
+        &sb,
+        "ok.sh",
+        &format!("cat {}", fixture("real/codex/tools3.jsonl")),
+    );
+    for _ in 0..3 {
+        assert_eq!(sb.run(&["run", "-p", "codex", "--", &ok]).code, Some(0));
+    }
+    let lines = |args: &[&str]| {
+        let out = sb.run(args);
+        assert_eq!(out.code, Some(0), "{args:?}: {}", out.stderr);
+        out.stdout.lines().count()
+    };
+    assert_eq!(lines(&["history", "export"]), 3);
+    assert_eq!(lines(&["history", "--last", "2", "export"]), 2);
+    assert_eq!(lines(&["history", "export", "--last", "2"]), 2);
+    assert_eq!(lines(&["history", "export", "--failed"]), 0);
+    assert_eq!(lines(&["history", "export", "--provider", "claude"]), 0);
+}

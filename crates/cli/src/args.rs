@@ -228,21 +228,22 @@ pub(crate) struct RunArgs {
 #[derive(Debug, Args)]
 pub(crate) struct HistoryArgs {
     /// Only the N newest runs.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", global = true)]
     pub last: Option<usize>,
     /// Only this provider.
-    #[arg(long, value_name = "P")]
+    #[arg(long, value_name = "P", global = true)]
     pub provider: Option<String>,
     /// Only this task type.
-    #[arg(long, value_name = "T")]
+    #[arg(long, value_name = "T", global = true)]
     pub task_type: Option<String>,
     /// Only runs that did not succeed.
-    #[arg(long)]
+    #[arg(long, global = true)]
     pub failed: bool,
     /// Print a JSON array on stdout.
     #[arg(long)]
     pub json: bool,
-    /// `export`: the recorded runs as JSON Lines, or to an OpenTelemetry collector.
+    /// `export`: the recorded runs as JSON Lines, or to an OpenTelemetry collector (the filters
+    /// may come before or after `export`).
     #[command(subcommand)]
     pub action: Option<HistoryAction>,
 }
