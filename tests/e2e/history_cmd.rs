@@ -595,6 +595,8 @@ fn no_record_db_flag_and_env() {
         "{}",
         named.stderr
     );
+    // A named database is created in a directory that exists (never with folders of its own).
+    std::fs::create_dir_all(sb.root().join("dbs")).unwrap();
     let custom = sb.root().join("dbs/custom.db").display().to_string();
     sb.run(&["run", "--db", &custom, "-p", "codex", "--", &ok]);
     sb.run_env(
@@ -737,4 +739,40 @@ fn history_filters_may_come_before_or_after_export() {
     assert_eq!(lines(&["history", "export", "--last", "2"]), 2);
     assert_eq!(lines(&["history", "export", "--failed"]), 0);
     assert_eq!(lines(&["history", "export", "--provider", "claude"]), 0);
+}
+
+#[test]
+fn a_named_database_in_a_missing_directory_is_refused_before_the_agent_starts() {
+    // A mistyped --db must not record the run in folders nobody will look in.
+    let sb = Sandbox::new();
+    let marker = sb.root().join("started");
+    let ok = agent(
+        &sb,
+        "ok.sh",
+        &format!(
+            "touch {}\ncat {}",
+            marker.display(),
+            fixture("real/codex/tools3.jsonl")
+        ),
+    );
+    let typo = sb.root().join("hisotry/runs.db");
+    let db = typo.display().to_string();
+    let run = sb.run(&["--db", &db, "run", "-p", "codex", "--", &ok]);
+    assert_eq!(run.code, Some(2), "{}", run.stderr);
+    assert!(run.stderr.contains("does not exist"), "{}", run.stderr);
+    assert!(!marker.exists(), "the agent started");
+    assert!(!typo.parent().unwrap().exists(), "the folder was created");
+    // The same through the environment; a new file in a directory that exists is created.
+    let env = sb.run_env(&["run", "-p", "codex", "--", &ok], &[("STEPGUARD_DB", &db)]);
+    assert_eq!(env.code, Some(2), "{}", env.stderr);
+    let fresh = sb.root().join("fresh.db").display().to_string();
+    let run = sb.run(&["--db", &fresh, "run", "-p", "codex", "--", &ok]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert_eq!(
+        sb.run(&["--db", &fresh, "history", "--json"]).json()[0]["outcome"],
+        "success"
+    );
+    // With --no-record there is nothing to refuse.
+    let run = sb.run(&["--db", &db, "run", "--no-record", "-p", "codex", "--", &ok]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
 }

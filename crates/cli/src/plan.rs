@@ -66,8 +66,8 @@ pub(crate) struct RunPlan<'s> {
 pub(crate) struct Observers {
     /// The status line on the terminal (not with `--quiet`).
     pub status_line: bool,
-    /// The record in the history database (not with `--no-record`).
-    pub record: bool,
+    /// The history database the run is recorded in (none with `--no-record`).
+    pub history: Option<PathBuf>,
     /// Where to write the summary of the run (`--summary-file`).
     pub summary_file: Option<PathBuf>,
 }
@@ -138,7 +138,7 @@ impl<'s> RunPlan<'s> {
             },
             observers: Observers {
                 status_line: !args.quiet,
-                record: !args.no_record,
+                history: history_db(args, session, cwd)?,
                 summary_file: args.summary_file.clone(),
             },
             limits,
@@ -227,6 +227,36 @@ fn wrap_up_on(args: &RunArgs, config: &LoadedConfig) -> bool {
     } else {
         config.model.wrap_up.as_ref().is_some_and(|(on, _)| *on)
     }
+}
+
+/// Where the run is recorded: none with `--no-record`. A database named with `--db` or
+/// `STEPGUARD_DB` is created in a directory that exists, never with folders of its own: a
+/// mistyped path must not record the run where nobody will look.
+fn history_db(
+    args: &RunArgs,
+    session: &Session<'_>,
+    cwd: &Path,
+) -> anyhow::Result<Option<PathBuf>> {
+    if args.no_record {
+        return Ok(None);
+    }
+    let path = session.history_db(cwd);
+    if session.named_db() {
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => cwd.to_path_buf(),
+        };
+        if !dir.is_dir() {
+            return Err(UsageError(format!(
+                "the history database {} (named by --db or STEPGUARD_DB) is in a directory that \
+                 does not exist: create {} first, fix the path, or run with --no-record",
+                path.display(),
+                dir.display()
+            ))
+            .into());
+        }
+    }
+    Ok(Some(path))
 }
 
 /// The labels of the run's record.

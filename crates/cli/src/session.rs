@@ -65,6 +65,11 @@ impl<'c> Session<'c> {
         settings::price_table(file)
     }
 
+    /// Whether the history database was named (`--db` or `STEPGUARD_DB`) rather than found.
+    pub(crate) fn named_db(&self) -> bool {
+        self.cli.db.is_some()
+    }
+
     /// Returns the run history database: `--db` / `STEPGUARD_DB`, else beside the config file in
     /// effect, else in `cwd`.
     pub(crate) fn history_db(&self, cwd: &Path) -> PathBuf {

@@ -29,9 +29,12 @@ pub(crate) fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
         &plan.manifest().name,
         plan.unit(),
     );
-    let (record, summary_file) = (plan.observers.record, plan.observers.summary_file.clone());
+    let (history, summary_file) = (
+        plan.observers.history.clone(),
+        plan.observers.summary_file.clone(),
+    );
     let mut spec = spec(plan, &status);
-    let mut recorder = HistoryRecorder::new(record.then(|| session.history_db(&cwd)));
+    let mut recorder = HistoryRecorder::new(history);
     let mut summary = SummaryFile(summary_file);
     // OpenTelemetry, when asked for: the run's span is known before the agent starts, so the
     // agent's own traces nest under it (TRACEPARENT). It exports once, at the end, bounded.

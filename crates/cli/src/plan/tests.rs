@@ -88,7 +88,7 @@ fn flags_become_the_limits_clocks_and_labels_of_the_plan() {
     assert!(plan.confinement.forward_signals);
     assert_eq!(plan.recognition.on_unrecognized, OnUnrecognized::Warn);
     assert!(plan.recognition.expects.contains("codex exec --json"));
-    assert!(!plan.observers.status_line && !plan.observers.record);
+    assert!(!plan.observers.status_line && plan.observers.history.is_none());
     assert!(plan.wrap_up.is_none() && !plan.ask_at_limit);
     // Codex reports tool calls: the default loop limit applies.
     assert!(plan.loops.is_some());
