@@ -353,3 +353,41 @@ fn a_budget_nobody_could_keep_is_refused_before_the_start() {
         run.stderr
     );
 }
+
+#[test]
+fn a_cost_budget_is_shown_with_the_digits_it_was_given() {
+    // $0.0049 used to print as "$0.00" in the summary line.
+    let sb = Sandbox::new();
+    let agent = sb.write(
+        "agent.sh",
+        format!(
+            "#!/bin/sh\ncat {}\n",
+            crate::harness::fixture("real/codex/tools3.jsonl")
+        ),
+    );
+    std::fs::set_permissions(&agent, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let agent = agent.display().to_string();
+    for (budget, shown) in [("0.0049", "$0.0049"), ("2", "$2.00"), ("0.125", "$0.125")] {
+        let run = sb.run(&[
+            "run",
+            "--no-record",
+            "-p",
+            "codex",
+            "--max-cost-usd",
+            budget,
+            "--",
+            &agent,
+            "exec",
+            "--json",
+            "-m",
+            "gpt-5",
+            "go",
+        ]);
+        assert_eq!(run.code, Some(0), "{}", run.stderr);
+        assert!(
+            run.stderr.contains(&format!(" of {shown}")),
+            "{budget}: {}",
+            run.stderr
+        );
+    }
+}

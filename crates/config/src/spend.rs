@@ -384,11 +384,7 @@ impl ResolvedSpend {
 /// Formats dollars for messages: cents always shown (`$2.50`), finer amounts as given
 /// (`$0.125`).
 fn dollars(f: f64) -> String {
-    if decimals(f) <= 2 {
-        format!("${f:.2}")
-    } else {
-        format!("${f}")
-    }
+    stepguard_core::money::usd(f)
 }
 
 /// Returns the tighter of two budgets, `None` (unlimited) being the loosest.

@@ -39,6 +39,7 @@ pub mod budget;
 pub mod exit;
 pub mod ledger;
 pub mod loops;
+pub mod money;
 pub mod record;
 pub mod slug;
 pub mod stats;

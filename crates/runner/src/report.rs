@@ -177,10 +177,14 @@ impl RunReport {
         if let Some(max) = self.record.spend.max_cost_usd {
             match self.record.usage.cost_usd {
                 Some(cost) => {
-                    let _ = write!(line, " | ${cost:.4} of ${max:.2}");
+                    let _ = write!(line, " | ${cost:.4} of {}", stepguard_core::money::usd(max));
                 }
                 None => {
-                    let _ = write!(line, " | cost unknown of ${max:.2}");
+                    let _ = write!(
+                        line,
+                        " | cost unknown of {}",
+                        stepguard_core::money::usd(max)
+                    );
                 }
             }
         }

@@ -408,7 +408,10 @@ fn spend_crossed(spend: &SpendLimits, used: &CallUsage) -> Option<(TerminatedBy,
     (cost > max + 1e-9).then(|| {
         (
             TerminatedBy::Cost,
-            format!("the stream's usage costs ${cost:.4} as {model}, over the cost budget of ${max:.2}; stopped"),
+            format!(
+                "the stream's usage costs ${cost:.4} as {model}, over the cost budget of {}; stopped",
+                stepguard_core::money::usd(max)
+            ),
         )
     })
 }

@@ -3,6 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use stepguard_core::loops::{LoopFound, LoopKind};
+use stepguard_core::money::usd;
 use stepguard_core::{ExitCode, FailureSlug, RecordedSlug, TokenUsage};
 use stepguard_store::{Filter, RunRecord, Store, compute_stats};
 
@@ -419,17 +420,6 @@ fn usage(t: &TokenUsage, total: bool) -> String {
         text.push_str(&format!(", {} total", total_tokens(t)));
     }
     text
-}
-
-/// Returns a dollar amount as a budget is given: cents always (`$0.50`, `$2.00`), more digits
-/// only when the amount has them (`$0.125`).
-fn usd(amount: f64) -> String {
-    let cents = format!("{amount:.2}");
-    if cents.parse::<f64>().ok() == Some(amount) {
-        format!("${cents}")
-    } else {
-        format!("${amount}")
-    }
 }
 
 /// Returns a name from the agent's stream with control characters shown escaped.
