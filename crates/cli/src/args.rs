@@ -20,7 +20,8 @@ pub(crate) struct Cli {
     pub plugin_dir: Vec<PathBuf>,
 
     /// The history database (default: .stepguard/history.db beside the stepguard.toml in effect,
-    /// else in the working directory).
+    /// else in the working directory). `history`, `show` and `stats` need it to exist; `run`
+    /// creates it, but only in a directory that exists.
     #[arg(long, global = true, value_name = "PATH", env = "STEPGUARD_DB")]
     pub db: Option<PathBuf>,
 

@@ -62,18 +62,29 @@ fn resolve_color(
 }
 
 /// Returns `text` safe to print on a terminal: every control character but newline and tab
-/// (C0, DEL, C1: what starts an escape sequence) is written as `\u{..}`. Text that came from an
-/// agent's stream or command (a tool's name, a message, an argument) can hold anything; printed
-/// raw, it could clear the screen, move the cursor or retitle the window.
+/// (C0, DEL, C1: what starts an escape sequence) is written escaped (`\u{1b}`, `\r`). Text that
+/// came from an agent's stream or command (a tool's name, a message, an argument) can hold
+/// anything; printed raw, it could clear the screen, move the cursor or retitle the window.
 pub(crate) fn printable(text: &str) -> std::borrow::Cow<'_, str> {
-    let unsafe_char = |c: char| c.is_control() && c != '\n' && c != '\t';
-    if !text.chars().any(unsafe_char) {
+    escape_controls(text, |c| c == '\n' || c == '\t')
+}
+
+/// Returns `text` for one place in a line (a name): every control character escaped, newline
+/// and tab included.
+pub(crate) fn one_line(text: &str) -> std::borrow::Cow<'_, str> {
+    escape_controls(text, |_| false)
+}
+
+/// Escapes every control character of `text` but those `keep` says stay.
+fn escape_controls(text: &str, keep: fn(char) -> bool) -> std::borrow::Cow<'_, str> {
+    let escaped = |c: char| c.is_control() && !keep(c);
+    if !text.chars().any(escaped) {
         return std::borrow::Cow::Borrowed(text);
     }
     let mut out = String::with_capacity(text.len() + 8);
     for c in text.chars() {
-        if unsafe_char(c) {
-            out.push_str(&format!("\\u{{{:x}}}", u32::from(c)));
+        if escaped(c) {
+            out.extend(c.escape_default());
         } else {
             out.push(c);
         }
@@ -159,10 +170,11 @@ mod tests {
         assert_eq!(printable("Ba\u{1b}[2Jsh"), "Ba\\u{1b}[2Jsh");
         assert_eq!(
             printable("a\u{7}b\u{7f}c\u{9b}d\re"),
-            "a\\u{7}b\\u{7f}c\\u{9b}d\\u{d}e"
+            "a\\u{7}b\\u{7f}c\\u{9b}d\\re"
         );
         assert_eq!(printable("two\nlines\tand é ✓"), "two\nlines\tand é ✓");
         assert!(matches!(printable("plain"), std::borrow::Cow::Borrowed(_)));
+        assert_eq!(one_line("two\nlines\tx"), "two\\nlines\\tx");
     }
 
     fn decide(choice: ColorChoice, vars: &[(&str, &str)], tty: bool) -> bool {

@@ -22,5 +22,7 @@ mod tests {
         assert_eq!(usd(0.125), "$0.125");
         assert_eq!(usd(0.0049), "$0.0049");
         assert_eq!(usd(12.125), "$12.125");
+        assert_eq!(usd(0.0421), "$0.0421");
+        assert_eq!(usd(0.0), "$0.00");
     }
 }

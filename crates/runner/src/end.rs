@@ -39,7 +39,7 @@ pub(crate) fn wind_down(
     judge_unrecognised_end(&mut engine);
     let gateway = engine.gateway.take().map(|gw| account(&mut engine, gw));
     let steps_seen = engine.steps();
-    let containment = engine.control_mechanism();
+    let containment = engine.containment();
     let control = engine.control;
     Ending {
         started_at,

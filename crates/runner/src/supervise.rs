@@ -120,8 +120,8 @@ impl<'t> Engine<'t> {
         self.shared.steps.load(Ordering::Relaxed)
     }
 
-    /// The containment mechanism of the run's tree.
-    pub fn control_mechanism(&self) -> &'static str {
+    /// How the run's tree is contained (`cgroup` or `process-walk`).
+    pub fn containment(&self) -> &'static str {
         self.tree.mechanism().as_str()
     }
 

@@ -380,7 +380,7 @@ fn end_lines(r: &RunRecord) -> Vec<String> {
     for (name, t) in r.sub_agent_tokens.iter().flatten() {
         lines.push(format!(
             "Sub-agent {}: {}",
-            printable(name),
+            output::one_line(name),
             usage(t, false)
         ));
     }
@@ -422,19 +422,6 @@ fn usage(t: &TokenUsage, total: bool) -> String {
     text
 }
 
-/// Returns a name from the agent's stream with control characters shown escaped.
-fn printable(text: &str) -> String {
-    text.chars()
-        .map(|c| {
-            if c.is_control() {
-                c.escape_default().to_string()
-            } else {
-                c.to_string()
-            }
-        })
-        .collect()
-}
-
 /// Returns how `show` prints a run's final report: a heading, then the report indented under
 /// it. The text is the model's, so control characters (terminal escapes, lone carriage returns)
 /// are shown escaped rather than sent to the terminal; blank lines stay blank.
@@ -445,17 +432,7 @@ fn final_report_block(report: &str) -> Vec<String> {
     }
     let mut block = vec!["  Final report:".to_owned()];
     for line in text.lines() {
-        let shown: String = line
-            .trim_end()
-            .chars()
-            .map(|c| {
-                if c.is_control() && c != '\t' {
-                    c.escape_default().to_string()
-                } else {
-                    c.to_string()
-                }
-            })
-            .collect();
+        let shown = output::printable(line.trim_end());
         block.push(if shown.is_empty() {
             String::new()
         } else {
@@ -546,7 +523,8 @@ pub(crate) fn stats(cli: &Cli, args: &StatsArgs) -> anyhow::Result<ExitCode> {
 
 #[cfg(test)]
 mod tests {
-    use super::{TokenUsage, final_report_block, printable, usage, usd};
+    use super::{TokenUsage, final_report_block, usage};
+    use crate::output::one_line;
 
     #[test]
     fn usage_shows_the_details_it_knows_and_the_total_the_budget_counts() {
@@ -569,18 +547,9 @@ mod tests {
     }
 
     #[test]
-    fn dollar_amounts_keep_cents_and_any_finer_digits() {
-        assert_eq!(usd(0.5), "$0.50");
-        assert_eq!(usd(2.0), "$2.00");
-        assert_eq!(usd(0.125), "$0.125");
-        assert_eq!(usd(0.0421), "$0.0421");
-        assert_eq!(usd(0.0), "$0.00");
-    }
-
-    #[test]
     fn stream_names_are_shown_with_control_characters_escaped() {
-        assert_eq!(printable("task\u{1b}[2J-1"), "task\\u{1b}[2J-1");
-        assert_eq!(printable("agent — 完了"), "agent — 完了");
+        assert_eq!(one_line("task\u{1b}[2J-1"), "task\\u{1b}[2J-1");
+        assert_eq!(one_line("agent — 完了"), "agent — 完了");
     }
 
     #[test]
