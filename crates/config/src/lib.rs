@@ -50,6 +50,7 @@ use std::path::{Path, PathBuf};
 pub mod budget;
 pub mod ladder;
 pub mod loop_settings;
+pub mod loosening;
 pub mod model;
 pub mod spend;
 pub mod value;
@@ -452,12 +453,29 @@ pub fn load_all(sources: &[ConfigSource]) -> (LoadedConfig, Vec<Diagnostic>) {
 ///
 /// The policies of the files merge to the tightest (see the crate docs); policy files that fix
 /// different units for one provider get an error diagnostic.
+///
+/// While a policy is in force, a project file's settings that would loosen enforcement are left
+/// out, each with a warning (see [`loosening`]).
 pub fn merge(mut files: Vec<ParsedFile>) -> LoadedConfig {
-    let mut model = ConfigModel {
-        policy: merge_policy(&mut files),
-        ..ConfigModel::default()
+    let policy = merge_policy(&mut files);
+    if !policy.is_empty() {
+        let below = overlay(files.iter().filter(|f| f.role != FileRole::Project));
+        for file in files.iter_mut().filter(|f| f.role == FileRole::Project) {
+            loosening::strip(file, &below, &policy);
+        }
+    }
+    let model = ConfigModel {
+        policy,
+        ..overlay(files.iter())
     };
-    for file in files.iter().rev() {
+    LoadedConfig { files, model }
+}
+
+/// Merges the settings of `files` (highest precedence first): for each key, the first file that
+/// sets it wins. The policy is left empty.
+fn overlay<'f>(files: impl DoubleEndedIterator<Item = &'f ParsedFile>) -> ConfigModel {
+    let mut model = ConfigModel::default();
+    for file in files.rev() {
         let m = &file.model;
         overlay_level(&mut model.global, &m.global);
         for (name, level) in &m.task_types {
@@ -495,7 +513,7 @@ pub fn merge(mut files: Vec<ParsedFile>) -> LoadedConfig {
             }
         }
     }
-    LoadedConfig { files, model }
+    model
 }
 
 fn merge_policy(files: &mut [ParsedFile]) -> PolicySettings {

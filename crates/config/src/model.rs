@@ -66,6 +66,18 @@ impl PolicySettings {
             && self.max_tokens_ceiling.is_none()
             && self.max_cost_usd_ceiling.is_none()
     }
+
+    /// Returns where one of the policy's settings was made, to name the policy in force in a
+    /// message; `None` when no policy is set.
+    pub fn origin(&self) -> Option<&Origin> {
+        self.max_steps_ceiling
+            .as_ref()
+            .map(|c| &c.origin)
+            .or(self.max_tokens_ceiling.as_ref().map(|(_, o)| o))
+            .or(self.max_cost_usd_ceiling.as_ref().map(|(_, o)| o))
+            .or(self.allow_plugin_override.as_ref().map(|(_, o)| o))
+            .or(self.units.values().next().map(|(_, o)| o))
+    }
 }
 
 /// The `[loops]` table and the `loop_limit` keys of the config files in effect, validated, each
