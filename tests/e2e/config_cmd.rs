@@ -91,7 +91,8 @@ fn config_precedence_flag_env_file_default() {
             "policy": {
                 "files": [], "max_steps_ceiling": null, "max_tokens_ceiling": null,
                 "max_cost_usd_ceiling": null, "units": {},
-                "allow_plugin_override": {"value": false, "source_file": null, "key": null}
+                "allow_plugin_override": {"value": false, "source_file": null, "key": null},
+                "locked": []
             },
             "errors": [],
             "warnings": []
@@ -801,6 +802,129 @@ fn a_policy_unit_and_ceiling_hold_for_run_and_count() {
     assert_eq!(record["max_steps"], 3);
     assert_eq!(record["unit"], "item");
     assert_eq!(record["breached_at_step"], 4);
+}
+
+#[test]
+fn a_project_file_cannot_loosen_enforcement_under_the_users_policy() {
+    let sb = Sandbox::new();
+    let project = sb.write(
+        "project/stepguard.toml",
+        "[run]\nunrecognized_stream = \"warn\"\n[loops]\nlimit = \"off\"\n",
+    );
+    let project = project.display().to_string();
+    let user = sb.user_config().display().to_string();
+    sb.write(
+        "xdg-config/stepguard/stepguard.toml",
+        "[policy]\nmax_steps_ceiling = 100\n",
+    );
+    let (_, env) = policy_env(&sb);
+    // The unrecognised stream stops the run (exit 2), as if the project had said nothing.
+    let run = run_with(
+        &sb,
+        &[
+            "run",
+            "--no-record",
+            "-p",
+            "codex",
+            "--",
+            "echo",
+            "plain text",
+        ],
+        &env,
+    );
+    assert_eq!(run.code, Some(2), "{}", run.stderr);
+    assert!(run.stderr.contains("unrecognized_stream"), "{}", run.stderr);
+    assert!(
+        run.stderr.contains(&format!(
+            "{project}: run.unrecognized_stream: \"warn\" would loosen enforcement while a \
+             policy is in force ({user}: policy.max_steps_ceiling); ignored: only the user's or \
+             the system's config file may loosen it"
+        )),
+        "{}",
+        run.stderr
+    );
+    let v = run_with(&sb, &["config", "--json"], &env).json();
+    assert_eq!(
+        (&v["loop_limit"], &v["loop_limit_source"]),
+        (&json!(5), &json!("default"))
+    );
+    assert!(
+        v["warnings"].as_array().unwrap().iter().any(|w| w
+            .as_str()
+            .unwrap()
+            .contains("loops.limit: a loop limit of off would loosen")),
+        "{v}"
+    );
+    // The user's own file may loosen it.
+    sb.write(
+        "xdg-config/stepguard/stepguard.toml",
+        "[policy]\nmax_steps_ceiling = 100\n[run]\nunrecognized_stream = \"warn\"\n",
+    );
+    let run = run_with(
+        &sb,
+        &[
+            "run",
+            "--no-record",
+            "-p",
+            "codex",
+            "--",
+            "echo",
+            "plain text",
+        ],
+        &env,
+    );
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+}
+
+#[test]
+fn a_policy_lock_refuses_the_flags_that_loosen_it() {
+    let sb = Sandbox::new();
+    let (system, env) = policy_env(&sb);
+    sb.write(
+        "etc/stepguard.toml",
+        "[run]\nwrap_up = true\n[policy]\nlocked = [\"unrecognized_stream\", \"wrap_up\", \"loops\", \
+         \"native_limit\", \"preflight\", \"containment\"]\n",
+    );
+    for (flags, flag) in [
+        (&["--unrecognized", "warn"][..], "--unrecognized warn"),
+        (&["--no-wrap-up"], "--no-wrap-up"),
+        (&["--no-native-limit"], "--no-native-limit"),
+        (&["--no-preflight"], "--no-preflight"),
+        (
+            &["--containment", "process-walk"],
+            "--containment process-walk",
+        ),
+    ] {
+        let mut args = vec!["run", "--no-record", "-p", "codex"];
+        args.extend(flags);
+        args.extend(["--", "echo", "plain text"]);
+        let run = run_with(&sb, &args, &env);
+        assert_eq!(run.code, Some(2), "{flag}: {}", run.stderr);
+        assert!(
+            run.stderr.contains(&format!("{flag} would loosen"))
+                && run
+                    .stderr
+                    .contains(&format!("which the policy locks ({system}: policy.locked)")),
+            "{flag}: {}",
+            run.stderr
+        );
+    }
+    // The loop limit is bounded at the default, whatever the flag asks.
+    let v = run_with(&sb, &["config", "--json", "--loop-limit", "off"], &env).json();
+    assert_eq!(v["loop_limit"], json!(5));
+    assert_eq!(
+        v["loop_limit_source"],
+        json!(format!("policy locked ({system})"))
+    );
+    assert_eq!(v["policy"]["locked"].as_array().map(Vec::len), Some(6));
+    let text = run_with(&sb, &["config"], &env);
+    assert!(
+        text.stdout.contains(&format!(
+            "  locked: preflight (from {system}: policy.locked)\n"
+        )),
+        "{}",
+        text.stdout
+    );
 }
 
 /// The token and cost budgets (`max_tokens`, `max_cost_usd`) of `config --json`, each with its

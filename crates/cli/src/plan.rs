@@ -9,7 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
-use stepguard_config::{LoadedConfig, ResolvedLoops};
+use stepguard_config::{LoadedConfig, Lock, ResolvedLoops};
 use stepguard_core::loops::LoopSettings;
 use stepguard_plugin_api::Manifest;
 use stepguard_plugin_api::host::Counter;
@@ -95,6 +95,7 @@ impl<'s> RunPlan<'s> {
         {
             warn(w);
         }
+        locked_flags(args, config)?;
         let selection = provider(session, &args.provider, args.unit.as_deref())?;
         let manifest = selection.provider.manifest();
         preflight(args, manifest)?;
@@ -201,6 +202,43 @@ fn preflight(args: &RunArgs, manifest: &Manifest) -> anyhow::Result<()> {
             manifest.name, rule.fix
         ))
         .into());
+    }
+    Ok(())
+}
+
+/// Refuses (exit 2) a flag that would loosen a setting the policy locks (`[policy] locked`),
+/// naming the policy file. A locked loop limit is bounded by the ladder instead.
+fn locked_flags(args: &RunArgs, config: &LoadedConfig) -> anyhow::Result<()> {
+    let policy = &config.model.policy;
+    let wrap_up_configured = config.model.wrap_up.as_ref().is_some_and(|(on, _)| *on);
+    let loosening = [
+        (
+            Lock::UnrecognizedStream,
+            args.unrecognized == Some(Unrecognized::Warn),
+            "--unrecognized warn",
+        ),
+        (
+            Lock::WrapUp,
+            args.no_wrap_up && wrap_up_configured,
+            "--no-wrap-up",
+        ),
+        (Lock::NativeLimit, args.no_native_limit, "--no-native-limit"),
+        (Lock::Preflight, args.no_preflight, "--no-preflight"),
+        (
+            Lock::Containment,
+            args.containment == ContainmentArg::ProcessWalk,
+            "--containment process-walk",
+        ),
+    ];
+    for (lock, asked, flag) in loosening {
+        if let (true, Some(origin)) = (asked, policy.locks(lock)) {
+            return Err(UsageError(format!(
+                "{flag} would loosen `{}`, which the policy locks ({origin}); run without {flag}, \
+                 or have the policy changed",
+                lock.name()
+            ))
+            .into());
+        }
     }
     Ok(())
 }

@@ -15,6 +15,11 @@
 //! the lowest `max_steps_ceiling`, `allow_plugin_override = false` over `true`, and a provider's
 //! fixed unit must agree. See [`FileRole`] and [`discover_sources`].
 //!
+//! Loosening: while a policy is in force, a project file cannot turn off or loosen enforcement
+//! (`[run] unrecognized_stream`, `[run] wrap_up`, units, loop limits, the window, exempt tools);
+//! such settings are left out with a warning. `[policy] locked = [...]` forbids loosening the
+//! settings it names to the user's and system's files too ([`Lock`]). See [`loosening`].
+//!
 //! Loop settings: `[loops]` (`limit`, `window`, `ignore_tools`) and `loop_limit` in
 //! `[task_types.T]` and `[profiles.NAME]` are validated as they are parsed (a bad value is an
 //! error naming its key) and resolved by [`loop_settings::resolve`].
@@ -58,7 +63,9 @@ pub mod value;
 pub use budget::{BudgetRequest, ResolvedBudget};
 pub use ladder::{Limit, Resolved};
 pub use loop_settings::{LoopRequest, ResolvedLoops};
-pub use model::{Ceiling, ConfigModel, LevelSettings, LoopConfig, PolicySettings, ProfileSettings};
+pub use model::{
+    Ceiling, ConfigModel, LevelSettings, Lock, LoopConfig, PolicySettings, ProfileSettings,
+};
 pub use spend::{ResolvedLimit, ResolvedSpend, SpendRequest};
 pub use value::{InvalidValue, LimitError, LimitName, LoopLimit, Origin, RawValue, Setting};
 
@@ -111,6 +118,7 @@ const POLICY_KEYS: &[&str] = &[
     "max_tokens_ceiling",
     "max_cost_usd_ceiling",
     "allow_plugin_override",
+    "locked",
 ];
 const POLICY_PROVIDER_KEYS: &[&str] = &["max_steps_unit"];
 const RUN_KEYS: &[&str] = &["unrecognized_stream", "wrap_up"];
@@ -459,8 +467,11 @@ pub fn load_all(sources: &[ConfigSource]) -> (LoadedConfig, Vec<Diagnostic>) {
 pub fn merge(mut files: Vec<ParsedFile>) -> LoadedConfig {
     let policy = merge_policy(&mut files);
     if !policy.is_empty() {
-        let below = overlay(files.iter().filter(|f| f.role != FileRole::Project));
-        for file in files.iter_mut().filter(|f| f.role == FileRole::Project) {
+        // Lowest precedence first, so that each file is judged against what is left below it.
+        for i in (0..files.len()).rev() {
+            let (upper, lower) = files.split_at_mut(i + 1);
+            let file = &mut upper[i];
+            let below = overlay(lower.iter().filter(|f| f.role != FileRole::Project));
             loosening::strip(file, &below, &policy);
         }
     }
@@ -567,6 +578,9 @@ fn merge_policy(files: &mut [ParsedFile]) -> PolicySettings {
                 )),
                 Some(_) => {}
             }
+        }
+        for (lock, origin) in &p.locked {
+            policy.locked.entry(*lock).or_insert_with(|| origin.clone());
         }
         // Consent needs every policy file's agreement: one `false` wins.
         if let Some((allow, origin)) = &p.allow_plugin_override
@@ -923,6 +937,7 @@ impl Parser<'_> {
                         Err(reason) => self.diag(Severity::Error, &path, reason.to_string()),
                     }
                 }
+                "locked" => self.locked(&path, value),
                 "allow_plugin_override" => match value.as_bool() {
                     Some(allow) => {
                         let origin = self.origin(&path);
@@ -944,6 +959,37 @@ impl Parser<'_> {
                         }
                         _ => self.unknown_key(&path, other, &known),
                     }
+                }
+            }
+        }
+    }
+
+    /// Reads `policy.locked`: an array of lock names, each known.
+    fn locked(&mut self, path: &str, value: &toml::Value) {
+        let names: Vec<&str> = Lock::ALL.iter().map(|l| l.name()).collect();
+        let expected = format!("expected an array of setting names ({})", names.join(", "));
+        let Some(items) = value.as_array() else {
+            let message = format!("{expected}, found {}", type_name(value));
+            return self.diag(Severity::Error, path, message);
+        };
+        for item in items {
+            let lock = item.as_str().map(|n| (n, Lock::from_name(n)));
+            match lock {
+                Some((_, Some(lock))) => {
+                    let origin = self.origin(path);
+                    self.out.model.policy.locked.insert(lock, origin);
+                }
+                Some((name, None)) => {
+                    let hint = match did_you_mean(name, &names) {
+                        Some(s) => format!("; did you mean `{s}`?"),
+                        None => String::new(),
+                    };
+                    let message = format!("unknown setting `{name}`: {expected}{hint}");
+                    self.diag(Severity::Error, path, message);
+                }
+                None => {
+                    let message = format!("{expected}, found {}", type_name(item));
+                    self.diag(Severity::Error, path, message);
                 }
             }
         }

@@ -15,7 +15,8 @@
 //! the explicit limit is an upper bound: the effective limit is `min(explicit, profile)`, `off`
 //! being the loosest of all (so `--profile strict --loop-limit off` keeps strict's limit, as
 //! `--profile strict --max-steps unlimited` keeps its budget). A profile whose limit is `off`
-//! bounds nothing. There is no policy ceiling for loops.
+//! bounds nothing. A policy that locks `loops` (`[policy] locked = ["loops"]`) bounds the limit
+//! at the default: no flag, variable, file or profile may raise it or turn it off.
 //!
 //! The window (`loops.window`) and the exempt tools (`loops.ignore_tools`) are set in config
 //! files only, at one level. A window below the effective limit is widened to it, with a warning.
@@ -34,7 +35,7 @@
 //! ```
 
 use crate::ladder::{self, Candidate, Levels, Limit, ProfileLevel};
-use crate::model::ConfigModel;
+use crate::model::{ConfigModel, Lock};
 use crate::value::{InvalidValue, LimitError, LimitName, LoopLimit, Origin, RawValue, Setting};
 use stepguard_core::loops::{DEFAULT_LOOP_LIMIT, LoopSettings};
 
@@ -57,15 +58,15 @@ const LIMIT_EXPECTED: &str = "a whole number from 2 to 1000, or \"off\"";
 /// What a window accepts, for messages.
 const WINDOW_EXPECTED: &str = "a whole number from 2 to 1000";
 
-/// The loop limit as a limit of the ladder (it has no policy ceiling).
+/// The loop limit as a limit of the ladder (a policy locking `loops` bounds it at the default).
 #[derive(Clone, Copy, Debug)]
 pub struct Loops;
 
 impl Limit for Loops {
     type Value = LoopLimit;
     const NAME: LimitName = LimitName::LoopLimit;
-    // No policy sets a ceiling for loops, so the ladder never names one.
-    const CEILING_KEY: &'static str = "loop_limit_ceiling";
+    // A policy that locks `loops` bounds the limit at the default: `policy locked (FILE)`.
+    const CEILING_KEY: &'static str = "locked";
 
     fn parse(raw: &RawValue) -> Result<LoopLimit, InvalidValue> {
         parse_loop_limit(raw)
@@ -238,7 +239,11 @@ pub fn resolve(req: &LoopRequest<'_>) -> Result<ResolvedLoops, LimitError> {
         ],
         profile,
         default: LoopLimit::Limited(DEFAULT_LOOP_LIMIT),
-        ceiling: None,
+        ceiling: req
+            .config
+            .policy
+            .locks(Lock::Loops)
+            .map(|origin| (LoopLimit::Limited(DEFAULT_LOOP_LIMIT), origin)),
     })?;
     let (limit, source) = (resolved.value, resolved.source);
 

@@ -1,61 +1,105 @@
 //! Loosening under a policy: while a policy is in force, a project file (the repository's own,
 //! which the agent under it may edit) cannot turn off or loosen any enforcement. Only the user's
-//! and the system's files can; a setting of a project file that would loosen what they (or the
-//! defaults) say is left out of the model, with a warning naming the file, the key and the
-//! policy.
+//! and the system's files can, and a policy can forbid those too: a setting it names in
+//! `locked = [...]` may only be tightened, by any file. A setting that would loosen what the
+//! files below it (or the defaults) say is left out of the model, with a warning naming the
+//! file, the key and the policy.
 //!
 //! The settings a file can loosen, and what loosening each means:
 //!
-//! | setting | loosened by |
-//! |---|---|
-//! | `run.unrecognized_stream` | `"warn"` where the files below say `"stop"` (the default) |
-//! | `run.wrap_up` | `false` where the files below say `true` |
-//! | `P.max_steps_unit` | any unit other than the one the files below choose (stepguard cannot rank a provider's units; a unit the policy fixes is checked by `validate` instead) |
-//! | `loops.limit` | a higher limit, or `"off"` |
-//! | `task_types.T.loop_limit`, `profiles.NAME.loop_limit` | a limit higher than the one the files below give that task type or profile |
-//! | `loops.window` | a smaller window |
-//! | `loops.ignore_tools` | a tool the files below do not exempt |
+//! | setting | lock | loosened by |
+//! |---|---|---|
+//! | `run.unrecognized_stream` | `unrecognized_stream` | `"warn"` where the files below say `"stop"` (the default) |
+//! | `run.wrap_up` | `wrap_up` | `false` where the files below say `true` |
+//! | `P.max_steps_unit` | (`[policy.P] max_steps_unit`) | any unit other than the one the files below choose (stepguard cannot rank a provider's units; a unit the policy fixes is checked by `validate` instead) |
+//! | `loops.limit` | `loops` | a higher limit, or `"off"` |
+//! | `task_types.T.loop_limit`, `profiles.NAME.loop_limit` | `loops` | a limit higher than the one the files below give that task type or profile |
+//! | `loops.window` | `loops` | a smaller window |
+//! | `loops.ignore_tools` | `loops` | a tool the files below do not exempt |
 //!
 //! The native limits, the pre-flight check and the containment are chosen on the command line
-//! only, so no file can loosen them.
+//! only, so no file can loosen them; the CLI refuses the flags that loosen a locked setting.
 
 use stepguard_core::loops::{DEFAULT_LOOP_LIMIT, LoopSettings};
 
 use crate::loop_settings::builtin_profile_loop_limit;
-use crate::model::{ConfigModel, PolicySettings};
+use crate::model::{ConfigModel, Lock, PolicySettings};
 use crate::value::{LoopLimit, Origin};
-use crate::{Diagnostic, ParsedFile, Severity, UNIT_KEY, at};
+use crate::{Diagnostic, FileRole, ParsedFile, Severity, UNIT_KEY, at};
 
-/// Removes from `file` (a project file) every setting that would loosen what `below` (the user's
-/// and system's files merged) says, adding a warning for each to the file's diagnostics.
+/// Which loosening a file is judged for, and the policy that forbids it.
+struct Judge<'p> {
+    policy: &'p PolicySettings,
+    /// A project file: every loosening is forbidden, not only what the policy locks.
+    project: bool,
+    /// The settings left out: where, what, and the policy setting that forbade it.
+    ignored: Vec<(Origin, String, &'p Origin)>,
+}
+
+impl<'p> Judge<'p> {
+    /// Returns the policy setting that forbids loosening `lock` in this file (`None`: a unit,
+    /// which only a project file may not change).
+    fn forbids(&self, lock: Option<Lock>) -> Option<&'p Origin> {
+        let locked = lock.and_then(|l| self.policy.locks(l));
+        match locked {
+            Some(origin) => Some(origin),
+            None if self.project => self.policy.origin(),
+            None => None,
+        }
+    }
+
+    /// Leaves a setting out when loosening `lock` is forbidden; returns true when it is.
+    fn refuse(&mut self, lock: Option<Lock>, origin: &Origin, what: String) -> bool {
+        match self.forbids(lock) {
+            Some(policy) => {
+                self.ignored.push((origin.clone(), what, policy));
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// Removes from `file` every setting that would loosen what `below` (the files of lower
+/// precedence, merged) says, where the policy forbids it, adding a warning for each to the
+/// file's diagnostics: in a project file, every loosening; in the user's and system's files,
+/// that of a setting the policy locks.
 pub(crate) fn strip(file: &mut ParsedFile, below: &ConfigModel, policy: &PolicySettings) {
-    let Some(policy_origin) = policy.origin() else {
+    if !file.role.has_settings() {
         return;
+    }
+    let mut judge = Judge {
+        policy,
+        project: file.role == FileRole::Project,
+        ignored: Vec::new(),
     };
-    let mut ignored: Vec<(Origin, String)> = Vec::new();
-    run_settings(&mut file.model, below, &mut ignored);
-    units(&mut file.model, below, policy, &mut ignored);
-    loop_limits(&mut file.model, below, &mut ignored);
-    loop_scope(&mut file.model, below, &mut ignored);
-    for (origin, what) in ignored {
-        file.diagnostics
-            .push(warning(&origin, &what, policy_origin));
+    run_settings(&mut file.model, below, &mut judge);
+    units(&mut file.model, below, &mut judge);
+    loop_limits(&mut file.model, below, &mut judge);
+    loop_scope(&mut file.model, below, &mut judge);
+    for (origin, what, policy) in judge.ignored {
+        file.diagnostics.push(warning(&origin, &what, policy));
     }
 }
 
 fn warning(origin: &Origin, what: &str, policy: &Origin) -> Diagnostic {
+    let rule = if matches!(policy, Origin::File { key, .. } if key == "policy.locked") {
+        "the policy locks it"
+    } else {
+        "only the user's or the system's config file may loosen it"
+    };
     at(
         Severity::Warning,
         origin,
         format!(
-            "{what} would loosen enforcement while a policy is in force ({policy}); ignored. \
-             Only the user's or the system's config file may loosen it"
+            "{what} would loosen enforcement while a policy is in force ({policy}); ignored: \
+             {rule}"
         ),
     )
 }
 
 /// `run.unrecognized_stream = "warn"` and `run.wrap_up = false`.
-fn run_settings(m: &mut ConfigModel, below: &ConfigModel, out: &mut Vec<(Origin, String)>) {
+fn run_settings(m: &mut ConfigModel, below: &ConfigModel, judge: &mut Judge<'_>) {
     let below_warns = below
         .unrecognized_stream
         .as_ref()
@@ -63,29 +107,24 @@ fn run_settings(m: &mut ConfigModel, below: &ConfigModel, out: &mut Vec<(Origin,
     if let Some((what, origin)) = &m.unrecognized_stream
         && what == "warn"
         && !below_warns
+        && judge.refuse(Some(Lock::UnrecognizedStream), origin, "\"warn\"".into())
     {
-        out.push((origin.clone(), "\"warn\"".to_owned()));
         m.unrecognized_stream = None;
     }
     let below_on = below.wrap_up.as_ref().is_some_and(|(on, _)| *on);
     if let Some((false, origin)) = &m.wrap_up
         && below_on
+        && judge.refuse(Some(Lock::WrapUp), origin, "false".into())
     {
-        out.push((origin.clone(), "false".to_owned()));
         m.wrap_up = None;
     }
 }
 
 /// A provider's `max_steps_unit` other than the one below; a unit the policy fixes is left to
 /// `validate`, which refuses any other.
-fn units(
-    m: &mut ConfigModel,
-    below: &ConfigModel,
-    policy: &PolicySettings,
-    out: &mut Vec<(Origin, String)>,
-) {
+fn units(m: &mut ConfigModel, below: &ConfigModel, judge: &mut Judge<'_>) {
     for (provider, options) in &mut m.providers {
-        if policy.units.contains_key(provider) {
+        if judge.policy.units.contains_key(provider) {
             continue;
         }
         let below_unit = below
@@ -100,8 +139,9 @@ fn units(
                 Some(b) => format!("the unit {b} of the files below"),
                 None => "the provider's default unit".to_owned(),
             };
-            out.push((origin.clone(), format!("unit {unit} (instead of {chosen})")));
-            options.remove(UNIT_KEY);
+            if judge.refuse(None, origin, format!("unit {unit} (instead of {chosen})")) {
+                options.remove(UNIT_KEY);
+            }
         }
     }
 }
@@ -112,13 +152,14 @@ fn looser(a: LoopLimit, b: LoopLimit) -> bool {
 }
 
 /// `loops.limit`, `task_types.T.loop_limit` and `profiles.NAME.loop_limit`.
-fn loop_limits(m: &mut ConfigModel, below: &ConfigModel, out: &mut Vec<(Origin, String)>) {
+fn loop_limits(m: &mut ConfigModel, below: &ConfigModel, judge: &mut Judge<'_>) {
     let default = LoopLimit::Limited(DEFAULT_LOOP_LIMIT);
     let below_limit = below.loops.limit.as_ref().map_or(default, |(l, _)| *l);
+    let lock = Some(Lock::Loops);
     if let Some((limit, origin)) = &m.loops.limit
         && looser(*limit, below_limit)
+        && judge.refuse(lock, origin, format!("a loop limit of {limit}"))
     {
-        out.push((origin.clone(), format!("a loop limit of {limit}")));
         m.loops.limit = None;
     }
     m.loops.task_types.retain(|name, (limit, origin)| {
@@ -127,40 +168,34 @@ fn loop_limits(m: &mut ConfigModel, below: &ConfigModel, out: &mut Vec<(Origin, 
             .task_types
             .get(name)
             .map_or(below_limit, |l| l.0);
-        let keep = !looser(*limit, bound);
-        if !keep {
-            out.push((origin.clone(), format!("a loop limit of {limit}")));
-        }
-        keep
+        !(looser(*limit, bound) && judge.refuse(lock, origin, format!("a loop limit of {limit}")))
     });
     m.loops.profiles.retain(|name, (limit, origin)| {
         let bound = match below.loops.profiles.get(name) {
             Some((l, _)) => *l,
             None => builtin_profile_loop_limit(name).map_or(default, LoopLimit::Limited),
         };
-        let keep = !looser(*limit, bound);
-        if !keep {
-            out.push((origin.clone(), format!("a loop limit of {limit}")));
-        }
-        keep
+        !(looser(*limit, bound) && judge.refuse(lock, origin, format!("a loop limit of {limit}")))
     });
 }
 
 /// `loops.window` below the window below, and `loops.ignore_tools` exempting a tool not exempt
 /// below.
-fn loop_scope(m: &mut ConfigModel, below: &ConfigModel, out: &mut Vec<(Origin, String)>) {
+fn loop_scope(m: &mut ConfigModel, below: &ConfigModel, judge: &mut Judge<'_>) {
     let below_window = below
         .loops
         .window
         .as_ref()
         .map_or(LoopSettings::DEFAULT_WINDOW, |(w, _)| *w);
+    let lock = Some(Lock::Loops);
     if let Some((window, origin)) = &m.loops.window
         && *window < below_window
-    {
-        out.push((
-            origin.clone(),
+        && judge.refuse(
+            lock,
+            origin,
             format!("a window of {window} calls (below {below_window})"),
-        ));
+        )
+    {
         m.loops.window = None;
     }
     let below_tools: &[String] = below
@@ -174,11 +209,8 @@ fn loop_scope(m: &mut ConfigModel, below: &ConfigModel, out: &mut Vec<(Origin, S
             .filter(|t| !below_tools.contains(t))
             .map(String::as_str)
             .collect();
-        if !new.is_empty() {
-            out.push((
-                origin.clone(),
-                format!("exempting {} from loop detection", new.join(", ")),
-            ));
+        let what = format!("exempting {} from loop detection", new.join(", "));
+        if !new.is_empty() && judge.refuse(lock, origin, what) {
             m.loops.ignore_tools = None;
         }
     }
@@ -232,8 +264,8 @@ mod tests {
             d,
             format!(
                 "warning: {PROJECT}: run.unrecognized_stream: \"warn\" would loosen enforcement \
-                 while a policy is in force ({USER}: policy.max_steps_ceiling); ignored. Only \
-                 the user's or the system's config file may loosen it"
+                 while a policy is in force ({USER}: policy.max_steps_ceiling); ignored: \
+                 only the user's or the system's config file may loosen it"
             )
         );
         // Without a policy the project's choice stands; the user's own file may loosen it.
@@ -395,5 +427,169 @@ mod tests {
             .unwrap(),
         ]);
         assert_eq!(own.model.unrecognized_stream.clone().unwrap().0, "warn");
+    }
+}
+
+#[cfg(test)]
+mod lock_tests {
+    use crate::loop_settings::{LoopRequest, resolve};
+    use crate::{FileRole, LoadedConfig, Lock, LoopLimit, Setting, merge, parse_file};
+    use crate::{Origin, Severity};
+
+    const USER: &str = "/home/u/.config/stepguard/stepguard.toml";
+    const SYSTEM: &str = "/etc/stepguard/stepguard.toml";
+
+    fn load(user: &str, system: &str) -> LoadedConfig {
+        merge(vec![
+            parse_file(USER, user, FileRole::User).unwrap(),
+            parse_file(SYSTEM, system, FileRole::System).unwrap(),
+        ])
+    }
+
+    fn warnings(loaded: &LoadedConfig) -> Vec<String> {
+        loaded.diagnostics().map(ToString::to_string).collect()
+    }
+
+    #[test]
+    fn locked_names_are_read_and_bad_ones_are_errors_naming_the_key() {
+        let loaded = load("", "[policy]\nlocked = [\"loops\", \"preflight\"]\n");
+        let locked: Vec<Lock> = loaded.model.policy.locked.keys().copied().collect();
+        assert_eq!(locked, [Lock::Loops, Lock::Preflight]);
+        assert_eq!(
+            loaded
+                .model
+                .policy
+                .locks(Lock::Loops)
+                .map(ToString::to_string),
+            Some(format!("{SYSTEM}: policy.locked"))
+        );
+        let bad = load(
+            "[policy]\nlocked = [\"loop\", 3]\n",
+            "[policy]\nlocked = \"all\"\n",
+        );
+        assert_eq!(
+            warnings(&bad),
+            [
+                format!(
+                    "error: {USER}: policy.locked: unknown setting `loop`: expected an array of \
+                     setting names (unrecognized_stream, wrap_up, loops, native_limit, \
+                     preflight, containment); did you mean `loops`?"
+                ),
+                format!(
+                    "error: {USER}: policy.locked: expected an array of setting names \
+                     (unrecognized_stream, wrap_up, loops, native_limit, preflight, \
+                     containment), found an integer"
+                ),
+                format!(
+                    "error: {SYSTEM}: policy.locked: expected an array of setting names \
+                     (unrecognized_stream, wrap_up, loops, native_limit, preflight, \
+                     containment), found a string"
+                ),
+            ]
+        );
+        assert!(bad.diagnostics().all(|d| d.severity == Severity::Error));
+    }
+
+    #[test]
+    fn a_lock_forbids_the_users_file_to_loosen_what_a_policy_only_allows_the_user() {
+        // Unlocked, the user's file may loosen everything under a policy.
+        let user = "[run]\nunrecognized_stream = \"warn\"\nwrap_up = false\n\
+                    [loops]\nlimit = \"off\"\nwindow = 5\nignore_tools = [\"Bash\"]\n";
+        let system = "[run]\nwrap_up = true\n[policy]\nmax_steps_ceiling = 50\n";
+        let free = load(user, system);
+        assert!(warnings(&free).is_empty(), "{:?}", warnings(&free));
+        assert_eq!(
+            free.model.loops.limit.as_ref().map(|l| l.0),
+            Some(LoopLimit::Off)
+        );
+        // Locked, none of it counts, and each says why.
+        let locked =
+            format!("{system}locked = [\"unrecognized_stream\", \"wrap_up\", \"loops\"]\n");
+        let loaded = load(user, &locked);
+        let m = &loaded.model;
+        assert_eq!(m.unrecognized_stream, None);
+        assert_eq!(m.wrap_up.as_ref().map(|w| w.0), Some(true));
+        assert_eq!(
+            (&m.loops.limit, &m.loops.window, &m.loops.ignore_tools),
+            (&None, &None, &None)
+        );
+        let keys: Vec<&str> = loaded
+            .diagnostics()
+            .filter_map(|d| d.key.as_deref())
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "run.unrecognized_stream",
+                "run.wrap_up",
+                "loops.limit",
+                "loops.window",
+                "loops.ignore_tools"
+            ]
+        );
+        assert_eq!(
+            warnings(&loaded)[0],
+            format!(
+                "warning: {USER}: run.unrecognized_stream: \"warn\" would loosen enforcement \
+                 while a policy is in force ({SYSTEM}: policy.locked); ignored: the policy \
+                 locks it"
+            )
+        );
+        // The system file's own loosening of a locked setting is refused too.
+        let own = load("", "[policy]\nlocked = [\"loops\"]\n[loops]\nlimit = 9\n");
+        assert_eq!(own.model.loops.limit, None);
+        // Tightening is always allowed.
+        let tight = load("[loops]\nlimit = 3\nwindow = 40\n", &locked);
+        assert!(warnings(&tight).is_empty());
+        assert_eq!(
+            tight.model.loops.limit.as_ref().map(|l| l.0),
+            Some(LoopLimit::Limited(3))
+        );
+    }
+
+    #[test]
+    fn a_loops_lock_bounds_flags_environment_and_profiles_at_the_default() {
+        let loaded = load("", "[policy]\nlocked = [\"loops\"]\n");
+        let flag = Setting::text("off", Origin::Flag("--loop-limit".into()));
+        let env = Setting::text("12", Origin::Env("STEPGUARD_LOOP_LIMIT".into()));
+        let yolo = ("yolo".to_owned(), Origin::Flag("--profile".into()));
+        for request in [
+            LoopRequest {
+                flag: Some(flag),
+                ..LoopRequest::new(&loaded.model)
+            },
+            LoopRequest {
+                env: Some(env),
+                ..LoopRequest::new(&loaded.model)
+            },
+            LoopRequest {
+                profile: Some(yolo),
+                ..LoopRequest::new(&loaded.model)
+            },
+        ] {
+            let r = resolve(&request).unwrap();
+            assert_eq!(r.limit, LoopLimit::Limited(5));
+            assert_eq!(r.source, format!("policy locked ({SYSTEM})"));
+        }
+        // A lower limit is untouched.
+        let flag = Setting::text("3", Origin::Flag("--loop-limit".into()));
+        let r = resolve(&LoopRequest {
+            flag: Some(flag),
+            ..LoopRequest::new(&loaded.model)
+        })
+        .unwrap();
+        assert_eq!(
+            (r.limit, r.source.as_str()),
+            (LoopLimit::Limited(3), "--loop-limit")
+        );
+        // Without the lock, the flag decides.
+        let free = load("", "[policy]\nmax_steps_ceiling = 9\n");
+        let flag = Setting::text("off", Origin::Flag("--loop-limit".into()));
+        let r = resolve(&LoopRequest {
+            flag: Some(flag),
+            ..LoopRequest::new(&free.model)
+        })
+        .unwrap();
+        assert_eq!(r.limit, LoopLimit::Off);
     }
 }

@@ -55,6 +55,60 @@ pub struct PolicySettings {
     /// `max_cost_usd_ceiling`: no cost budget, in US dollars, may exceed it (the lowest of the
     /// policy files).
     pub max_cost_usd_ceiling: Option<(f64, Origin)>,
+    /// `locked`: the settings no file, flag or environment variable may loosen (the union of the
+    /// policy files), each with where it was locked.
+    pub locked: BTreeMap<Lock, Origin>,
+}
+
+/// A setting a policy may lock with `locked = [...]`: then nothing may loosen it, the user's and
+/// system's files, flags and environment included; it may only be tightened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[non_exhaustive]
+pub enum Lock {
+    /// `unrecognized_stream`: no `[run] unrecognized_stream = "warn"`, no
+    /// `--unrecognized-stream warn`.
+    UnrecognizedStream,
+    /// `wrap_up`: where a file turns the wrap-up on, no file below the top nor `--no-wrap-up`
+    /// turns it off.
+    WrapUp,
+    /// `loops`: no loop limit above the default (or the policy files' own), no `off`, no
+    /// narrower window, no exempt tools, from any file, flag or environment variable.
+    Loops,
+    /// `native_limit`: no `--no-native-limit`.
+    NativeLimit,
+    /// `preflight`: no `--no-preflight`.
+    Preflight,
+    /// `containment`: no `--containment process-walk`.
+    Containment,
+}
+
+impl Lock {
+    /// Every lock, in the order the docs list them.
+    pub const ALL: [Lock; 6] = [
+        Lock::UnrecognizedStream,
+        Lock::WrapUp,
+        Lock::Loops,
+        Lock::NativeLimit,
+        Lock::Preflight,
+        Lock::Containment,
+    ];
+
+    /// Returns the name written in `locked = [...]`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Lock::UnrecognizedStream => "unrecognized_stream",
+            Lock::WrapUp => "wrap_up",
+            Lock::Loops => "loops",
+            Lock::NativeLimit => "native_limit",
+            Lock::Preflight => "preflight",
+            Lock::Containment => "containment",
+        }
+    }
+
+    /// Returns the lock named `name`.
+    pub fn from_name(name: &str) -> Option<Lock> {
+        Lock::ALL.into_iter().find(|l| l.name() == name)
+    }
 }
 
 impl PolicySettings {
@@ -65,6 +119,7 @@ impl PolicySettings {
             && self.allow_plugin_override.is_none()
             && self.max_tokens_ceiling.is_none()
             && self.max_cost_usd_ceiling.is_none()
+            && self.locked.is_empty()
     }
 
     /// Returns where one of the policy's settings was made, to name the policy in force in a
@@ -77,6 +132,12 @@ impl PolicySettings {
             .or(self.max_cost_usd_ceiling.as_ref().map(|(_, o)| o))
             .or(self.allow_plugin_override.as_ref().map(|(_, o)| o))
             .or(self.units.values().next().map(|(_, o)| o))
+            .or(self.locked.values().next())
+    }
+
+    /// Returns where `lock` was set, when the policy locks it.
+    pub fn locks(&self, lock: Lock) -> Option<&Origin> {
+        self.locked.get(&lock)
     }
 }
 

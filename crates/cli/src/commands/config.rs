@@ -56,6 +56,8 @@ struct PolicyReport<'a> {
     units: BTreeMap<&'a str, PolicyValue<'a, &'a str>>,
     /// The effective consent: `false` with no source when no policy file sets it.
     allow_plugin_override: PolicyValue<'a, bool>,
+    /// The settings nothing may loosen (`locked`), each with where it was locked.
+    locked: Vec<PolicyValue<'a, &'static str>>,
 }
 
 #[derive(Serialize)]
@@ -107,6 +109,11 @@ fn policy_report<'a>(loaded: &'a LoadedConfig, provider: Option<&str>) -> Policy
             .iter()
             .filter(|(name, _)| provider.is_none_or(|p| p == name.as_str()))
             .map(|(name, (unit, origin))| (name.as_str(), PolicyValue::new(unit.as_str(), origin)))
+            .collect(),
+        locked: policy
+            .locked
+            .iter()
+            .map(|(lock, origin)| PolicyValue::new(lock.name(), origin))
             .collect(),
         allow_plugin_override: match &policy.allow_plugin_override {
             Some((allow, origin)) => PolicyValue::new(*allow, origin),
@@ -339,6 +346,9 @@ fn print_policy(policy: &PolicyReport<'_>) -> std::io::Result<()> {
             unit.value,
             unit.origin_text()
         ))?;
+    }
+    for lock in &policy.locked {
+        output::line(format!("  locked: {} ({})", lock.value, lock.origin_text()))?;
     }
     let allow = &policy.allow_plugin_override;
     output::line(format!(
