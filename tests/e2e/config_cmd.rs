@@ -1407,3 +1407,40 @@ fn invalid_token_and_cost_budgets_in_files_are_errors_naming_file_and_key() {
         );
     }
 }
+
+#[test]
+fn the_users_policy_holds_without_home_and_a_relative_home_is_refused() {
+    let sb = Sandbox::new();
+    sb.write(
+        "xdg-config/stepguard/stepguard.toml",
+        "[policy]\nmax_steps_ceiling = 7\n",
+    );
+    let (_, env) = policy_env(&sb);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    // HOME unset: XDG_CONFIG_HOME still places the user's file, and its policy applies.
+    let mut cmd = sb.cmd(&["config", "--json"]);
+    cmd.env_remove("HOME").envs(env.iter().copied());
+    let run: crate::harness::Run = cmd.output().unwrap().into();
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert_eq!(run.json()["max_steps"], json!(7));
+    // A relative HOME would be looked for under the repository: refused, naming the fix. On
+    // main, the repository's own `home/.config/stepguard/stepguard.toml` became the user's file.
+    sb.write(
+        "project/home/.config/stepguard/stepguard.toml",
+        "[policy]\nallow_plugin_override = true\n",
+    );
+    let mut cmd = sb.cmd(&["config"]);
+    cmd.env_remove("XDG_CONFIG_HOME")
+        .env("HOME", "home")
+        .envs(env.iter().copied());
+    let run: crate::harness::Run = cmd.output().unwrap().into();
+    assert_eq!(run.code, Some(2), "{}", run.stderr);
+    assert!(
+        run.stderr.contains(
+            "failed to find the user's config file: HOME is `home`, not an absolute path; set \
+             HOME or XDG_CONFIG_HOME to an absolute path"
+        ),
+        "{}",
+        run.stderr
+    );
+}

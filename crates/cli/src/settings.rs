@@ -41,7 +41,7 @@ pub(crate) fn config_sources(explicit: Option<&Path>) -> anyhow::Result<Vec<Conf
     Ok(stepguard_config::discover_sources(
         &cwd,
         explicit,
-        &SearchPaths::from_env(),
+        &SearchPaths::from_env()?,
     ))
 }
 

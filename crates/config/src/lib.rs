@@ -154,6 +154,15 @@ pub enum ConfigError {
         /// The parser's message.
         message: String,
     },
+    /// The user's config file (which may hold the user's policy) cannot be placed.
+    #[error(
+        "failed to find the user's config file: {reason}; set HOME or XDG_CONFIG_HOME to an \
+         absolute path"
+    )]
+    NoUserConfig {
+        /// Why, e.g. `HOME is unset and the user has no home directory in the passwd database`.
+        reason: String,
+    },
     /// The file parsed but holds values of the wrong shape (e.g. `profile = 3`).
     #[error("{}", format_errors(.0))]
     Invalid(Vec<Diagnostic>),
@@ -251,18 +260,19 @@ pub struct SearchPaths {
 
 impl SearchPaths {
     /// Returns the paths of this process: [`user_config_path`], `$STEPGUARD_SYSTEM_CONFIG` else
-    /// [`SYSTEM_CONFIG`], and `$STEPGUARD_POLICY`. Empty variables count as unset.
-    pub fn from_env() -> Self {
+    /// [`SYSTEM_CONFIG`], and `$STEPGUARD_POLICY`. Empty variables count as unset. Fails when
+    /// the user's file cannot be placed (see [`user_config_path`]).
+    pub fn from_env() -> Result<Self, ConfigError> {
         let var = |name: &str| {
             std::env::var_os(name)
                 .filter(|v| !v.is_empty())
                 .map(PathBuf::from)
         };
-        SearchPaths {
-            user: user_config_path(),
+        Ok(SearchPaths {
+            user: Some(user_config_path()?),
             system: Some(var(SYSTEM_CONFIG_ENV).unwrap_or_else(|| PathBuf::from(SYSTEM_CONFIG))),
             policy: var(POLICY_ENV),
-        }
+        })
     }
 }
 
@@ -319,12 +329,53 @@ impl LoadedConfig {
     }
 }
 
-/// Returns the user's config file path (`$XDG_CONFIG_HOME/stepguard/stepguard.toml`).
-pub fn user_config_path() -> Option<PathBuf> {
-    use etcetera::BaseStrategy;
-    etcetera::choose_base_strategy()
-        .ok()
-        .map(|s| s.config_dir().join("stepguard").join(PROJECT_FILE))
+/// Returns the user's config file path: `$XDG_CONFIG_HOME/stepguard/stepguard.toml` when
+/// `XDG_CONFIG_HOME` is absolute (a relative one is ignored, as the XDG spec says), else
+/// `$HOME/.config/stepguard/stepguard.toml`, with the home directory of the user's passwd entry
+/// when `HOME` is unset or empty (as OpenSSH and `std::env::home_dir` do).
+///
+/// Fails closed, so the user's policy never silently stops applying: when `HOME` is a relative
+/// path (it would be looked for under the working directory, which the repository controls), and
+/// when there is no home directory at all ([`ConfigError::NoUserConfig`]).
+pub fn user_config_path() -> Result<PathBuf, ConfigError> {
+    user_config_from(
+        std::env::var_os("XDG_CONFIG_HOME"),
+        std::env::var_os("HOME"),
+        || etcetera::home_dir().ok(),
+    )
+}
+
+/// [`user_config_path`] from the values of `XDG_CONFIG_HOME` and `HOME`, and the passwd entry's
+/// home directory (asked only when `HOME` is unset or empty).
+fn user_config_from(
+    xdg_config_home: Option<std::ffi::OsString>,
+    home: Option<std::ffi::OsString>,
+    passwd_home: impl FnOnce() -> Option<PathBuf>,
+) -> Result<PathBuf, ConfigError> {
+    let file = |config_dir: PathBuf| config_dir.join("stepguard").join(PROJECT_FILE);
+    if let Some(dir) = xdg_config_home
+        .map(PathBuf::from)
+        .filter(|d| d.is_absolute())
+    {
+        return Ok(file(dir));
+    }
+    let home =
+        match home.filter(|h| !h.is_empty()).map(PathBuf::from) {
+            Some(home) if home.is_absolute() => home,
+            Some(home) => {
+                return Err(ConfigError::NoUserConfig {
+                    reason: format!("HOME is `{}`, not an absolute path", home.display()),
+                });
+            }
+            None => passwd_home().filter(|h| h.is_absolute()).ok_or_else(|| {
+                ConfigError::NoUserConfig {
+                    reason: "HOME is unset and the user has no home directory in the passwd \
+                         database"
+                        .to_owned(),
+                }
+            })?,
+        };
+    Ok(file(home.join(".config")))
 }
 
 /// Returns the config files in effect for `cwd`, highest precedence first: the project file

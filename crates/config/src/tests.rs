@@ -1074,3 +1074,53 @@ fn invalid_spend_ceilings_are_errors_naming_file_and_key() {
         assert!(f.model.policy.is_empty());
     }
 }
+
+#[test]
+fn the_user_file_is_placed_by_xdg_then_home_then_passwd_and_never_silently_lost() {
+    use std::ffi::OsString;
+    let os = |s: &str| Some(OsString::from(s));
+    let never = || -> Option<PathBuf> { panic!("passwd asked although HOME is set") };
+    let user = |xdg, home, passwd: Option<&str>| {
+        user_config_from(xdg, home, || passwd.map(PathBuf::from))
+            .map(|p| p.display().to_string())
+            .map_err(|e| e.to_string())
+    };
+    assert_eq!(
+        user_config_from(os("/x"), os("/h"), never).unwrap(),
+        Path::new("/x/stepguard/stepguard.toml")
+    );
+    // A relative XDG_CONFIG_HOME is ignored, as the XDG spec says.
+    assert_eq!(
+        user_config_from(os("rel"), os("/h"), never).unwrap(),
+        Path::new("/h/.config/stepguard/stepguard.toml")
+    );
+    // HOME unset or empty: the passwd entry's home.
+    for home in [None, os("")] {
+        assert_eq!(
+            user(None, home, Some("/pw")),
+            Ok("/pw/.config/stepguard/stepguard.toml".to_owned())
+        );
+    }
+    // XDG_CONFIG_HOME alone is enough.
+    assert_eq!(
+        user(os("/x"), None, None),
+        Ok("/x/stepguard/stepguard.toml".to_owned())
+    );
+    // No home at all, or a relative HOME (under the repository): an error naming the fix.
+    assert_eq!(
+        user(None, None, None),
+        Err(
+            "failed to find the user's config file: HOME is unset and the user has no home \
+             directory in the passwd database; set HOME or XDG_CONFIG_HOME to an absolute path"
+                .to_owned()
+        )
+    );
+    assert_eq!(
+        user(os("rel"), os("repo/home"), Some("/pw")),
+        Err(
+            "failed to find the user's config file: HOME is `repo/home`, not an absolute path; \
+             set HOME or XDG_CONFIG_HOME to an absolute path"
+                .to_owned()
+        )
+    );
+}
