@@ -1,10 +1,16 @@
 //! Whether a plugin file may be opened at all, judged by who can change it (like OpenSSH's
-//! `StrictModes`).
+//! `StrictModes` and its `safe_path`).
 //!
 //! A plugin runs inside stepguard and decides how steps are counted, so whoever can write the file,
-//! or the directory it sits in, can change the budget. The file and its directory must be owned by
-//! root or by the current effective user and must not be writable by group or others. When the
-//! file is a symbolic link, the directory of its target is checked too.
+//! or any directory on the way to it, can change the budget. The file, its directory and every
+//! directory above it up to `/` must be owned by root or by the current effective user and must
+//! not be writable by group or others. Both the path as given and its canonical form (symbolic
+//! links resolved) are walked, so a link cannot lead around the check.
+//!
+//! One exception, where this differs from OpenSSH's `safe_path` (which has none): a directory
+//! *above* the plugin's own may be world-writable when its sticky bit is set (`/tmp`), since
+//! others may then add entries to it but not rename or replace the one on the plugin's path.
+//! The plugin's own directory never may: anyone could add a plugin file to it.
 
 use std::path::{Path, PathBuf};
 
@@ -77,26 +83,25 @@ pub fn judge(mode: u32, owner: u32, euid: u32) -> Option<Problem> {
     None
 }
 
-/// Checks that only root or the current user can change the plugin file at `path` and the
-/// directory it is in.
+/// Returns what is wrong with a directory *above* a plugin's own directory: as [`judge`], except
+/// that a world-writable directory with the sticky bit (`/tmp`) is safe, since nobody else may
+/// rename or replace the entry on the plugin's path.
+pub fn judge_ancestor(mode: u32, owner: u32, euid: u32) -> Option<Problem> {
+    match judge(mode, owner, euid) {
+        Some(Problem::Writable { .. }) if mode & 0o1000 != 0 => None,
+        other => other,
+    }
+}
+
+/// Checks that only root or the current user can change the plugin file at `path`, the
+/// directory it is in and every directory above it, along the path as given and along its
+/// canonical form.
 pub fn check_plugin_file(path: &Path) -> Result<(), UnsafePlugin> {
     let euid = geteuid().as_raw();
-    check_one(path, euid).map_err(|problem| UnsafePlugin { dir: None, problem })?;
-    let dir = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let mut dirs = vec![dir];
-    // A link in a safe directory may point into an unsafe one.
-    if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink())
-        && let Some(real_dir) = std::fs::canonicalize(path)
-            .ok()
-            .and_then(|p| p.parent().map(Path::to_path_buf))
-    {
-        dirs.push(real_dir);
-    }
-    for dir in dirs {
-        check_one(&dir, euid).map_err(|problem| UnsafePlugin {
+    check_one(path, euid, judge).map_err(|problem| UnsafePlugin { dir: None, problem })?;
+    for (dir, own) in dirs_on_the_way(path) {
+        let judge = if own { judge } else { judge_ancestor };
+        check_one(&dir, euid, judge).map_err(|problem| UnsafePlugin {
             dir: Some(dir.clone()),
             problem,
         })?;
@@ -104,7 +109,33 @@ pub fn check_plugin_file(path: &Path) -> Result<(), UnsafePlugin> {
     Ok(())
 }
 
-fn check_one(path: &Path, euid: u32) -> Result<(), Problem> {
+/// Returns the directories on the way to `path`, nearest first, each once, with whether it is
+/// the file's own directory: the ancestors of the absolute path as given, then those of the
+/// canonical path (a link may lead elsewhere).
+fn dirs_on_the_way(path: &Path) -> Vec<(PathBuf, bool)> {
+    let given = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let canonical = std::fs::canonicalize(path).ok();
+    let mut dirs: Vec<(PathBuf, bool)> = Vec::new();
+    for file in std::iter::once(given).chain(canonical) {
+        let ancestors = file
+            .ancestors()
+            .skip(1)
+            .filter(|d| !d.as_os_str().is_empty());
+        for (i, dir) in ancestors.enumerate() {
+            match dirs.iter_mut().find(|(d, _)| d == dir) {
+                Some((_, own)) => *own |= i == 0,
+                None => dirs.push((dir.to_path_buf(), i == 0)),
+            }
+        }
+    }
+    dirs
+}
+
+fn check_one(
+    path: &Path,
+    euid: u32,
+    judge: fn(u32, u32, u32) -> Option<Problem>,
+) -> Result<(), Problem> {
     let stat = rustix::fs::stat(path).map_err(|e| Problem::Unreadable(e.to_string()))?;
     let mode = Mode::from_raw_mode(stat.st_mode).bits();
     judge(mode, stat.st_uid, euid).map_or(Ok(()), Err)
@@ -151,6 +182,28 @@ mod tests {
                 "{mode:o}"
             );
         }
+    }
+
+    #[test]
+    fn a_sticky_directory_above_the_plugins_own_is_safe_but_not_as_its_own() {
+        assert_eq!(judge_ancestor(0o1777, 0, 1000), None);
+        assert_eq!(judge_ancestor(0o1777, 1000, 1000), None);
+        assert_eq!(judge_ancestor(0o755, 0, 1000), None);
+        assert_eq!(
+            judge_ancestor(0o777, 0, 1000),
+            Some(Problem::Writable { mode: 0o777 })
+        );
+        assert_eq!(
+            judge_ancestor(0o1777, 1001, 1000),
+            Some(Problem::Owner {
+                owner: 1001,
+                euid: 1000
+            })
+        );
+        assert_eq!(
+            judge(0o1777, 0, 1000),
+            Some(Problem::Writable { mode: 0o1777 })
+        );
     }
 
     #[test]
@@ -230,6 +283,49 @@ mod tests {
         std::os::unix::fs::symlink(&target, &link).expect("symlink");
         let err = check_plugin_file(&link).expect_err("target directory is world-writable");
         assert_eq!(err.problem, Problem::Writable { mode: 0o777 });
+
+        // Every directory above counts too, as in OpenSSH's safe_path: a world-writable one
+        // lets anyone swap the directories below it.
+        chmod(&open, 0o755);
+        let deep = open.join("a/b/plugins");
+        std::fs::create_dir_all(&deep).expect("mkdir");
+        for d in [open.join("a"), open.join("a/b"), deep.clone()] {
+            chmod(&d, 0o755);
+        }
+        let lib = deep.join("libz.so");
+        std::fs::write(&lib, b"").expect("write");
+        chmod(&lib, 0o644);
+        assert_eq!(check_plugin_file(&lib), Ok(()));
+        chmod(&open.join("a"), 0o777);
+        assert_eq!(
+            check_plugin_file(&lib),
+            Err(UnsafePlugin {
+                dir: Some(open.join("a")),
+                problem: Problem::Writable { mode: 0o777 }
+            })
+        );
+        chmod(&open.join("a"), 0o775);
+        let err = check_plugin_file(&lib).expect_err("group-writable ancestor");
+        assert_eq!(err.dir, Some(open.join("a")));
+        // … unless it is sticky, as /tmp is; the plugin's own directory never may be.
+        chmod(&open.join("a"), 0o1777);
+        assert_eq!(check_plugin_file(&lib), Ok(()));
+        chmod(&deep, 0o1777);
+        assert_eq!(
+            check_plugin_file(&lib).expect_err("own dir").dir,
+            Some(deep.clone())
+        );
+        chmod(&deep, 0o755);
+        // A relative path is walked from the working directory up.
+        let relative = check_plugin_file(Path::new("no-such-dir/libz.so")).expect_err("missing");
+        assert_eq!(relative.dir, None);
+        // A link to the plugin directory through a world-writable directory is judged there.
+        chmod(&open.join("a"), 0o777);
+        let via = tmp.path().join("via");
+        std::os::unix::fs::symlink(&deep, &via).expect("symlink");
+        let err = check_plugin_file(&via.join("libz.so")).expect_err("through the link");
+        assert_eq!(err.dir, Some(open.join("a")));
+        chmod(&open.join("a"), 0o755);
 
         let missing = check_plugin_file(&dir.join("nope.so")).expect_err("missing");
         assert!(
