@@ -688,7 +688,8 @@ fn replacing_a_builtin_needs_consent_and_without_it_the_builtin_budget_holds() {
     );
     let fixture = crate::harness::workspace().join("tests/fixtures/streams/codex/long_run.jsonl");
 
-    // Without consent: refused with one warning, and the built-in counts.
+    // Without consent: the file is not even opened (codex is built in and may not be replaced,
+    // so `count -p codex` needs no plugin file), and the built-in counts.
     let count = sb.run(&[
         "count",
         "-p",
@@ -699,7 +700,7 @@ fn replacing_a_builtin_needs_consent_and_without_it_the_builtin_budget_holds() {
         arg(&fixture),
     ]);
     assert_eq!(count.code, Some(0), "{}", count.stderr);
-    assert_eq!(count.stderr.trim(), warning);
+    assert_eq!(count.stderr.trim(), "");
     let v = count.json();
     assert_eq!(
         (
@@ -730,12 +731,15 @@ fn replacing_a_builtin_needs_consent_and_without_it_the_builtin_budget_holds() {
         "the built-in budget holds: {}",
         run.stderr
     );
-    assert!(run.stderr.contains(&warning), "{}", run.stderr);
+    assert!(!run.stderr.contains("would replace"), "{}", run.stderr);
     let s: Value = serde_json::from_slice(&std::fs::read(&summary).unwrap()).unwrap();
     assert_eq!(
         (s["plugin_source"].as_str(), s["error_type"].as_str()),
         (Some("builtin"), Some("max_steps"))
     );
+    // `plugins`, which inspects every file, says why it was refused.
+    let listed = sb.run(&["plugins", "--plugin-dir", arg(dir)]);
+    assert!(listed.stderr.contains(&warning), "{}", listed.stderr);
 
     // With consent: the plugin replaces it and the run record names the file.
     let count = sb.run(&[
@@ -923,7 +927,8 @@ fn a_refused_file_is_warned_about_by_the_commands_that_need_its_provider() {
     let claude_stream =
         crate::harness::workspace().join("tests/fixtures/streams/claude/long_run.jsonl");
 
-    // `count -p claude` does not need it; `count -p codex` does (the built-in counts, with the warning).
+    // Neither `count -p claude` nor `count -p codex` opens it: both are built in and may not be
+    // replaced, so neither needs a plugin file.
     let other = sb.run(&[
         "count",
         "-p",
@@ -942,13 +947,7 @@ fn a_refused_file_is_warned_about_by_the_commands_that_need_its_provider() {
         arg(&codex_stream()),
     ]);
     assert_eq!(needed.code, Some(0), "{}", needed.stderr);
-    assert_eq!(
-        needed.stderr.trim(),
-        format!(
-            "stepguard: warning: plugin {} would replace the built-in provider `codex`; pass --allow-override to allow it",
-            plugin.display()
-        )
-    );
+    assert_eq!(needed.stderr.trim(), "");
 
     // `config` and `validate` warn at the file when the provider is one they check.
     let warning = format!(
@@ -1155,4 +1154,68 @@ fn plugins_new_refuses_a_bad_name_and_a_directory_in_use() {
         std::fs::read_to_string(sb.root().join("used/keep.txt")).unwrap(),
         "mine"
     );
+}
+
+/// A shared library this test process has mapped (libgcc_s, which Rust binaries link), copied
+/// into `dir` as a plugin file: one the loader would really open. `None` when there is none.
+fn copy_a_shared_library(dir: &Path) -> Option<PathBuf> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    let lib = maps
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .find(|p| p.contains("libgcc_s") || p.contains("libz."))?;
+    std::fs::create_dir_all(dir).ok()?;
+    let dest = dir.join("libcopied.so");
+    std::fs::copy(lib, &dest).ok()?;
+    std::fs::set_permissions(&dest, std::fs::Permissions::from_mode(0o644)).ok()?;
+    Some(dest)
+}
+
+#[test]
+fn a_command_of_a_builtin_provider_opens_no_plugin_file() {
+    let sb = Sandbox::new();
+    let dir = sb.root().join("plugins");
+    let Some(lib) = copy_a_shared_library(&dir) else {
+        eprintln!("SKIPPED: no shared library mapped in this process to copy as a plugin file");
+        return;
+    };
+    let stream = sb.write(
+        "s.jsonl",
+        std::fs::read(workspace().join("tests/fixtures/streams/codex/long_run.jsonl")).unwrap(),
+    );
+    // glibc's loader names every file it opens under LD_DEBUG=files.
+    let opened = |args: &[&str]| {
+        let mut full = vec!["--plugin-dir", arg(&dir)];
+        full.extend(args);
+        let run = sb.run_env(&full, &[("LD_DEBUG", "files")]);
+        (run.code, run.stderr.contains(arg(&lib)), run.stderr)
+    };
+    for args in [
+        &["count", "-p", "codex", arg(&stream)][..],
+        &[
+            "run",
+            "--no-record",
+            "-q",
+            "-p",
+            "codex",
+            "--",
+            "cat",
+            arg(&stream),
+        ],
+    ] {
+        let (code, opened, stderr) = opened(args);
+        assert_eq!(code, Some(0), "{args:?}: {stderr}");
+        assert!(!opened, "{args:?} opened {}", lib.display());
+    }
+    // `plugins` inspects every file (the control: the loader does report this one), and a
+    // provider that is not built in needs them all.
+    let (_, opened_all, stderr) = opened(&["plugins"]);
+    assert!(
+        opened_all,
+        "`plugins` did not open {}: {stderr}",
+        lib.display()
+    );
+    let (code, opened_all, _) = opened(&["count", "-p", "nosuch", arg(&stream)]);
+    assert_eq!(code, Some(2));
+    assert!(opened_all);
 }

@@ -183,7 +183,12 @@ pub(crate) fn provider<'s>(
     name: &str,
     unit: Option<&str>,
 ) -> anyhow::Result<Selection<'s>> {
-    providers::select(session.registry(), name, unit, Some(&session.config))
+    providers::select(
+        session.registry_for(name),
+        name,
+        unit,
+        Some(&session.config),
+    )
 }
 
 /// The loop settings a provider can keep: none when it does not report tool calls.

@@ -7,7 +7,7 @@ use stepguard_config::{ConfigModel, Origin};
 use stepguard_config::{Diagnostic, LoadedConfig, Severity, did_you_mean};
 use stepguard_plugin_api::host::Provider;
 use stepguard_plugin_api::{CounterRequest, Manifest, ProviderBox};
-use stepguard_plugin_host::{LoadFailure, LoadPolicy, PLUGIN_PATH_ENV, Registry};
+use stepguard_plugin_host::{LoadFailure, LoadPolicy, Needed, PLUGIN_PATH_ENV, Registry};
 
 use crate::exit::UsageError;
 use crate::output;
@@ -36,7 +36,14 @@ pub(crate) type ProviderTable = BTreeMap<String, (serde_json::Value, Origin)>;
 /// Files that are refused or fail to load are not reported here: `plugins` lists them all
 /// ([`warn_failure`]), and a command that needs a provider warns about the files meant to be that
 /// provider ([`select`], [`check_config`]). A file no command needs is news only to `plugins`.
-pub(crate) fn load_registry(plugin_dirs: &[PathBuf], allow_override: bool) -> Registry {
+///
+/// Only the files a command needs are opened ([`Needed`]): `run -p codex` and `count -p codex`
+/// open none while codex is built in and may not be replaced.
+pub(crate) fn load_registry(
+    plugin_dirs: &[PathBuf],
+    allow_override: bool,
+    needed: Needed<'_>,
+) -> Registry {
     for unusable in unusable_plugin_dirs(plugin_dirs) {
         output::diag("warning", unusable);
     }
@@ -47,7 +54,7 @@ pub(crate) fn load_registry(plugin_dirs: &[PathBuf], allow_override: bool) -> Re
     for ignored in &search.ignored {
         output::diag("warning", ignored.to_string());
     }
-    registry.load_dirs_with(&search.dirs, LoadPolicy { allow_override });
+    registry.load_dirs_for(&search.dirs, LoadPolicy { allow_override }, needed);
     registry
 }
 

@@ -5,7 +5,7 @@ use std::cell::OnceCell;
 use std::path::{Path, PathBuf};
 
 use stepguard_config::LoadedConfig;
-use stepguard_plugin_host::Registry;
+use stepguard_plugin_host::{Needed, Registry};
 
 use crate::args::{BudgetArgs, Cli};
 use crate::providers;
@@ -49,11 +49,18 @@ impl<'c> Session<'c> {
         Limits::resolve(budget, loop_limit, &self.config.model)
     }
 
-    /// Returns the providers: the built-in ones and the plugins found, loaded on first use (so a
-    /// bad limit is reported before any warning about plugins, as a user reads a command line).
+    /// Returns the providers: the built-in ones and every plugin found, loaded on first use (so
+    /// a bad limit is reported before any warning about plugins, as a user reads a command line).
     pub(crate) fn registry(&self) -> &Registry {
         self.registry
-            .get_or_init(|| load_registry(self.cli, &self.config))
+            .get_or_init(|| load_registry(self.cli, &self.config, Needed::All))
+    }
+
+    /// Returns the providers a command of provider `name` needs, loaded on first use: no plugin
+    /// file is opened when `name` is built in and may not be replaced.
+    pub(crate) fn registry_for(&self, name: &str) -> &Registry {
+        self.registry
+            .get_or_init(|| load_registry(self.cli, &self.config, Needed::Provider(name)))
     }
 
     /// Returns the price table in effect: the shipped one, with the models of `--prices FILE`
@@ -84,7 +91,7 @@ impl<'c> Session<'c> {
 /// Loads the providers for `config`: the built-in ones and the plugins of `--plugin-dir` and the
 /// search path, a plugin replacing a built-in one only with consent (see
 /// [`settings::allow_override`]). `validate` loads them this way for config it checks itself.
-pub(crate) fn load_registry(cli: &Cli, config: &LoadedConfig) -> Registry {
+pub(crate) fn load_registry(cli: &Cli, config: &LoadedConfig, needed: Needed<'_>) -> Registry {
     let allow = settings::allow_override(config, cli.allow_override);
-    providers::load_registry(&cli.plugin_dir, allow)
+    providers::load_registry(&cli.plugin_dir, allow, needed)
 }

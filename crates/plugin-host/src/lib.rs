@@ -13,12 +13,16 @@
 //!
 //! Plugins decide how steps are counted, so loading one is a matter of trust:
 //!
-//! - a file is opened only when it and its directory are owned by root or the current user and
-//!   writable by nobody else ([`trust::check_plugin_file`], like OpenSSH's `StrictModes`);
+//! - a file is opened only when it, its directory and every directory above it are owned by
+//!   root or the current user and writable by nobody else ([`trust::check_plugin_file`], like
+//!   OpenSSH's `StrictModes` and `safe_path`);
 //! - a plugin whose name matches a built-in replaces it only when the caller consents
 //!   ([`LoadPolicy::allow_override`]); otherwise the built-in stays and the file is refused. The
 //!   name comes from the plugin's manifest, so such a file has been opened by then: this keeps
 //!   the budget's counter, it does not sandbox code that the current user could already run.
+//!
+//! A command opens only the files it needs ([`Needed`], [`Registry::load_dirs_for`]): one of a
+//! built-in provider that no plugin may replace opens none.
 //!
 //! A file that is refused or fails to load is skipped and remembered ([`Registry::failures`],
 //! [`Registry::failures_for`]): a command that needs the provider it was meant to be fails with
@@ -75,6 +79,16 @@ pub struct Entry {
     pub source: Source,
     /// True when this loaded plugin replaced a built-in provider of the same name.
     pub replaces_builtin: bool,
+}
+
+/// Which plugin files a command needs opened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Needed<'a> {
+    /// Every file (`plugins`, `config`, `validate`: they report on all of them).
+    All,
+    /// Only what provider `name` may come from: no file at all when it is built in and no
+    /// plugin may replace it, else every file (a file's provider is known only once opened).
+    Provider(&'a str),
 }
 
 /// What the registry may load, beyond files that pass the trust check.
@@ -298,6 +312,26 @@ impl Registry {
     /// default policy: no plugin may replace a built-in.
     pub fn load_dirs(&mut self, dirs: &[PathBuf]) {
         self.load_dirs_with(dirs, LoadPolicy::default());
+    }
+
+    /// Loads the plugin files in `dirs` that a command needing `needed` needs (see [`Needed`]):
+    /// a command of a built-in provider that no plugin may replace opens none, so a bad file
+    /// in a plugin directory cannot touch it.
+    pub fn load_dirs_for(&mut self, dirs: &[PathBuf], policy: LoadPolicy, needed: Needed<'_>) {
+        if let Needed::Provider(name) = needed
+            && !policy.allow_override
+            && self
+                .entries
+                .get(name)
+                .is_some_and(|e| e.source == Source::Builtin)
+        {
+            tracing::debug!(
+                provider = name,
+                "built in and not replaceable: no plugin file opened"
+            );
+            return;
+        }
+        self.load_dirs_with(dirs, policy);
     }
 
     /// Loads every plugin file in `dirs` (in order; missing directories are skipped) under

@@ -3,6 +3,7 @@
 use serde::Serialize;
 use stepguard_core::ExitCode;
 use stepguard_plugin_api::{Manifest, ModelEndpoint, NativeLimit, OptionInfo, UnitInfo};
+use stepguard_plugin_host::Needed;
 
 use crate::args::{Cli, PluginsAction, PluginsArgs};
 use crate::{output, providers};
@@ -35,7 +36,7 @@ pub(crate) fn run(cli: &Cli, args: &PluginsArgs) -> anyhow::Result<ExitCode> {
         }) => return super::plugin_template::run(name, dir.as_deref(), api_path.as_deref()),
         None => {}
     }
-    let registry = providers::load_registry(&cli.plugin_dir, cli.allow_override);
+    let registry = providers::load_registry(&cli.plugin_dir, cli.allow_override, Needed::All);
     // Listing plugins is the one place every refused file is news: one line each.
     for failure in registry.failures() {
         providers::warn_failure(failure);

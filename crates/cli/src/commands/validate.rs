@@ -55,7 +55,8 @@ pub(crate) fn run(
         let (loaded, failures) = stepguard_config::load_all(&sources);
         diags.extend(failures);
         diags.extend(stepguard_config::validate(&loaded, args.strict));
-        let registry = crate::session::load_registry(cli, &loaded);
+        let registry =
+            crate::session::load_registry(cli, &loaded, stepguard_plugin_host::Needed::All);
         diags.extend(providers::check_config(&registry, &loaded.model, None));
     }
     if args.strict {
