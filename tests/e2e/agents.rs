@@ -16,10 +16,10 @@ use std::time::Instant;
 use serde_json::Value;
 use stepguard_modelserver::{ModelServer, Script};
 
-use crate::harness::{Run, STEPGUARD, workspace};
+use crate::harness::{Run, STEPGUARD, target_dir, workspace};
 
 /// How to get the CLIs, said whenever they are missing.
-const INSTALL_HINT: &str = "run `.ci/install-agent-clis` (or set STEPGUARD_AGENT_CLIS to a directory holding claude, codex, gemini and opencode); without `--run-ignored` these tests are skipped";
+const INSTALL_HINT: &str = "run `.ci/install-agent-clis` with the same CARGO_TARGET_DIR as the tests (or set STEPGUARD_AGENT_CLIS to a directory holding claude, codex, gemini and opencode); without `--run-ignored` these tests are skipped";
 
 /// An agent CLI under test.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,7 +47,7 @@ impl Cli {
 pub fn cli_dir() -> PathBuf {
     let dir = std::env::var_os("STEPGUARD_AGENT_CLIS")
         .map(PathBuf::from)
-        .unwrap_or_else(|| workspace().join("target/agent-clis/node_modules/.bin"));
+        .unwrap_or_else(|| target_dir().join("agent-clis/node_modules/.bin"));
     let missing: Vec<&str> = ["claude", "codex", "gemini", "opencode"]
         .into_iter()
         .filter(|c| !dir.join(c).exists())

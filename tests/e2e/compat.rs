@@ -4,13 +4,13 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::harness::{Sandbox, plugin_dirs, workspace};
+use crate::harness::{Sandbox, plugin_dirs, target_dir, workspace};
 
 /// Builds the compatibility workspace once (cargo skips what is fresh) and returns its output dir.
 fn compat_build() -> &'static Path {
     static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     DIR.get_or_init(|| {
-        let target = workspace().join("target/compat");
+        let target = target_dir().join("compat");
         std::fs::create_dir_all(&target).expect("mkdir");
         let lock = std::fs::File::create(target.join(".lock")).expect("lock file");
         lock.lock().expect("lock");

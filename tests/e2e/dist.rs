@@ -5,7 +5,7 @@ use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
 use std::process::Command;
 
-use crate::harness::{Sandbox, workspace};
+use crate::harness::{Sandbox, target_dir, workspace};
 
 fn mode(path: &Path) -> u32 {
     std::fs::metadata(path)
@@ -26,10 +26,7 @@ fn dist_lays_out_bin_and_lib_and_the_binary_finds_opencode_there() {
     let out = Command::new(workspace().join(".ci/dist"))
         .args(["--profile", "debug", "--out"])
         .arg(&prefix)
-        .env(
-            "CARGO_TARGET_DIR",
-            workspace().join("target/fixture-plugins"),
-        )
+        .env("CARGO_TARGET_DIR", target_dir().join("fixture-plugins"))
         .output()
         .expect("run .ci/dist");
     assert!(

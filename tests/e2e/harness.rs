@@ -203,6 +203,15 @@ pub fn workspace() -> PathBuf {
         .expect("workspace root")
 }
 
+/// The cargo target directory the tests were built in (`CARGO_TARGET_DIR`, else `target/` in
+/// the workspace): everything the tests build or install goes under it, never into the
+/// workspace's own `target/` when the target directory is elsewhere. Cargo tells integration
+/// tests its `tmp/` directory (`CARGO_TARGET_TMPDIR`); the target directory is its parent.
+pub fn target_dir() -> PathBuf {
+    let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    tmp.parent().unwrap_or(tmp).to_path_buf()
+}
+
 /// Directories of plugin files built for the tests.
 pub struct PluginDirs {
     /// Plugins that load: fixture, fixture-old, fixture-panic, the codex override, opencode.
@@ -216,12 +225,12 @@ pub struct PluginDirs {
 }
 
 /// Builds (once per machine state; cargo skips what is fresh) the plugin variants the tests load,
-/// each in the shared `target/fixture-plugins` directory, under a file lock so that parallel
+/// each in the shared `fixture-plugins` directory of the target directory ([`target_dir`]), under a file lock so that parallel
 /// test processes do not race.
 pub fn plugin_dirs() -> &'static PluginDirs {
     static DIRS: std::sync::OnceLock<PluginDirs> = std::sync::OnceLock::new();
     DIRS.get_or_init(|| {
-        let root = workspace().join("target/fixture-plugins");
+        let root = target_dir().join("fixture-plugins");
         std::fs::create_dir_all(&root).expect("mkdir");
         let lock = std::fs::File::create(root.join(".lock")).expect("lock file");
         lock.lock().expect("lock");

@@ -1075,7 +1075,7 @@ fn plugins_new_writes_a_crate_that_builds_tests_and_counts_outside_the_workspace
     // Built as a third party would, outside the workspace (its versions pinned like ours).
     std::fs::copy(workspace().join("Cargo.lock"), dir.join("Cargo.lock")).unwrap();
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let target = workspace().join("target/template");
+    let target = crate::harness::target_dir().join("template");
     let cargo_in = |args: &[&str]| {
         let out = std::process::Command::new(&cargo)
             .current_dir(&dir)
