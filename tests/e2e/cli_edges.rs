@@ -167,9 +167,10 @@ fn a_timeout_that_is_not_a_duration_is_named_with_an_example() {
     );
     assert!(!run.stderr.contains("expected number"), "{}", run.stderr);
     let run = sb.run(&["run", "-p", "codex", "--timeout", "30", "--", "true"]);
+    assert_eq!(run.code, Some(2), "{}", run.stderr);
     assert!(
         run.stderr
-            .contains("`30` is not a duration (it has no unit)"),
+            .contains("`30` has no unit; add a unit: 30s (seconds) or 30m (minutes)"),
         "{}",
         run.stderr
     );

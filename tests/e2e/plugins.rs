@@ -1056,7 +1056,8 @@ fn plugins_new_writes_a_crate_that_builds_tests_and_counts_outside_the_workspace
         readme.contains("libstepguard_plugin_myagent.so"),
         "{readme}"
     );
-    // Without --api-path the dependency is the release's git tag.
+    // Without --api-path the dependency is the plugin API of the checkout stepguard was built
+    // from (it used to be a placeholder git URL, so the crate's `cargo test` failed).
     let default = sb.run(&[
         "plugins",
         "new",
@@ -1066,11 +1067,23 @@ fn plugins_new_writes_a_crate_that_builds_tests_and_counts_outside_the_workspace
     ]);
     assert_eq!(default.code, Some(0), "{}", default.stderr);
     let manifest = std::fs::read_to_string(sb.root().join("o/Cargo.toml")).unwrap();
+    let api_dir = workspace().join("crates/plugin-api");
     assert!(
-        manifest
-            .contains("git = \"https://example.invalid/stepguard\", tag = \"plugin-api-v1.0.0\""),
+        manifest.contains(&format!(
+            "stepguard-plugin-api = {{ path = \"{}\" }}",
+            api_dir.display()
+        )),
         "{manifest}"
     );
+    assert!(
+        default.stderr.contains(&format!(
+            "stepguard-plugin-api: the source checkout stepguard was built from ({})",
+            api_dir.display()
+        )),
+        "{}",
+        default.stderr
+    );
+    assert!(!manifest.contains("example.invalid"), "{manifest}");
 
     // Built as a third party would, outside the workspace (its versions pinned like ours).
     std::fs::copy(workspace().join("Cargo.lock"), dir.join("Cargo.lock")).unwrap();

@@ -555,6 +555,40 @@ fn on_limit_ask_through_a_pseudo_terminal() {
 }
 
 #[test]
+fn three_invalid_answers_at_the_prompt_stop_the_run_saying_why() {
+    let sb = Sandbox::new();
+    let agent = replaying_agent(&sb, &fixture("real/codex/tools12.jsonl"));
+    let mut pty = Pty::open();
+    let file = sb.root().join("summary.json").display().to_string();
+    let child = pty.spawn(&mut sb.cmd(&[
+        "run",
+        "--summary-file",
+        &file,
+        "-p",
+        "codex",
+        "--unit",
+        "tool",
+        "--max-steps",
+        "2",
+        "--on-limit",
+        "ask",
+        "--",
+        &agent,
+    ]));
+    for answer in ["maybe\n", "a lot\n", "x\n"] {
+        pty.wait_for("[c]ontinue without a limit? ");
+        pty.type_text(answer);
+    }
+    pty.wait_for("stepguard: no valid answer in 3 tries; stopping the agent (as [s]top would)");
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    assert_eq!(
+        summary(&sb)["on_limit_decisions"],
+        serde_json::json!(["stop"])
+    );
+}
+
+#[test]
 fn on_limit_ask_without_a_terminal_behaves_like_stop() {
     let sb = Sandbox::new();
     let agent = replaying_agent(&sb, &fixture("real/codex/tools12.jsonl"));

@@ -580,3 +580,60 @@ fn side_calls_through_the_gateway_do_not_stop_the_clocks() {
         assert!(calls >= 10, "{clock}: only {calls} side calls went through");
     }
 }
+
+#[test]
+fn a_gateway_refusal_is_said_once() {
+    // A stand-in agent that makes one model call through the gateway with a model that has no
+    // price, under a cost budget: the gateway refuses it and stepguard says why, once (it said
+    // it twice: logged as an error, then as the run's message).
+    if std::process::Command::new("curl")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("SKIPPED: curl is not installed; the stand-in agent needs it");
+        return;
+    }
+    let sb = Sandbox::new();
+    let agent = sb.write(
+        "agent.sh",
+        "#!/bin/sh\ncurl -s -m 5 -X POST \"$ANTHROPIC_BASE_URL/v1/messages\" \
+         -H 'content-type: application/json' -H \"x-api-key: $ANTHROPIC_API_KEY\" \
+         -d '{\"model\":\"no-such-model-9\",\"max_tokens\":10,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}' \
+         >/dev/null\nsleep 20\n",
+    );
+    std::fs::set_permissions(&agent, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let run = sb.run_env(
+        &[
+            "run",
+            "--no-record",
+            "--no-preflight",
+            "--no-native-limit",
+            "--wrap-up",
+            "--max-cost-usd",
+            "1",
+            "-p",
+            "claude",
+            "--",
+            agent.to_str().unwrap(),
+        ],
+        &[
+            ("ANTHROPIC_BASE_URL", "http://127.0.0.1:9"),
+            ("ANTHROPIC_API_KEY", "sk-test"),
+        ],
+    );
+    assert_eq!(run.code, Some(2), "{}", run.stderr);
+    assert_eq!(
+        run.stderr
+            .matches("the model `no-such-model-9` has no price")
+            .count(),
+        1,
+        "{}",
+        run.stderr
+    );
+    assert!(
+        run.stderr.contains("failed: unpriced_model"),
+        "{}",
+        run.stderr
+    );
+}

@@ -456,7 +456,13 @@ const MAX_GRACE: Duration = Duration::from_secs(3600);
 
 /// Parses a humane duration no longer than `max`; `zero_ok` says whether 0 is meaningful.
 fn parse_duration(text: &str, max: Duration, zero_ok: bool) -> Result<Duration, String> {
-    let d: Duration = humantime::parse_duration(text.trim()).map_err(|e| {
+    let bare = text.trim();
+    if !bare.is_empty() && bare.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!(
+            "`{text}` has no unit; add a unit: {bare}s (seconds) or {bare}m (minutes)"
+        ));
+    }
+    let d: Duration = humantime::parse_duration(bare).map_err(|e| {
         // humantime's own words ("expected number at 0") mean little to someone typing a flag.
         let why = match e {
             humantime::DurationError::UnknownUnit { unit, .. } if unit.is_empty() => {
@@ -530,6 +536,15 @@ mod tests {
             parse_timeout("abc")
                 .unwrap_err()
                 .contains("`abc` is not a duration")
+        );
+        // A bare number names the fix.
+        assert_eq!(
+            parse_timeout("10").unwrap_err(),
+            "`10` has no unit; add a unit: 10s (seconds) or 10m (minutes)"
+        );
+        assert_eq!(
+            parse_grace(" 0 ").unwrap_err(),
+            "` 0 ` has no unit; add a unit: 0s (seconds) or 0m (minutes)"
         );
     }
 }

@@ -174,8 +174,9 @@ impl LimitPolicy for AskOnTerminal {
 }
 
 impl AskOnTerminal {
-    /// Asks until an answer is valid (three tries), the question is withdrawn or stdin ends.
-    /// stderr is never held locked across the wait: the engine's thread writes to it too.
+    /// Asks until an answer is valid ([`ASK_TRIES`] tries, then stops saying why), the question
+    /// is withdrawn or stdin ends. stderr is never held locked across the wait: the engine's
+    /// thread writes to it too.
     fn ask(&self, breach: &Breach, question: &Question) -> LimitDecision {
         let Breach { step, limit } = *breach;
         let room = Room {
@@ -203,7 +204,7 @@ impl AskOnTerminal {
             "stepguard: step budget reached: step {step} began, the budget is {limit} ({}). The agent is paused.{within}",
             self.provider
         );
-        for _ in 0..3 {
+        for _ in 0..ASK_TRIES {
             let _ = write!(err, "stepguard: {}? ", room.choices());
             let _ = err.flush();
             let Some(answer) = read_answer(question) else {
@@ -218,9 +219,16 @@ impl AskOnTerminal {
                 }
             }
         }
+        let _ = writeln!(
+            err,
+            "stepguard: no valid answer in {ASK_TRIES} tries; stopping the agent (as [s]top would)"
+        );
         LimitDecision::Stop
     }
 }
+
+/// How many answers the prompt at the limit reads before it stops the run.
+const ASK_TRIES: usize = 3;
 
 /// How far an answer may raise the limit.
 struct Room {

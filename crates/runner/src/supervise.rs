@@ -319,11 +319,11 @@ impl<'t> Engine<'t> {
         }
     }
 
-    /// Stops the run unless someone did, logging `why` as an error and making it the record's
-    /// message.
+    /// Stops the run unless someone did, making `why` the record's message (which the CLI shows
+    /// once, at the end: it is logged here only at debug level, so it is not printed twice).
     fn stop_saying(&mut self, reason: TerminatedBy, why: String) {
         if self.control.terminated_by.is_none() {
-            tracing::error!("{why}");
+            tracing::debug!("{why}");
             self.control.why = Some(why);
             self.control.stop(reason, Signal::TERM);
         }

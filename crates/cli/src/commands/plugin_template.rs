@@ -46,7 +46,8 @@ pub(crate) fn run(
         ))
         .into());
     }
-    let dependency = match api_path {
+    let found = api_path.map(Path::to_path_buf).or_else(source_checkout_api);
+    let dependency = match found.as_deref() {
         Some(path) => {
             let path = std::path::absolute(path)
                 .with_context(|| format!("cannot resolve {}", path.display()))?;
@@ -85,11 +86,43 @@ pub(crate) fn run(
         std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))?;
     }
     output::line(dir.display().to_string())?;
+    match (api_path, &found) {
+        (None, Some(api)) => output::note(format!(
+            "stepguard-plugin-api: the source checkout stepguard was built from ({}); pass \
+             --api-path to use another",
+            api.display()
+        )),
+        (None, None) => output::diag("warning", placeholder_warning()),
+        (Some(_), _) => {}
+    }
     output::note(format!(
         "created the `{name}` provider plugin; next: cd {} && cargo test && cargo build --release, then `stepguard count --plugin-dir target/release --provider {name} sample.jsonl` (see its README.md)",
         dir.display()
     ));
     Ok(ExitCode::Success)
+}
+
+/// The `stepguard-plugin-api` crate of the source checkout this stepguard was built from, when
+/// it is still there (a binary built from source, the way stepguard is installed today).
+fn source_checkout_api() -> Option<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugin-api");
+    dir.join("Cargo.toml")
+        .is_file()
+        .then(|| dir.canonicalize().ok())
+        .flatten()
+}
+
+/// What a crate depending on the git tag needs, said when no API crate was found: the tag is
+/// not published yet, so its `cargo test` cannot fetch it.
+fn placeholder_warning() -> String {
+    format!(
+        "no stepguard-plugin-api crate found, so Cargo.toml depends on {} (tag \
+         plugin-api-v{}), which is not published yet: `cargo test` will fail to fetch it. Pass \
+         --api-path DIR (the crates/plugin-api directory of a stepguard checkout) or edit the \
+         dependency in Cargo.toml",
+        stepguard_plugin_api::REPOSITORY,
+        stepguard_plugin_api::API_VERSION
+    )
 }
 
 /// A provider name is what `--provider` takes and what the library file is named after.
@@ -119,5 +152,19 @@ mod tests {
         for bad in ["", "MyAgent", "2agent", "my agent", "../x", "a/b"] {
             assert!(check_name(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn without_an_api_crate_the_warning_says_cargo_test_will_fail_and_the_fix() {
+        let warning = placeholder_warning();
+        for words in [
+            "which is not published yet: `cargo test` will fail to fetch it",
+            "Pass --api-path DIR (the crates/plugin-api directory of a stepguard checkout)",
+            stepguard_plugin_api::REPOSITORY,
+        ] {
+            assert!(warning.contains(words), "`{words}` in {warning}");
+        }
+        // This build's checkout is found, so the placeholder is not used here.
+        assert!(source_checkout_api().is_some_and(|d| d.ends_with("crates/plugin-api")));
     }
 }
