@@ -25,7 +25,16 @@ fn main_requests(agent: &Agent) -> Vec<RecordedRequest> {
 /// itself; exit 3, `max_steps`, `terminated_by` `wrap_up`, the final text in the record, and
 /// the history row agrees.
 fn wraps_up(cli: Cli, args: &[&str], calls: usize, steps: u64) -> (Agent, AgentRun, Value) {
-    let agent = Agent::start(cli, twelve_rounds());
+    wraps_up_agent(Agent::start(cli, twelve_rounds()), args, calls, steps)
+}
+
+/// [`wraps_up`] with an agent set up by the caller.
+fn wraps_up_agent(
+    agent: Agent,
+    args: &[&str],
+    calls: usize,
+    steps: u64,
+) -> (Agent, AgentRun, Value) {
     let mut all = vec!["--wrap-up", "--max-steps", "5"];
     all.extend_from_slice(args);
     let run = agent.run(&all);
@@ -87,6 +96,7 @@ fn wraps_up(cli: Cli, args: &[&str], calls: usize, steps: u64) -> (Agent, AgentR
 #[test]
 #[ignore = "runs the real agent CLIs: .ci/install-agent-clis, then --run-ignored all"]
 fn claude_wraps_up_at_the_budgets_last_message() {
+    // Claude's default configuration: ANTHROPIC_BASE_URL and ANTHROPIC_API_KEY only.
     // Unit `message`: one per model call; the native --max-turns 5 stays as a second line.
     wraps_up(Cli::Claude, &[], 5, 5);
 }
@@ -101,6 +111,8 @@ fn codex_wraps_up_at_the_budgets_last_item() {
 #[test]
 #[ignore = "runs the real agent CLIs: .ci/install-agent-clis, then --run-ignored all"]
 fn gemini_wraps_up_at_the_budgets_last_request() {
+    // Gemini's default configuration for an API key: GOOGLE_GEMINI_BASE_URL, GEMINI_API_KEY
+    // and the auth type its first start saves (docs/wrap-up.md says why it is needed).
     // Unit `request`: the gateway counts model calls; the router's side call does not count.
     wraps_up(Cli::Gemini, &["--unit", "request"], 5, 5);
 }
@@ -122,6 +134,58 @@ fn opencode_wraps_up_at_the_budgets_last_step() {
         agent.server.model_requests().len() > 5,
         "the title request went through the gateway too"
     );
+}
+
+#[test]
+#[ignore = "runs the real agent CLIs: .ci/install-agent-clis, then --run-ignored all"]
+fn codex_default_provider_wraps_up_through_the_gateway() {
+    // Codex's built-in OpenAI provider, `-c openai_base_url=…` on the user's command (the
+    // record keeps the user's command; stepguard's override after it named the gateway), no
+    // custom provider: every model call went through the gateway, the last one tool-less.
+    let agent = Agent::start_default(Cli::Codex, twelve_rounds());
+    let (agent, _, rec) = wraps_up_agent(agent, &[], 5, 5);
+    let command: Vec<&str> = rec["command"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(
+        !command.iter().any(|a| a.contains("model_provider")),
+        "no custom provider: {command:?}"
+    );
+    let users = format!("openai_base_url={}/v1", agent.server.url());
+    assert!(command.contains(&users.as_str()), "{command:?}");
+    // The gateway answered Codex's WebSocket attempt 426, so it went to HTTP at once: no
+    // reconnects, no error item spent as a step.
+    let gets = agent.server.count(|r| r.method == "GET");
+    assert_eq!(gets, 0, "no WebSocket attempt reached the server");
+}
+
+#[test]
+#[ignore = "runs the real agent CLIs: .ci/install-agent-clis, then --run-ignored all"]
+fn codex_default_model_is_counted_and_wrapped_up_by_the_gateway() {
+    // Codex's own default model sends its tools as an `additional_tools` input item: the
+    // gateway counts its call as a model call and sends the budget's last one tool-less.
+    let agent = Agent::start_default(Cli::Codex, twelve_rounds()).own_model();
+    let run = agent.run(&["--wrap-up", "--unit", "request", "--max-steps", "1"]);
+    run.assert_exit(3);
+    let calls: Vec<_> = agent
+        .server
+        .model_requests()
+        .into_iter()
+        .filter(|r| r.method == "POST")
+        .collect();
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert!(
+        calls[0].tools_disabled,
+        "the budget's last call had tool use off"
+    );
+    assert_eq!(calls[0].notices, 1, "one notice on the last call");
+    let rec = agent.last_record();
+    assert_eq!(rec["model_calls"], 1, "{rec}");
+    assert_eq!(rec["terminated_by"], "wrap_up", "{rec}");
+    assert_eq!(rec["error_type"], "max_steps", "{rec}");
 }
 
 #[test]
