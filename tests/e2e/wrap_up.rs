@@ -519,6 +519,51 @@ fn an_agent_whose_model_calls_bypass_the_gateway_is_stopped_as_such() {
     );
 }
 
+#[test]
+fn a_short_run_whose_calls_bypass_the_gateway_is_always_judged_so() {
+    // The same stand-in, ending at once: the end-of-run judgement decides, not a watchdog
+    // racing the end (3 of 4 such runs used to end `success` with `model_calls: 0`).
+    let sb = Sandbox::new();
+    let stream = crate::harness::fixture("streams/claude/success_multi_tool.jsonl");
+    let script = format!("cat '{stream}'");
+    let summary = sb.root().join("summary.json");
+    for attempt in 0..4 {
+        let run = sb.run(&[
+            "run",
+            "-p",
+            "claude",
+            "--wrap-up",
+            "--max-steps",
+            "50",
+            "--no-native-limit",
+            "--quiet",
+            "--no-record",
+            "--summary-file",
+            summary.to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ]);
+        assert_eq!(run.code, Some(2), "attempt {attempt}: {}", run.stderr);
+        assert!(
+            run.stderr
+                .contains("no model call through the model gateway"),
+            "attempt {attempt}: {}",
+            run.stderr
+        );
+        let rec: Value = serde_json::from_slice(&std::fs::read(&summary).unwrap()).unwrap();
+        assert_eq!(rec["error_type"], "gateway_bypassed", "{rec}");
+        assert_eq!(rec["terminated_by"], "bypassed", "{rec}");
+        assert_eq!(rec["model_calls"], 0, "{rec}");
+        assert_eq!(
+            rec["child_exit_code"], 0,
+            "the agent ended by itself: {rec}"
+        );
+        assert!(rec["num_steps_computed"].as_u64().unwrap_or(0) > 0, "{rec}");
+    }
+}
+
 /// A model that calls a tool on its tool-less last call, counted in model calls: the CLI runs
 /// the tool and calls again; the gateway answers that call itself with a final text, the CLI
 /// ends cleanly on it, and the model never saw more calls than the budget.
@@ -596,6 +641,72 @@ while time.time() < end:
         print(e, file=sys.stderr)
     time.sleep(0.05)
 "#;
+
+/// A stand-in agent: one model call with tools through the gateway, then the stream of the
+/// file named by its argument, whose own token counts are not the server's.
+const ONE_CALL_THEN_STREAM: &str = r#"
+import json, os, sys, urllib.request
+url = os.environ["ANTHROPIC_BASE_URL"].rstrip("/") + "/v1/messages"
+body = json.dumps({"model": "claude-sonnet-4-5", "max_tokens": 64, "stream": False,
+                   "tools": [{"name": "Bash", "input_schema": {"type": "object"}}],
+                   "messages": [{"role": "user", "content": "run it"}]}).encode()
+req = urllib.request.Request(url, data=body, headers={
+    "content-type": "application/json", "x-api-key": "test", "anthropic-version": "2023-06-01"})
+urllib.request.urlopen(req, timeout=10).read()
+with open(sys.argv[1]) as f:
+    sys.stdout.write(f.read())
+"#;
+
+#[test]
+fn the_summary_line_shows_the_tokens_the_record_holds() {
+    // The stream says 79243 in / 881 out; the gateway saw the one call the server answered.
+    // The summary line and the record give the same figures: the gateway's.
+    let server = ModelServer::start(twelve_rounds()).expect("a model server");
+    let sb = Sandbox::new();
+    let agent = sb
+        .write("one_call.py", ONE_CALL_THEN_STREAM)
+        .display()
+        .to_string();
+    let stream = crate::harness::fixture("streams/claude/success_multi_tool.jsonl");
+    let summary = sb.root().join("summary.json");
+    let run = sb.run_env(
+        &[
+            "run",
+            "-p",
+            "claude",
+            "--wrap-up",
+            "--max-steps",
+            "50",
+            "--no-native-limit",
+            "--no-record",
+            "--summary-file",
+            summary.to_str().unwrap(),
+            "--",
+            "python3",
+            &agent,
+            &stream,
+        ],
+        &[("ANTHROPIC_BASE_URL", &server.url())],
+    );
+    let rec: Value = serde_json::from_slice(&std::fs::read(&summary).unwrap()).unwrap();
+    assert_eq!(rec["model_calls"], 1, "{rec}\n{}", run.stderr);
+    let tokens = &rec["tokens"];
+    let (input, output) = (
+        tokens["input_tokens"].as_u64().unwrap(),
+        tokens["output_tokens"].as_u64().unwrap(),
+    );
+    assert_ne!(input, 79243, "the record holds the gateway's count: {rec}");
+    let line = run
+        .stderr
+        .lines()
+        .find(|l| l.contains("Steps: "))
+        .unwrap_or_else(|| panic!("no summary line: {}", run.stderr));
+    assert!(
+        line.contains(&format!("tokens: {input} in / {output} out")),
+        "the summary line says what the record holds ({input} in / {output} out): {line}"
+    );
+    assert!(!line.contains("79243"), "{line}");
+}
 
 #[test]
 fn side_calls_through_the_gateway_do_not_stop_the_clocks() {
