@@ -103,6 +103,11 @@ pub struct Agent {
     pub server: ModelServer,
     dir: tempfile::TempDir,
     bin: PathBuf,
+    /// The CLI's default configuration: its built-in provider, given only a base URL and a
+    /// key the way a user of it would (no custom provider).
+    default_config: bool,
+    /// The model Codex is asked for (`-c model=…`); `None`: Codex's own default.
+    codex_model: Option<&'static str>,
 }
 
 /// What one supervised run did, and when it ended.
@@ -159,8 +164,23 @@ impl Agent {
         )
     }
 
+    /// Sets `cli` up in its default configuration against a new model server following
+    /// `script`. For Codex: its built-in OpenAI provider, given `-c openai_base_url=…` and
+    /// `OPENAI_API_KEY` (no custom `model_providers`), asked for gpt-5.5, the model the server
+    /// scripts tool calls for ([`Agent::own_model`] leaves Codex's default). Claude's and
+    /// Gemini's usual setups already are their default configurations (a base URL variable and
+    /// a key; for Gemini the API-key auth type its first start saves).
+    pub fn start_default(cli: Cli, script: Script) -> Agent {
+        let server = ModelServer::start(script).expect("start the model server");
+        Agent::set_up(cli, server, true)
+    }
+
     /// Sets `cli` up against `server` (e.g. one speaking HTTPS).
     pub fn with_server(cli: Cli, server: ModelServer) -> Agent {
+        Agent::set_up(cli, server, false)
+    }
+
+    fn set_up(cli: Cli, server: ModelServer, default_config: bool) -> Agent {
         let bin = cli_dir().join(cli.name());
         let dir = tempfile::Builder::new()
             .prefix(&format!("sg-{}-", cli.name()))
@@ -171,10 +191,19 @@ impl Agent {
             server,
             dir,
             bin,
+            default_config,
+            codex_model: Some("gpt-5.5"),
         };
         std::fs::create_dir_all(agent.work()).unwrap();
         agent.write_config();
         agent
+    }
+
+    /// Leaves Codex's model to Codex (0.169: `gpt-6.1-sol`, whose tools travel as an
+    /// `additional_tools` input item, not in `tools`).
+    pub fn own_model(mut self) -> Agent {
+        self.codex_model = None;
+        self
     }
 
     /// The agent's working directory.
@@ -283,7 +312,14 @@ impl Agent {
             }
             Cli::Codex => {
                 set("CODEX_HOME", &format!("{home}/.codex"));
-                set("MOCK_API_KEY", "dummy");
+                set(
+                    if self.default_config {
+                        "OPENAI_API_KEY"
+                    } else {
+                        "MOCK_API_KEY"
+                    },
+                    "dummy",
+                );
             }
             Cli::Gemini => {
                 set("GOOGLE_GEMINI_BASE_URL", &url);
@@ -334,16 +370,24 @@ impl Agent {
                 .into_iter()
                 .map(String::from)
                 .collect();
-                for c in [
-                    "model_provider=mock",
-                    "model=gpt-5.5",
-                    provider.as_str(),
+                // The built-in provider: only its base URL, as `-c openai_base_url` (Codex
+                // 0.169 does not read OPENAI_BASE_URL).
+                let default_url = format!("openai_base_url={url}/v1");
+                let model = self.codex_model.map(|m| format!("model={m}"));
+                let routing = if self.default_config {
+                    std::iter::once(default_url.as_str())
+                        .chain(model.as_deref())
+                        .collect()
+                } else {
+                    vec!["model_provider=mock", "model=gpt-5.5", provider.as_str()]
+                };
+                for c in routing.into_iter().chain([
                     "features.plugins=false",
                     "features.apps=false",
                     "features.remote_plugin=false",
                     "analytics.enabled=false",
                     "check_for_update_on_startup=false",
-                ] {
+                ]) {
                     v.push("-c".into());
                     v.push(c.into());
                 }

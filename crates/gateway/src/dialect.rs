@@ -72,6 +72,9 @@ impl Dialect {
             tools: Option<Vec<IgnoredAny>>,
             #[serde(default)]
             model: Option<String>,
+            /// Responses: tools offered as an `additional_tools` input item instead.
+            #[serde(default)]
+            input: InputTools,
         }
         #[derive(serde::Deserialize)]
         struct GeminiTool {
@@ -96,9 +99,10 @@ impl Dialect {
                     .any(|t| t.declarations.as_ref().is_some_and(|d| !d.is_empty()));
                 (tools, None)
             }),
-            _ => serde_json::from_slice::<Probe>(body)
-                .ok()
-                .map(|p| (p.tools.is_some_and(|t| !t.is_empty()), p.model)),
+            _ => serde_json::from_slice::<Probe>(body).ok().map(|p| {
+                let tools = p.tools.is_some_and(|t| !t.is_empty()) || p.input.0;
+                (tools, p.model)
+            }),
         }
     }
 
@@ -510,6 +514,99 @@ fn final_chat(model: &str, text: &str, streamed: bool) -> (&'static str, String)
     (SSE, out)
 }
 
+/// Whether a Responses `input` offers tools in an item of its own: Codex 0.169's default model
+/// (`gpt-6.1-sol`, code mode) sends no `tools` field but an `additional_tools` item holding
+/// them. Read without building the conversation: every other item and field is skipped.
+#[derive(Default)]
+struct InputTools(bool);
+
+/// One `input` item, as far as [`InputTools`] cares: whether it is a non-empty
+/// `additional_tools` item (anything that is not an object is not).
+struct ToolsItem(bool);
+
+impl<'de> serde::Deserialize<'de> for InputTools {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::{SeqAccess, Visitor};
+        struct Items;
+        impl<'de> Visitor<'de> for Items {
+            type Value = InputTools;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a Responses input")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<InputTools, A::Error> {
+                let mut offers = false;
+                while let Some(ToolsItem(item)) = seq.next_element()? {
+                    offers |= item;
+                }
+                Ok(InputTools(offers))
+            }
+            // A bare string (or null) is a plain prompt.
+            fn visit_str<E>(self, _: &str) -> Result<InputTools, E> {
+                Ok(InputTools(false))
+            }
+            fn visit_unit<E>(self) -> Result<InputTools, E> {
+                Ok(InputTools(false))
+            }
+        }
+        d.deserialize_any(Items)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for ToolsItem {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::{IgnoredAny, MapAccess, SeqAccess, Visitor};
+        struct Item;
+        impl<'de> Visitor<'de> for Item {
+            type Value = ToolsItem;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a Responses input item")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<ToolsItem, A::Error> {
+                let (mut additional, mut tools) = (false, false);
+                while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                    match key.as_ref() {
+                        "type" => {
+                            let kind = map.next_value::<std::borrow::Cow<'de, str>>()?;
+                            additional = kind == "additional_tools";
+                        }
+                        "tools" => {
+                            let list = map.next_value::<Option<Vec<IgnoredAny>>>()?;
+                            tools = list.is_some_and(|l| !l.is_empty());
+                        }
+                        _ => {
+                            map.next_value::<IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(ToolsItem(additional && tools))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<ToolsItem, A::Error> {
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(ToolsItem(false))
+            }
+            fn visit_str<E>(self, _: &str) -> Result<ToolsItem, E> {
+                Ok(ToolsItem(false))
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<ToolsItem, E> {
+                Ok(ToolsItem(false))
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<ToolsItem, E> {
+                Ok(ToolsItem(false))
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<ToolsItem, E> {
+                Ok(ToolsItem(false))
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<ToolsItem, E> {
+                Ok(ToolsItem(false))
+            }
+            fn visit_unit<E>(self) -> Result<ToolsItem, E> {
+                Ok(ToolsItem(false))
+            }
+        }
+        d.deserialize_any(Item)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -602,6 +699,42 @@ mod tests {
         let search = json!({"tools": [{"googleSearch": {}}, {"function_declarations": []}]});
         assert!(!offers_tools(Dialect::Gemini, &search));
         assert!(!Dialect::AnthropicMessages.is_model_path("/v1/models"));
+    }
+
+    #[test]
+    fn codex_default_model_offers_its_tools_in_an_input_item() {
+        // The shape Codex 0.169 sends for its default model on the built-in OpenAI provider
+        // (recorded from the real CLI): no `tools` field, an `additional_tools` input item.
+        let body = json!({"model": "gpt-6.1-sol", "stream": true, "tool_choice": "auto",
+            "parallel_tool_calls": false,
+            "input": [
+                {"type": "additional_tools", "id": "at_1", "role": "developer",
+                    "tools": [{"type": "namespace", "name": "functions", "description": "",
+                        "tools": [{"type": "custom", "name": "exec"}]}]},
+                {"type": "message", "role": "user",
+                    "content": [{"type": "input_text", "text": "hi"}]},
+                {"type": "configuration_update", "reasoning": {"effort": "low"}}]});
+        let d = Dialect::OpenAiResponses;
+        assert!(offers_tools(d, &body));
+        assert_eq!(
+            d.probe(body.to_string().as_bytes()).and_then(|(_, m)| m),
+            Some("gpt-6.1-sol".to_owned())
+        );
+        let mut last = body.clone();
+        d.disable_tools(&mut last);
+        assert_eq!(last["tool_choice"], "none");
+        assert!(offers_tools(d, &last), "the tools stay, unusable");
+        // An empty item, tools under another item type, a prompt string, odd items: none.
+        for input in [
+            json!([{"type": "additional_tools", "tools": []}]),
+            json!([{"type": "message", "tools": [{"name": "x"}]}]),
+            json!("just a prompt"),
+            json!(["text", 1, null, [], {"tools": [{"name": "x"}]}]),
+            json!(null),
+        ] {
+            let side = json!({"model": "m", "input": input});
+            assert!(!offers_tools(d, &side), "{side}");
+        }
     }
 
     #[test]

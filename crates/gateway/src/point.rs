@@ -57,6 +57,11 @@ pub fn point(
                 flag,
                 selector,
                 key,
+            } if selector.is_empty() => Some(built_in(endpoint, flag, key, command, gateway_url)),
+            BaseUrlRule::ConfigFlag {
+                flag,
+                selector,
+                key,
             } => config_flag(flag, selector, key, command, gateway_url)?,
             BaseUrlRule::JsonConfig {
                 file,
@@ -198,6 +203,48 @@ fn config_flag(
         upstream,
         upstream_source: format!("{flag} {full_key}"),
     }))
+}
+
+/// The CLI's built-in provider, whose base URL is the config key `key` itself (Codex's
+/// `openai_base_url`): the upstream is the command's last value of it, else the endpoint's
+/// default; an override naming the gateway goes right after the last one, so it wins.
+fn built_in(
+    endpoint: &ModelEndpoint,
+    flag: &str,
+    key: &str,
+    command: &[String],
+    gateway_url: &str,
+) -> Pointing {
+    let given = flag_values(flag, command)
+        .into_iter()
+        .rev()
+        .filter_map(|(i, v)| toml_pair(v).map(|(k, v)| (i, k, v)))
+        .find(|(_, k, _)| k == key);
+    let (at, upstream, upstream_source) = match given {
+        Some((i, _, toml::Value::String(url))) => (i + 1, url, format!("{flag} {key}")),
+        // A value that is not a string is the CLI's to refuse; the gateway forwards to the
+        // default meanwhile, and the override below replaces it.
+        Some((i, _, _)) => (
+            i + 1,
+            endpoint.default_upstream.clone(),
+            "the provider's default".to_owned(),
+        ),
+        None => (
+            1,
+            endpoint.default_upstream.clone(),
+            "the provider's default".to_owned(),
+        ),
+    };
+    let mut command = command.to_vec();
+    let value = format!("{key}={}", toml::Value::String(gateway_url.to_owned()));
+    let at = at.min(command.len());
+    command.splice(at..at, [flag.to_owned(), value]);
+    Pointing {
+        command,
+        env: Vec::new(),
+        upstream: upstream.trim().to_owned(),
+        upstream_source,
+    }
 }
 
 /// Reads the value at a dot-separated path.
@@ -342,8 +389,10 @@ mod tests {
                 selector: "model_provider".into(),
                 key: "model_providers.{}.base_url".into(),
             })
-            .base_url(BaseUrlRule::Env {
-                name: "OPENAI_BASE_URL".into(),
+            .base_url(BaseUrlRule::ConfigFlag {
+                flag: "-c".into(),
+                selector: String::new(),
+                key: "openai_base_url".into(),
             })
     }
 
@@ -409,17 +458,6 @@ mod tests {
         ]);
         let p = point(&codex(), &c, &no_env, Path::new("."), GW).unwrap();
         assert_eq!(p.upstream, "https://llm.example/v1");
-        // No provider chosen: the built-in one, by OPENAI_BASE_URL.
-        let p = point(
-            &codex(),
-            &cmd(&["codex", "exec"]),
-            &no_env,
-            Path::new("."),
-            GW,
-        )
-        .unwrap();
-        assert_eq!(p.upstream, "https://api.openai.com/v1");
-        assert_eq!(p.env[0].0, "OPENAI_BASE_URL");
         // Chosen but without a URL: the fix is named.
         let err = point(
             &codex(),
@@ -431,6 +469,59 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("model_providers.x.base_url"), "{err}");
+    }
+
+    #[test]
+    fn codex_built_in_provider_is_pointed_by_its_config_key() {
+        let over = format!("openai_base_url=\"{GW}\"");
+        // No provider and no URL: the default upstream, and an override right after the program.
+        let c = cmd(&["codex", "exec", "--json", "hi"]);
+        let p = point(&codex(), &c, &no_env, Path::new("."), GW).unwrap();
+        assert_eq!(p.upstream, "https://api.openai.com/v1");
+        assert_eq!(p.upstream_source, "the provider's default");
+        assert_eq!(
+            p.command,
+            cmd(&["codex", "-c", &over, "exec", "--json", "hi"])
+        );
+        assert!(p.env.is_empty(), "Codex 0.169 ignores OPENAI_BASE_URL");
+        // The user's own URL (the last one wins, in any spelling) is the upstream, and the
+        // override goes after it.
+        let c = cmd(&[
+            "codex",
+            "exec",
+            "-c",
+            "openai_base_url=http://127.0.0.1:5/v1",
+            "--config=openai_base_url=\"http://127.0.0.1:6/v1\"",
+            "-c",
+            "model=gpt-5.5",
+            "hi",
+        ]);
+        let p = point(&codex(), &c, &no_env, Path::new("."), GW).unwrap();
+        assert_eq!(p.upstream, "http://127.0.0.1:6/v1");
+        assert_eq!(p.upstream_source, "-c openai_base_url");
+        assert_eq!(&p.command[5..7], &cmd(&["-c", &over]));
+        assert_eq!(p.command.last().map(String::as_str), Some("hi"));
+        // OPENAI_BASE_URL is not where Codex goes, so it is not the upstream either.
+        let set = |k: &str| (k == "OPENAI_BASE_URL").then(|| "http://10.0.0.1:1".to_owned());
+        let p = point(&codex(), &cmd(&["codex", "exec"]), &set, Path::new("."), GW).unwrap();
+        assert_eq!(p.upstream, "https://api.openai.com/v1");
+        // A URL that is not http(s) is refused, naming it.
+        let c = cmd(&["codex", "-c", "openai_base_url=ftp://x", "exec"]);
+        assert_eq!(
+            point(&codex(), &c, &no_env, Path::new("."), GW),
+            Err(PointError::BadUrl("ftp://x".into()))
+        );
+        // A provider chosen by name is still pointed through its table.
+        let c = cmd(&[
+            "codex",
+            "-c",
+            "model_provider=m",
+            "-c",
+            "model_providers.m.base_url=http://127.0.0.1:7/v1",
+        ]);
+        let p = point(&codex(), &c, &no_env, Path::new("."), GW).unwrap();
+        assert_eq!(p.upstream, "http://127.0.0.1:7/v1");
+        assert!(!p.command.iter().any(|a| a.starts_with("openai_base_url")));
     }
 
     #[test]

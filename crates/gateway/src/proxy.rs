@@ -222,6 +222,14 @@ async fn handle(ctx: &Ctx, req: Request<Incoming>) -> Response<GBody> {
             "stepguard gateway: bad request target",
         );
     };
+    // A model call over a WebSocket could be neither counted nor rewritten. 426 (not 404)
+    // makes Codex fall back to HTTP at once, without five reconnects and an error item.
+    if req.headers().contains_key(header::UPGRADE) {
+        return plain(
+            StatusCode::UPGRADE_REQUIRED,
+            "stepguard gateway: connection upgrades (WebSocket) are not forwarded; use HTTP",
+        );
+    }
     let dialect = shared.config.dialect;
     let (parts, body) = req.into_parts();
     let is_model = parts.method == Method::POST && dialect.is_model_path(&rest);

@@ -690,3 +690,34 @@ fn a_last_call_that_fails_is_retried_as_the_last_and_is_not_a_step() {
     assert_eq!(main.len(), 4);
     assert!(main[2].tools_disabled && main[3].tools_disabled);
 }
+
+#[test]
+fn websocket_upgrades_are_answered_426_and_never_forwarded() {
+    let server = ModelServer::start(Script::tool_rounds(3)).unwrap();
+    let (mut cfg, _) = config(&server.url(), Some(5), Arc::default());
+    cfg.dialect = Dialect::OpenAiResponses;
+    let gw = Gateway::start(cfg).unwrap();
+    let (status, body) = send(
+        gw.addr(),
+        "GET",
+        &path(&gw, "/responses"),
+        &[
+            ("upgrade", "websocket"),
+            ("sec-websocket-version", "13"),
+            ("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ=="),
+        ],
+        "",
+    );
+    assert_eq!(status, 426, "{body}");
+    assert!(body.contains("WebSocket"), "{body}");
+    // A plain GET of the same path is forwarded as before.
+    let (status, _) = send(gw.addr(), "GET", &path(&gw, "/responses"), &[], "");
+    assert_eq!(status, 404);
+    let targets: Vec<String> = server.requests().into_iter().map(|r| r.target).collect();
+    assert_eq!(
+        targets,
+        ["/responses"],
+        "only the plain GET reached the upstream"
+    );
+    assert_eq!(gw.forwarded(), 0);
+}

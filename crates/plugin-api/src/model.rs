@@ -368,11 +368,17 @@ pub enum BaseUrlRule {
     },
     /// Config overrides on the command line select a provider table and set its base URL,
     /// e.g. Codex `-c model_provider=NAME` and `-c model_providers.NAME={base_url="…"}`.
-    /// Applies when the command selects a provider (`selector`) or `default_selector` is set.
+    /// Applies when the command selects a provider (`selector`).
+    ///
+    /// With an empty `selector` the rule is the CLI's built-in provider and always applies:
+    /// `key` is the base URL itself (Codex's `openai_base_url`); the upstream is the command's
+    /// own value of it, else the endpoint's default, and the CLI gets an override naming the
+    /// gateway. A host that predates this reading finds no selector and goes on to the next
+    /// rule, as it did before.
     ConfigFlag {
         /// The override flag (`-c`).
         flag: String,
-        /// The key that selects the provider (`model_provider`).
+        /// The key that selects the provider (`model_provider`); empty for the built-in one.
         selector: String,
         /// The key of the base URL; `{}` is the selected name (`model_providers.{}.base_url`).
         key: String,

@@ -103,7 +103,8 @@ impl ProviderPlugin for CodexPlugin {
             .unit_costing("tool", "command_execution, file_change, mcp_tool_call, web_search and collab_tool_call items", false, 0)
             .unit_costing("message", "agent_message items", false, 1)
             // A provider chosen with `-c model_provider=NAME` has its base URL in
-            // `model_providers.NAME`; the built-in one reads OPENAI_BASE_URL.
+            // `model_providers.NAME`; the built-in OpenAI one reads the `openai_base_url` key
+            // (Codex 0.169 ignores OPENAI_BASE_URL: set, it pointed nowhere).
             .model_endpoint(
                 ModelEndpoint::new("openai-responses", "https://api.openai.com/v1")
                     .base_url(BaseUrlRule::ConfigFlag {
@@ -111,8 +112,10 @@ impl ProviderPlugin for CodexPlugin {
                         selector: "model_provider".into(),
                         key: "model_providers.{}.base_url".into(),
                     })
-                    .base_url(BaseUrlRule::Env {
-                        name: "OPENAI_BASE_URL".into(),
+                    .base_url(BaseUrlRule::ConfigFlag {
+                        flag: "-c".into(),
+                        selector: String::new(),
+                        key: "openai_base_url".into(),
                     }),
             )
             .expects("JSONL events of `codex exec --json` (`thread.started`, `turn.started`, `item.completed`, …)")

@@ -123,6 +123,7 @@ fn judge_unrecognised_end(engine: &mut Engine<'_>) {
 /// The gateway's account: an agent that ended by itself after its last call went out
 /// tool-less was ended by the budget (or the loop), gracefully.
 fn account(engine: &mut Engine<'_>, gw: Gateway) -> GatewayEnd {
+    judge_bypass(engine, &gw);
     let wrapped = gw.wrapped_up();
     let loop_wrapping = engine.loop_wrapping();
     let control = &mut engine.control;
@@ -152,6 +153,25 @@ fn account(engine: &mut Engine<'_>, gw: Gateway) -> GatewayEnd {
     };
     gw.stop();
     end
+}
+
+/// Steps in the stream and not one model call through the gateway, on the final counts: the
+/// CLI reached its model some other way, so nothing could wrap it up. This overrides any other
+/// ending (a run that ended too soon for the watchdog to look included): its budgets were not
+/// kept by the gateway the user asked for.
+fn judge_bypass(engine: &mut Engine<'_>, gw: &Gateway) {
+    let steps = engine.steps();
+    let calls = gw.forwarded().saturating_add(gw.refused());
+    let control = &mut engine.control;
+    if engine.counts_requests
+        || steps == 0
+        || calls > 0
+        || control.terminated_by == Some(TerminatedBy::Bypassed)
+    {
+        return;
+    }
+    control.terminated_by = Some(TerminatedBy::Bypassed);
+    control.why = Some(engine.dogs.bypassed(steps, ""));
 }
 
 /// Builds the report and lets the observers see it.

@@ -124,11 +124,15 @@ impl RunReport {
     pub(crate) fn new(spec: &Labels, mut ending: Ending) -> Self {
         let counted = Counted::take(&mut ending);
         let verdict = verdict::classify(facts(&ending, &counted));
-        let stats = judged_stats(&ending, &counted, verdict);
+        let mut stats = judged_stats(&ending, &counted, verdict);
         let mut record = stream_record(&spec.meta, &stats, &counted.count);
         set_process_fields(&mut record, spec, &ending, verdict.exit_code);
         if let Some(g) = &ending.gateway {
             set_gateway_fields(&mut record, g);
+            // One source: the summary line shows the usage the record holds (the gateway's,
+            // which saw every call), not the stream's.
+            stats.tokens = record.usage.tokens;
+            stats.cost_usd = record.usage.cost_usd;
         }
         set_spend_fields(&mut record, &ending.spend);
         set_message(&mut record, spec, &ending, counted.plugin_error.as_ref());

@@ -185,13 +185,24 @@ impl Watchdogs {
         if at.steps < 2 || at.gateway_calls != Some(0) {
             return None;
         }
-        let why = format!(
-            "{} steps and no model call through the model gateway: the {} CLI takes its model \
-             URL from somewhere stepguard did not set (a config file?); stopped. Give the model \
-             URL on the command line or in the environment, or run without --wrap-up",
-            at.steps, self.provider
-        );
-        Some(Alarm::Bypassed(why))
+        Some(Alarm::Bypassed(self.bypassed(at.steps, "; stopped")))
+    }
+
+    /// Says that `steps` steps came with no model call through the gateway, and `then` what
+    /// stepguard did about it (`; stopped`, or nothing when the agent had ended).
+    pub fn bypassed(&self, steps: u64, then: &str) -> String {
+        let steps = if steps == 1 {
+            "1 step".to_owned()
+        } else {
+            format!("{steps} steps")
+        };
+        format!(
+            "{steps} and no model call through the model gateway: the {} CLI takes its model \
+             URL from somewhere stepguard did not set (a config file?), so nothing could wrap it \
+             up{then}. Give the model URL on the command line or in the environment, or run \
+             without --wrap-up",
+            self.provider
+        )
     }
 
     /// The reader saw `lines` lines and none was the provider's: judged once.
