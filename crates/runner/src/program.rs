@@ -24,7 +24,7 @@ fn find(program: &str) -> std::io::Result<PathBuf> {
         return match std::fs::metadata(&path) {
             Err(_) => Err(Error::new(
                 ErrorKind::NotFound,
-                format!("command not found: no file `{program}`; check the path"),
+                "command not found: no such file; check the path".to_owned(),
             )),
             Ok(m) if m.is_dir() => Err(Error::new(
                 ErrorKind::PermissionDenied,

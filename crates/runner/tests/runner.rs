@@ -271,9 +271,7 @@ fn a_command_that_cannot_start_is_spawn_failed() {
     assert_eq!(report.stats.slug, Some(FailureSlug::SpawnFailed));
     assert_eq!(
         report.record.verdict.message.as_deref(),
-        Some(
-            "cannot run `/no/such/agent`: command not found: no file `/no/such/agent`; check the path"
-        )
+        Some("cannot run `/no/such/agent`: command not found: no such file; check the path")
     );
     assert_eq!(report.pid, None);
     assert_eq!(report.record.counts.noise_lines, None);

@@ -325,3 +325,70 @@ pub(super) fn command_model(command: &[String]) -> Option<String> {
     }
     found.filter(|m| !m.is_empty())
 }
+
+#[cfg(test)]
+mod tests {
+    use stepguard_plugin_api::PreflightRule;
+
+    use super::*;
+
+    fn command(words: &[&str]) -> Vec<String> {
+        words.iter().map(|w| (*w).to_owned()).collect()
+    }
+
+    fn cli(name: &str, program: &str) -> Manifest {
+        Manifest::new(name, "1").preflight(PreflightRule::new(program, &[], "fix"))
+    }
+
+    #[test]
+    fn a_native_limit_fits_only_the_providers_own_cli_and_is_said_once() {
+        let manifest =
+            cli("codex", "codex").native_limit(NativeLimit::new(&["--max", "{max_steps}"], &[]));
+        let limit = manifest.native_limit.clone().unwrap();
+        let direct = command(&["/usr/bin/codex", "exec"]);
+        let mut native = NativeLimits::new(&manifest, &direct, false);
+        assert!(native.fits(&limit, "step limit"));
+        assert_eq!(native.left_out(), None);
+        let wrapped = command(&["npx", "codex", "exec"]);
+        let mut native = NativeLimits::new(&manifest, &wrapped, false);
+        assert!(!native.fits(&limit, "step limit"));
+        assert!(!native.fits(&limit, "token budget"));
+        let line = native.left_out().unwrap();
+        assert!(
+            line.starts_with("provider codex's native step limit and token budget left out")
+                && line.contains("the command runs `npx`, not `codex`"),
+            "{line}"
+        );
+        // Turned off: nothing fits and nothing is said.
+        let mut off = NativeLimits::new(&manifest, &wrapped, true);
+        assert!(!off.fits(&limit, "step limit"));
+        assert_eq!(off.left_out(), None);
+        // A plugin that names no program gets nothing added.
+        let bare = Manifest::new("bare", "1");
+        let mut native = NativeLimits::new(&bare, &direct, false);
+        assert!(!native.fits(&limit, "step limit"));
+        assert!(
+            native
+                .left_out()
+                .unwrap()
+                .contains("does not say which program")
+        );
+    }
+
+    #[test]
+    fn another_providers_cli_is_refused_unless_this_provider_claims_it_too() {
+        let (claude, codex) = (cli("claude", "claude"), cli("codex", "codex"));
+        let alt = cli("codex-alt", "codex");
+        let all = [&claude, &codex, &alt];
+        let run_codex = command(&["codex", "exec", "--json"]);
+        let err = wrong_provider(&run_codex, &claude, all)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("use `-p codex`"), "{err}");
+        assert!(err.contains("provider codex / codex-alt"), "{err}");
+        assert!(wrong_provider(&run_codex, &codex, all).is_ok());
+        assert!(wrong_provider(&run_codex, &alt, all).is_ok());
+        // A wrapper nobody claims is left to recognition.
+        assert!(wrong_provider(&command(&["env", "codex"]), &claude, all).is_ok());
+    }
+}
