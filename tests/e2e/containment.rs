@@ -59,7 +59,8 @@ fn cgroup_available() -> bool {
         "--containment",
         "cgroup",
         "--",
-        "true",
+        "echo",
+        r#"{"type":"turn.completed"}"#,
     ]);
     run.code == Some(0)
 }
@@ -455,7 +456,8 @@ fn a_write_locked_history_database_does_not_delay_the_stop_or_the_exit() {
         "-p",
         "codex",
         "--",
-        "true",
+        "echo",
+        r#"{"type":"turn.completed"}"#,
     ]);
     assert_eq!(created.code, Some(0), "{}", created.stderr);
     let lock = rusqlite::Connection::open(&db).unwrap();

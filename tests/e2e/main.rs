@@ -31,3 +31,4 @@ mod simulate_cmd;
 mod spend;
 mod telemetry;
 mod wrap_up;
+mod wrappers;

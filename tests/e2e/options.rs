@@ -203,7 +203,8 @@ fn unknown_task_type_is_a_warning_for_config_and_run_listing_the_known_ones() {
         "--task-type",
         "reveiw",
         "--",
-        "true",
+        "echo",
+        r#"{"type":"turn.completed"}"#,
     ]);
     assert_eq!(run.code, Some(0), "{}", run.stderr);
     assert!(

@@ -101,7 +101,7 @@ fn every_kind_of_emitted_record_matches_the_schema_with_the_same_keys() {
     assert_eq!(spawn["error_type"], "spawn_failed");
     assert_eq!(
         spawn["message"],
-        "cannot run `/no/such/agent`: command not found"
+        "cannot run `/no/such/agent`: command not found: no such file; check the path"
     );
     records.push(("summary spawn_failed".into(), spawn));
 

@@ -384,6 +384,7 @@ fn wrap_up_flags_are_checked_before_anything_starts() {
                 "x",
                 "--output-format",
                 "stream-json",
+                "--verbose",
             ],
             "`--wrap-up` and `--on-limit ask` do not go together",
         ),

@@ -98,7 +98,7 @@ impl<'s> RunPlan<'s> {
         locked_flags(args, config)?;
         let selection = provider(session, &args.provider, args.unit.as_deref())?;
         let manifest = selection.provider.manifest();
-        preflight(args, manifest)?;
+        preflight(args, manifest, session)?;
         let counter = selection.provider.open_counter(&selection.request)?;
         if let Some(w) = loops_ignored(manifest, &limits.loops) {
             warn(&w);
@@ -115,6 +115,7 @@ impl<'s> RunPlan<'s> {
                 cwd,
                 prices: &|| session.price_table(args.prices.as_deref()),
             },
+            warn,
         )?;
         Ok(RunPlan {
             meta: meta(args, &selection, &limits, cwd),
@@ -197,11 +198,14 @@ pub(crate) fn loop_settings(manifest: &Manifest, loops: &ResolvedLoops) -> Optio
 }
 
 /// Refuses a command line the provider's manifest says cannot be counted (its `preflight`
-/// rules), unless `--no-preflight`.
-fn preflight(args: &RunArgs, manifest: &Manifest) -> anyhow::Result<()> {
-    if !args.no_preflight
-        && let Some(rule) = manifest.preflight_failure(&args.command)
-    {
+/// rules) or that runs another provider's CLI, unless `--no-preflight`.
+fn preflight(args: &RunArgs, manifest: &Manifest, session: &Session<'_>) -> anyhow::Result<()> {
+    if args.no_preflight {
+        return Ok(());
+    }
+    let others = session.registry().entries().map(|e| e.provider.manifest());
+    command::wrong_provider(&args.command, manifest, others)?;
+    if let Some(rule) = manifest.preflight_failure(&args.command) {
         return Err(UsageError(format!(
             "this {} command cannot be counted: {}. (`--no-preflight` runs it anyway; stepguard then stops it if none of its output is recognised)",
             manifest.name, rule.fix
@@ -353,7 +357,7 @@ fn recognition(args: &RunArgs, config: &LoadedConfig, manifest: &Manifest) -> St
             .as_ref()
             .is_some_and(|(what, _)| what == "warn"),
     };
-    StreamRecognition {
+    let mut stream = StreamRecognition {
         expects: manifest.expects.clone(),
         on_unrecognized: if warn {
             OnUnrecognized::Warn
@@ -361,7 +365,9 @@ fn recognition(args: &RunArgs, config: &LoadedConfig, manifest: &Manifest) -> St
             OnUnrecognized::Stop
         },
         ..StreamRecognition::default()
-    }
+    };
+    stream.window.first_event = manifest.first_event_deadline();
+    stream
 }
 
 #[cfg(test)]

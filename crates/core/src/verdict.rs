@@ -196,6 +196,10 @@ pub struct RunFacts {
     /// The agent's output was seen and none of it was the provider's stream, and that fails
     /// the run (`--unrecognized stop`): output that was not counted is never a success.
     pub unrecognized: bool,
+    /// The agent printed nothing at all on stdout, and an unrecognised stream fails the run
+    /// (`--unrecognized stop`): an agent that exits 0 without a word is not a success with 0
+    /// steps (a missing stream, a CLI that crashed quietly), it is a stream that never came.
+    pub silent: bool,
     /// The stream's own terminal event, when it had one.
     pub stream: Option<StreamVerdict>,
     /// How the agent process ended, when it was seen to end.
@@ -224,6 +228,11 @@ pub fn classify(facts: RunFacts) -> Verdict {
         .or(facts.unrecognized.then_some(TerminatedBy::Unrecognized));
     if let Some(by) = stopped_by {
         return stopped(by, facts.wrapped_up_for);
+    }
+    // Silence and a clean exit: nothing was counted, so nothing says it went well. A silent
+    // failure stays the agent's (its exit code says more).
+    if facts.silent && facts.stream.is_none() && facts.child == Some(ChildExit::Code(0)) {
+        return Verdict::failed(FailureSlug::UnrecognizedStream, ExitCode::Usage);
     }
     judge_stream(facts.stream, facts.child)
 }
@@ -415,6 +424,35 @@ mod tests {
             unrecognised(Some(TerminatedBy::Timeout)).slug,
             Some(FailureSlug::Timeout)
         );
+    }
+
+    #[test]
+    fn an_agent_that_printed_nothing_and_exited_0_is_not_a_success() {
+        let silent = |child| {
+            classify(RunFacts {
+                silent: true,
+                child: Some(child),
+                ..RunFacts::default()
+            })
+        };
+        let v = silent(ChildExit::Code(0));
+        assert_eq!(
+            (v.outcome, v.slug, v.exit_code.code()),
+            (Outcome::Failed, Some(FailureSlug::UnrecognizedStream), 2)
+        );
+        // A silent failure stays the agent's; a stop still says why first.
+        assert_eq!(
+            silent(ChildExit::Code(1)).slug,
+            Some(FailureSlug::ProviderError)
+        );
+        assert_eq!(silent(ChildExit::Signal(9)).slug, Some(FailureSlug::Killed));
+        let stopped = classify(RunFacts {
+            silent: true,
+            terminated_by: Some(TerminatedBy::Timeout),
+            child: Some(ChildExit::Code(0)),
+            ..RunFacts::default()
+        });
+        assert_eq!(stopped.slug, Some(FailureSlug::Timeout));
     }
 
     #[test]

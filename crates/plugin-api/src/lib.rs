@@ -197,9 +197,9 @@ pub mod model;
 pub use abi::{ChunkReport, HostCallbacks, LineReport, PluginModRef, ProviderBox};
 pub use guest::{ProviderPlugin, StepCounter, provider_box, testing};
 pub use model::{
-    BaseUrlRule, CounterRequest, CounterStats, Manifest, ModelEndpoint, NativeLimit, OptionInfo,
-    PreflightRule, RESERVED_OPTIONS, TERMINAL_SLUGS, Terminal, Tokens, ToolCall, UnitInfo,
-    is_terminal_slug, slug_for_error_text,
+    BaseUrlRule, CounterRequest, CounterStats, DEFAULT_FIRST_EVENT_MS, Manifest, ModelEndpoint,
+    NativeLimit, OptionInfo, PreflightRule, RESERVED_OPTIONS, TERMINAL_SLUGS, Terminal, Tokens,
+    ToolCall, UnitInfo, is_terminal_slug, program_name, slug_for_error_text,
 };
 
 /// abi_stable's borrowed string, which appears in [`HostCallbacks`]' signature.

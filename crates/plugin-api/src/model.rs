@@ -73,6 +73,32 @@ pub struct Manifest {
     /// `{max_cost_usd}` in its arguments is replaced by the budget in US dollars (protocol 1.5).
     #[serde(default)]
     pub native_cost_limit: Option<NativeLimit>,
+    /// How soon the provider's CLI prints its first event, in milliseconds: no recognised
+    /// event within this long of the start stops the run as `unrecognized_stream`, so that a
+    /// CLI that prints nothing (a text mode behind a wrapper) is not left to run unseen. `None`:
+    /// [`DEFAULT_FIRST_EVENT_MS`]. Additive: hosts that do not know it ignore it, so it needs
+    /// no newer protocol.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_event_ms: Option<u64>,
+}
+
+/// How soon a provider's first event must come when its manifest does not say
+/// ([`Manifest::first_event_ms`]): 60 s.
+pub const DEFAULT_FIRST_EVENT_MS: u64 = 60_000;
+
+/// The program a command runs: the file name of its first word (`/usr/bin/codex` → `codex`),
+/// the name pre-flight rules and native limits are matched against.
+///
+/// ```
+/// use stepguard_plugin_api::program_name;
+///
+/// let command: Vec<String> = ["/usr/local/bin/codex", "exec"].map(String::from).into();
+/// assert_eq!(program_name(&command), Some("codex"));
+/// assert_eq!(program_name(&[]), None);
+/// ```
+pub fn program_name(command: &[String]) -> Option<&str> {
+    let program = command.first()?;
+    Some(program.rsplit('/').next().unwrap_or(program))
 }
 
 /// The first protocol version, which every host speaks.
@@ -109,7 +135,57 @@ impl Manifest {
             reports_usage: false,
             native_token_limit: None,
             native_cost_limit: None,
+            first_event_ms: None,
         }
+    }
+
+    /// Declares how soon the provider's CLI prints its first event
+    /// ([`Manifest::first_event_ms`]).
+    pub fn first_event_within(mut self, within: std::time::Duration) -> Self {
+        self.first_event_ms = Some(u64::try_from(within.as_millis()).unwrap_or(u64::MAX));
+        self
+    }
+
+    /// Returns how soon the provider's first event must come: the manifest's
+    /// [`Manifest::first_event_ms`], else [`DEFAULT_FIRST_EVENT_MS`].
+    pub fn first_event_deadline(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.first_event_ms.unwrap_or(DEFAULT_FIRST_EVENT_MS))
+    }
+
+    /// Returns true when the manifest names `program` (a file name) as its CLI: in a pre-flight
+    /// rule or as a native limit's [`NativeLimit::program`].
+    pub fn names_program(&self, program: &str) -> bool {
+        let limits = [
+            &self.native_limit,
+            &self.native_token_limit,
+            &self.native_cost_limit,
+        ];
+        self.preflight.iter().any(|rule| rule.program == program)
+            || limits
+                .into_iter()
+                .flatten()
+                .any(|l| l.program.as_deref() == Some(program))
+    }
+
+    /// Returns the program that takes `limit`'s arguments: the limit's own
+    /// [`NativeLimit::program`], else the program of the manifest's first pre-flight rule;
+    /// `None` when neither says (then the host adds nothing).
+    ///
+    /// ```
+    /// use stepguard_plugin_api::{Manifest, NativeLimit, PreflightRule};
+    ///
+    /// let limit = NativeLimit::new(&["--max-turns", "{max_steps}"], &["--max-turns"]);
+    /// let manifest = Manifest::new("claude", "1.0.0")
+    ///     .preflight(PreflightRule::new("claude", &["-p"], "add `-p`"));
+    /// assert_eq!(manifest.native_program(&limit), Some("claude"));
+    /// assert_eq!(manifest.native_program(&limit.clone().for_program("claude-code")), Some("claude-code"));
+    /// assert_eq!(Manifest::new("bare", "1.0.0").native_program(&limit), None);
+    /// ```
+    pub fn native_program<'m>(&'m self, limit: &'m NativeLimit) -> Option<&'m str> {
+        limit
+            .program
+            .as_deref()
+            .or_else(|| self.preflight.first().map(|rule| rule.program.as_str()))
     }
 
     /// Declares that the plugin's counters report token usage
@@ -443,6 +519,12 @@ pub struct NativeLimit {
     /// 1.5: a manifest with such a limit needs a host that places them so).
     #[serde(default, skip_serializing_if = "is_false")]
     pub after_program: bool,
+    /// The program whose command takes the arguments, as its file name (`codex`): the host adds
+    /// them only when the agent's command runs this program, never to a wrapper (`env`, `npx`,
+    /// a script) or another CLI. `None`: the program of the manifest's first pre-flight rule
+    /// ([`Manifest::native_program`]). Additive: older hosts ignore it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub program: Option<String>,
 }
 
 fn is_false(value: &bool) -> bool {
@@ -487,10 +569,9 @@ impl PreflightRule {
 
     /// Returns false when `command` breaks the rule.
     pub fn accepts(&self, command: &[String]) -> bool {
-        let Some(program) = command.first() else {
+        let Some(name) = program_name(command) else {
             return true;
         };
-        let name = program.rsplit('/').next().unwrap_or(program);
         if name != self.program {
             return true;
         }
@@ -530,7 +611,14 @@ impl NativeLimit {
             args: args.iter().map(|s| (*s).to_owned()).collect(),
             skip_if_present: skip_if_present.iter().map(|s| (*s).to_owned()).collect(),
             after_program: false,
+            program: None,
         }
+    }
+
+    /// Names the program whose command takes the arguments ([`NativeLimit::program`]).
+    pub fn for_program(mut self, program: &str) -> Self {
+        self.program = Some(program.to_owned());
+        self
     }
 
     /// Places the arguments right after the program instead of at the end (protocol 1.5), for
@@ -1102,6 +1190,40 @@ mod tests {
             limit.args_for(&cmd(&["claude", "--max-turnsx"]), 7),
             Some(cmd(&["--max-turns", "7"]))
         );
+    }
+
+    #[test]
+    fn a_native_limit_knows_its_program_and_old_manifests_still_load() {
+        // A manifest as protocol 1.5 plugins send it: no `program`, no `first_event_ms`.
+        let old = r#"{"name":"claude","version":"1","protocol":"1.5.0","units":[],
+            "native_limit":{"args":["--max-turns","{max_steps}"],"skip_if_present":["--max-turns"]},
+            "preflight":[{"program":"claude","require_any":["-p"],"fix":"add -p"}]}"#;
+        let manifest: Manifest = serde_json::from_str(old).unwrap();
+        let limit = manifest.native_limit.clone().unwrap();
+        assert_eq!(limit.program, None);
+        assert_eq!(manifest.native_program(&limit), Some("claude"));
+        assert_eq!(manifest.first_event_ms, None);
+        assert_eq!(
+            manifest.first_event_deadline(),
+            std::time::Duration::from_secs(60)
+        );
+        // The new fields round-trip, need no newer protocol, and are left out when unset.
+        let new = manifest
+            .clone()
+            .native_limit(limit.for_program("claude-code"))
+            .first_event_within(std::time::Duration::from_secs(5));
+        let text = serde_json::to_string(&new).unwrap();
+        assert!(text.contains(r#""program":"claude-code""#), "{text}");
+        assert!(text.contains(r#""first_event_ms":5000"#), "{text}");
+        assert_eq!(serde_json::from_str::<Manifest>(&text).unwrap(), new);
+        assert_eq!(new.min_protocol(), manifest.min_protocol());
+        assert!(
+            !serde_json::to_string(&manifest)
+                .unwrap()
+                .contains("first_event")
+        );
+        let bare: Vec<String> = vec!["/opt/bin/claude".into()];
+        assert_eq!(program_name(&bare), Some("claude"));
     }
 
     #[test]

@@ -109,6 +109,15 @@ impl ProviderPlugin for ClaudePlugin {
                 )
                 .when_any(&["-p", "--print"]),
             )
+            // Without `--verbose` print mode refuses stream-json and exits 1 before anything.
+            .preflight(
+                PreflightRule::new(
+                    "claude",
+                    &["--verbose"],
+                    "add `--verbose`: Claude Code prints stream-json only with it",
+                )
+                .when_any(&["--output-format=stream-json"]),
+            )
             .native_limit(NativeLimit::new(
                 &["--max-turns", "{max_steps}"],
                 &["--max-turns"],

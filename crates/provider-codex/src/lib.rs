@@ -134,6 +134,9 @@ impl ProviderPlugin for CodexPlugin {
             )
             .reports_tool_calls()
             .reports_usage()
+            // `thread.started` comes before the first model call: silence past this is a text
+            // mode (a forgotten `--json` behind a wrapper), which prints nothing until it ends.
+            .first_event_within(std::time::Duration::from_secs(FIRST_EVENT_SECS))
             .native_token_limit(
                 NativeLimit::new(
                     &[
@@ -517,6 +520,11 @@ fn usage_tokens(usage: RawValue<'_>) -> Option<Tokens> {
 }
 
 /// Item lines as Codex writes them (serde, fixed field order, no whitespace).
+/// How soon `codex exec --json` prints its first event (`thread.started`), in seconds: measured
+/// at 0.6–0.7 s on a loaded 2-core machine (codex 0.169 from npm), before any model call; 10 s
+/// leaves room for a slow start and still stops a silent text mode before its first calls.
+const FIRST_EVENT_SECS: u64 = 10;
+
 const ITEM_PREFIX: &[u8] = br#"{"type":"item."#;
 
 /// Finds the closing quote of a short field with a scalar loop (ids and type names are a few

@@ -99,19 +99,25 @@ fn release(engine: &Engine<'_>, leftovers: Leftovers<'_>) {
     }
 }
 
-/// Output that ended before the recognition window closed, none of it recognised.
+/// Output that ended before the recognition window closed, none of it recognised; or no
+/// output at all from an agent that exited 0 (silence is no stream).
 fn judge_unrecognised_end(engine: &mut Engine<'_>) {
-    let Some(end) = engine
-        .reader_end
-        .as_ref()
-        .filter(|e| e.recognition.failed())
-    else {
+    let Some(end) = engine.reader_end.as_ref() else {
         return;
     };
     if engine.control.terminated_by.is_some() {
         return;
     }
-    let Some(why) = engine.dogs.unrecognised_at_end(end.recognition.lines) else {
+    let why = if end.recognition.failed() {
+        engine.dogs.unrecognised_at_end(end.recognition.lines)
+    } else if end.recognition.silent()
+        && engine.child_exit == Some(stepguard_supervisor::ExitStatus::Code(0))
+    {
+        engine.dogs.silent_at_end()
+    } else {
+        None
+    };
+    let Some(why) = why else {
         return;
     };
     match engine.on_unrecognized {

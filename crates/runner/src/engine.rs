@@ -154,6 +154,7 @@ impl Parts {
             timeout: clocks.timeout,
             idle: clocks.idle,
             startup: clocks.startup,
+            first_event: recognition.window.first_event,
             recognition_after: recognition.window.after,
             plugin_timeout: clocks.plugin,
             provider: labels.meta.provider.clone(),

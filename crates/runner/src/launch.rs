@@ -166,11 +166,13 @@ impl Launch<'_> {
                 "empty command",
             ));
         };
+        // What exec would refuse is refused here, with its fix: through the trampoline it
+        // would look like the agent's own failure.
+        crate::program::resolve(program)?;
         let mut cmd = match self.trampoline {
             // The trampoline joins the cgroup and asks for SIGKILL on our death before it
             // becomes the agent: nothing the agent forks can start outside.
             Some(binary) => {
-                resolve(program)?;
                 let mut cmd = Command::new(binary);
                 cmd.args(guard::exec_args(
                     std::process::id(),
@@ -293,29 +295,4 @@ pub(crate) fn listen_for_signals(events: Sender<Event>) -> Option<signal_hook::i
         })
         .ok()?;
     Some(handle)
-}
-
-/// Finds `program` as `exec` would (a path, or a name on `PATH`), so that a missing agent is
-/// `spawn_failed` even when a trampoline runs it.
-fn resolve(program: &str) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt as _;
-    let runnable = |p: &std::path::Path| {
-        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-    };
-    let found = if program.contains('/') {
-        let path = std::path::Path::new(program);
-        if path.exists() && !runnable(path) {
-            return Err(std::io::ErrorKind::PermissionDenied.into());
-        }
-        runnable(path)
-    } else {
-        std::env::var_os("PATH").is_some_and(|paths| {
-            std::env::split_paths(&paths).any(|dir| runnable(&dir.join(program)))
-        })
-    };
-    if found {
-        Ok(())
-    } else {
-        Err(std::io::ErrorKind::NotFound.into())
-    }
 }

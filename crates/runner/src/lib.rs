@@ -59,6 +59,7 @@ mod event;
 mod launch;
 mod limit;
 mod observe;
+mod program;
 mod reader;
 mod report;
 mod spec;

@@ -207,10 +207,16 @@ struct Counted {
     steps: Option<u64>,
     /// Lines were seen and none was the provider's.
     unrecognised: bool,
+    /// The reader saw the stream end and not one line came.
+    silent: bool,
 }
 
 impl Counted {
     fn take(ending: &mut Ending) -> Self {
+        let silent = ending
+            .reader
+            .as_ref()
+            .is_some_and(|end| end.recognition.silent());
         let (mut count, plugin_error, steps) = match ending.reader.take() {
             Some(end) => (
                 StreamCount {
@@ -244,6 +250,7 @@ impl Counted {
         };
         Counted {
             unrecognised: count.recognition.failed(),
+            silent,
             count,
             plugin_error,
             steps,
@@ -267,6 +274,8 @@ fn facts(ending: &Ending, counted: &Counted) -> RunFacts {
             }),
         // Output none of which was the provider's is never a success: it was not counted.
         unrecognized: counted.unrecognised && ending.unrecognized == OnUnrecognized::Stop,
+        // No output at all is no stream either.
+        silent: counted.silent && ending.unrecognized == OnUnrecognized::Stop,
         stream: stream_verdict(&counted.count.stats),
         child: ending.child_exit.map(|e| match e {
             ExitStatus::Code(c) => ChildExit::Code(c),
@@ -380,6 +389,8 @@ fn set_message(
 /// Says why a command could not be started, naming it: `cannot run `x`: command not found`.
 fn spawn_message(command: &[String], err: &std::io::Error) -> String {
     let why = match err.kind() {
+        // The launch's own words, naming the fix.
+        _ if err.get_ref().is_some() => err.to_string(),
         std::io::ErrorKind::NotFound => "command not found".to_owned(),
         std::io::ErrorKind::PermissionDenied => "permission denied".to_owned(),
         _ => err.to_string(),

@@ -50,17 +50,24 @@ pub struct RecognitionWindow {
     pub lines: u64,
     /// Time since the first line of output.
     pub after: Duration,
+    /// Time since the start with no recognised event, output or none: the provider's first
+    /// event comes within this (its manifest's `first_event_ms`), so silence past it is no
+    /// stream.
+    pub first_event: Duration,
 }
 
 impl Default for RecognitionWindow {
-    /// 50 lines or 30 s. The real CLIs' first event comes with their first line, or after a
-    /// few lines of warnings when stderr is merged (2 in the recorded streams, one per broken
-    /// skill for Codex); 50 leaves room for dozens. A CLI in text mode prints several lines per
-    /// tool call, so 50 lines or 30 s bounds what it does unseen to a few steps.
+    /// 50 lines or 30 s, and a first event within 60 s. The real CLIs' first event comes with
+    /// their first line, or after a few lines of warnings when stderr is merged (2 in the
+    /// recorded streams, one per broken skill for Codex); 50 leaves room for dozens. A CLI in
+    /// text mode prints several lines per tool call, so 50 lines or 30 s bounds what it does
+    /// unseen to a few steps; one that prints nothing until it ends is bounded by the first
+    /// event's time.
     fn default() -> Self {
         RecognitionWindow {
             lines: 50,
             after: Duration::from_secs(30),
+            first_event: Duration::from_millis(stepguard_plugin_api::DEFAULT_FIRST_EVENT_MS),
         }
     }
 }

@@ -100,6 +100,11 @@ impl Recognition {
         self.lines > 0 && !self.recognised
     }
 
+    /// Returns true when not one line was seen: silence, which is no stream either.
+    pub fn silent(&self) -> bool {
+        self.lines == 0
+    }
+
     /// Returns true when `report` says its line was one of the provider's events.
     pub fn recognises(report: &LineReport) -> bool {
         report.steps_begun > 0

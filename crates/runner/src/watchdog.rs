@@ -1,5 +1,5 @@
-//! The engine's clocks: one check per watchdog (deadline, idle, startup, recognition, a plugin
-//! call that does not return, a gateway the agent goes around). Each check says what fired and
+//! The engine's clocks: one check per watchdog (deadline, idle, startup, the provider's first
+//! event, recognition, a plugin call that does not return, a gateway the agent goes around). Each check says what fired and
 //! why; the engine decides what that does to the run.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -45,6 +45,7 @@ pub(crate) struct Watchdogs {
     pub deadline: Option<Instant>,
     idle: Option<Duration>,
     startup: Option<Duration>,
+    first_event: Duration,
     recognition_after: Duration,
     plugin_timeout: Duration,
     provider: String,
@@ -60,6 +61,7 @@ pub(crate) struct Clocks {
     pub timeout: Option<Duration>,
     pub idle: Option<Duration>,
     pub startup: Option<Duration>,
+    pub first_event: Duration,
     pub recognition_after: Duration,
     pub plugin_timeout: Duration,
     pub provider: String,
@@ -74,6 +76,7 @@ impl Watchdogs {
             deadline: clocks.timeout.and_then(|t| start.checked_add(t)),
             idle: clocks.idle,
             startup: clocks.startup,
+            first_event: clocks.first_event,
             recognition_after: clocks.recognition_after,
             plugin_timeout: clocks.plugin_timeout,
             provider: clocks.provider,
@@ -94,6 +97,7 @@ impl Watchdogs {
         [
             self.check_idle(at, watch, elapsed_ms),
             self.check_startup(watch, elapsed_ms),
+            self.check_first_event(watch, elapsed_ms),
             self.check_recognition(watch, elapsed_ms),
             self.check_plugin(feeding_since, elapsed_ms),
             self.check_bypass(at),
@@ -143,6 +147,34 @@ impl Watchdogs {
                 humantime::format_duration(startup)
             ),
         ))
+    }
+
+    /// No recognised event within the time the provider's CLI takes to print its first one,
+    /// output or not (silence is no stream: a CLI in a text mode prints nothing until it
+    /// ends): judged once, like an unrecognised stream.
+    fn check_first_event(&mut self, watch: &StreamWatch, elapsed_ms: u64) -> Option<Alarm> {
+        if self.unrecognised_told
+            || watch.recognised.load(Ordering::Relaxed)
+            || elapsed_ms < ms(self.first_event)
+        {
+            return None;
+        }
+        self.unrecognised_told = true;
+        let seen = if watch.first_output.load(Ordering::Relaxed) == 0 {
+            "nothing on stdout"
+        } else {
+            "output, none of it an event of its"
+        };
+        Some(Alarm::Unrecognised(format!(
+            "no {provider} event within {within} of the start ({seen}), and the {provider} CLI \
+             prints its first event within that: a CLI that prints no stream (a text mode, a \
+             forgotten `--json` or `--output-format`, a wrapper that swallows it) cannot be \
+             counted; stopped. Expected {expected}. Check the agent's command and `--provider` \
+             (`--unrecognized warn` lets it run uncounted)",
+            provider = self.provider,
+            within = humantime::format_duration(self.first_event),
+            expected = self.expected(),
+        )))
     }
 
     /// Output keeps coming and none of it is the provider's: judged once.
@@ -213,6 +245,24 @@ impl Watchdogs {
         })
     }
 
+    /// The agent exited 0 having printed nothing on stdout, and nothing was said.
+    pub fn silent_at_end(&self) -> Option<String> {
+        (!self.unrecognised_told).then(|| {
+            format!(
+                "the agent printed nothing on stdout and exited 0: there was no {} stream to \
+                 count, so the run is not a success; expected {}. Check the agent's command (a \
+                 missing stream file, a CLI that crashed quietly, output sent elsewhere)",
+                self.provider,
+                self.expected()
+            )
+        })
+    }
+
+    /// What the provider's stream looks like, for messages.
+    fn expected(&self) -> String {
+        expected(&self.provider, &self.expects)
+    }
+
     /// The stream ended before the window closed, none of it recognised, and nothing was said.
     pub fn unrecognised_at_end(&self, lines: u64) -> Option<String> {
         (!self.unrecognised_told).then(|| unrecognised(&self.provider, &self.expects, lines, None))
@@ -234,12 +284,17 @@ fn unrecognised(provider: &str, expects: &str, lines: u64, after: Option<Duratio
         None if lines == 1 => "output (1 line)".to_owned(),
         None => format!("output ({lines} lines)"),
     };
-    let expected = if expects.is_empty() {
-        format!("the {provider} plugin's event stream")
-    } else {
-        expects.to_owned()
-    };
+    let expected = expected(provider, expects);
     format!(
         "none of the agent's {seen} was recognised as a {provider} stream, so no step could be counted; expected {expected}. Check the agent's command (a missing `--json` or `--output-format`?) and `--provider`"
     )
+}
+
+/// What the provider's stream looks like: its manifest's `expects`, else a plain description.
+fn expected(provider: &str, expects: &str) -> String {
+    if expects.is_empty() {
+        format!("the {provider} plugin's event stream")
+    } else {
+        expects.to_owned()
+    }
 }

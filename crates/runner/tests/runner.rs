@@ -271,10 +271,89 @@ fn a_command_that_cannot_start_is_spawn_failed() {
     assert_eq!(report.stats.slug, Some(FailureSlug::SpawnFailed));
     assert_eq!(
         report.record.verdict.message.as_deref(),
-        Some("cannot run `/no/such/agent`: command not found")
+        Some("cannot run `/no/such/agent`: command not found: no such file; check the path")
     );
     assert_eq!(report.pid, None);
     assert_eq!(report.record.counts.noise_lines, None);
+}
+
+#[test]
+fn a_script_whose_interpreter_cannot_run_is_spawn_failed_naming_the_fix() {
+    // Through the trampoline too the agent never starts: not the agent's failure (exit 1).
+    let dir = Dir::new();
+    let path = dir.file("bad.sh");
+    std::fs::write(&path, "#!/no/such/interpreter\necho hi\n").unwrap();
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let (spec, out) = spec(vec![path.display().to_string()], codex(), 5);
+    let report = Runner::new(spec).run(&mut []);
+    assert_eq!(report.exit_code, ExitCode::Usage);
+    assert_eq!(report.stats.slug, Some(FailureSlug::SpawnFailed));
+    let message = report.record.verdict.message.unwrap();
+    assert!(
+        message.contains("names the interpreter `/no/such/interpreter`")
+            && message.contains("fix the #! line"),
+        "{message}"
+    );
+    assert_eq!(out.text(), "");
+}
+
+#[test]
+fn no_event_within_the_providers_first_event_time_is_an_unrecognised_stream() {
+    // A CLI in text mode behind a wrapper: nothing on stdout while it works (a tool it started
+    // sleeps on), so neither the line rule nor the time-since-first-line rule can fire.
+    let dir = Dir::new();
+    let pidfile = dir.file("tool.pid");
+    let body = format!("sleep 300 & echo $! > {}\nsleep 300", pidfile.display());
+    let (mut spec, out) = spec(dir.script("silent.sh", &body), codex(), 5);
+    spec.recognition.window.first_event = Duration::from_millis(400);
+    let started = Instant::now();
+    let report = Runner::new(spec).run(&mut []);
+    assert_eq!(report.exit_code, ExitCode::Usage);
+    assert_eq!(report.stats.slug, Some(FailureSlug::UnrecognizedStream));
+    assert_eq!(
+        report.record.verdict.terminated_by.map(|t| t.as_str()),
+        Some("unrecognized")
+    );
+    let message = report.record.verdict.message.unwrap();
+    assert!(
+        message.contains("within 400ms of the start (nothing on stdout)"),
+        "{message}"
+    );
+    assert_eq!(out.text(), "");
+    assert!(!alive(read_pid(&pidfile)));
+    assert!(started.elapsed() < Duration::from_secs(10));
+}
+
+#[test]
+fn an_agent_that_prints_nothing_and_exits_0_is_not_a_success() {
+    let dir = Dir::new();
+    let (silent, _out) = spec(
+        dir.script("silent.sh", "echo 'to stderr' >&2\nexit 0"),
+        codex(),
+        5,
+    );
+    let report = Runner::new(silent).run(&mut []);
+    assert_eq!(report.exit_code, ExitCode::Usage);
+    assert_eq!(report.stats.outcome, Outcome::Failed);
+    assert_eq!(report.stats.slug, Some(FailureSlug::UnrecognizedStream));
+    assert_eq!(report.terminated_by, None);
+    let message = report.record.verdict.message.unwrap();
+    assert!(
+        message.contains("printed nothing on stdout and exited 0"),
+        "{message}"
+    );
+    // Silent and failing: the agent's failure, its exit code kept.
+    let (failing, _out) = spec(dir.script("fails.sh", "exit 3"), codex(), 5);
+    let report = Runner::new(failing).run(&mut []);
+    assert_eq!(report.stats.slug, Some(FailureSlug::ProviderError));
+    assert_eq!(report.child_exit, Some(ExitStatus::Code(3)));
+    // Let through with a warning, as an unrecognised stream is.
+    let (mut warned, _out) = spec(dir.script("silent2.sh", "exit 0"), codex(), 5);
+    warned.recognition.on_unrecognized = stepguard_runner::OnUnrecognized::Warn;
+    assert_eq!(
+        Runner::new(warned).run(&mut []).exit_code,
+        ExitCode::Success
+    );
 }
 
 /// Remembers what it saw and names the run, as a history recorder would.

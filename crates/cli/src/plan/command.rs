@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use stepguard_config::ResolvedSpend;
-use stepguard_plugin_api::Manifest;
+use stepguard_plugin_api::{Manifest, NativeLimit, program_name};
 use stepguard_runner::{SpendLimits, WrapUp};
 
 use crate::args::{OnLimit, RunArgs};
@@ -33,15 +33,19 @@ pub(super) struct Context<'a> {
 
 /// Plans the agent's command: the provider's native step limit, the model gateway, the token
 /// and cost budgets (refused when nothing can keep them) and the provider's native token and
-/// cost budgets, as second lines of defence like its step limit.
-pub(super) fn agent_command(args: &RunArgs, cx: &Context<'_>) -> anyhow::Result<AgentCommand> {
+/// cost budgets, as second lines of defence like its step limit. A native limit goes only into
+/// a command that runs the provider's CLI; one left out is said once, to `warn`.
+pub(super) fn agent_command(
+    args: &RunArgs,
+    cx: &Context<'_>,
+    warn: &mut dyn FnMut(&str),
+) -> anyhow::Result<AgentCommand> {
     let manifest = cx.manifest;
+    let mut native = NativeLimits::new(manifest, &args.command, args.no_native_limit);
     let mut command = args.command.clone();
-    if let (Some(native), Some(limit), false) = (
-        &manifest.native_limit,
-        cx.limits.budget.max_steps.get(),
-        args.no_native_limit,
-    ) && let Some(extra) = native.args_for(&command, limit)
+    if let (Some(limit), Some(max)) = (&manifest.native_limit, cx.limits.budget.max_steps.get())
+        && native.fits(limit, "step limit")
+        && let Some(extra) = limit.args_for(&command, max)
     {
         tracing::info!(args = ?extra, "adding the provider's native limit");
         command.extend(extra);
@@ -62,25 +66,122 @@ pub(super) fn agent_command(args: &RunArgs, cx: &Context<'_>) -> anyhow::Result<
         ))
         .into());
     }
-    if !args.no_native_limit {
-        if let (Some(native), Some(max)) = (&manifest.native_token_limit, spend.max_tokens)
-            && let Some(with) = native.command_for_tokens(&command, max)
-        {
-            tracing::info!("adding the provider's native token budget");
-            command = with;
-        }
-        if let (Some(native), Some(max)) = (&manifest.native_cost_limit, spend.max_cost_usd)
-            && let Some(with) = native.command_for_cost(&command, max)
-        {
-            tracing::info!("adding the provider's native cost budget");
-            command = with;
-        }
+    if let (Some(limit), Some(max)) = (&manifest.native_token_limit, spend.max_tokens)
+        && native.fits(limit, "token budget")
+        && let Some(with) = limit.command_for_tokens(&command, max)
+    {
+        tracing::info!("adding the provider's native token budget");
+        command = with;
+    }
+    if let (Some(limit), Some(max)) = (&manifest.native_cost_limit, spend.max_cost_usd)
+        && native.fits(limit, "cost budget")
+        && let Some(with) = limit.command_for_cost(&command, max)
+    {
+        tracing::info!("adding the provider's native cost budget");
+        command = with;
+    }
+    if let Some(line) = native.left_out() {
+        warn(&line);
     }
     Ok(AgentCommand {
         command,
         wrap_up,
         spend,
     })
+}
+
+/// Which of the provider's native limits may go into the agent's command: only into a command
+/// whose program is the provider's CLI (the pre-flight's rule: the program's file name), never
+/// into a wrapper (`env`, `npx`, a script), whose options they are not, nor into another CLI,
+/// where they may mean something else (Codex's `-c` is Claude's `--continue`).
+struct NativeLimits<'a> {
+    manifest: &'a Manifest,
+    /// The program the agent's command runs (its file name).
+    program: &'a str,
+    /// `--no-native-limit`.
+    off: bool,
+    /// The limits left out, and why.
+    left_out: Vec<&'static str>,
+    why: Option<String>,
+}
+
+impl<'a> NativeLimits<'a> {
+    fn new(manifest: &'a Manifest, command: &'a [String], off: bool) -> Self {
+        NativeLimits {
+            manifest,
+            program: program_name(command).unwrap_or_default(),
+            off,
+            left_out: Vec::new(),
+            why: None,
+        }
+    }
+
+    /// Returns true when `limit` (the `what` of the provider's CLI) may go into the command;
+    /// otherwise remembers that it was left out, and why.
+    fn fits(&mut self, limit: &NativeLimit, what: &'static str) -> bool {
+        if self.off {
+            return false;
+        }
+        let why = match self.manifest.native_program(limit) {
+            Some(cli) if cli == self.program => return true,
+            Some(cli) => format!(
+                "the command runs `{}`, not `{cli}`, and a wrapper or another CLI must not get \
+                 {cli}'s flags",
+                self.program
+            ),
+            None => format!(
+                "the {} plugin does not say which program takes it (`NativeLimit::program`)",
+                self.manifest.name
+            ),
+        };
+        self.left_out.push(what);
+        self.why.get_or_insert(why);
+        false
+    }
+
+    /// The one warning line for the limits left out, if any.
+    fn left_out(&self) -> Option<String> {
+        let why = self.why.as_ref()?;
+        Some(format!(
+            "provider {}'s native {} left out of the agent's command: {why}; stepguard's own \
+             limits still hold (run the CLI directly after `--` to have both, or pass \
+             --no-native-limit to say you know)",
+            self.manifest.name,
+            self.left_out.join(" and ")
+        ))
+    }
+}
+
+/// Refuses a command that runs another provider's CLI than the one counted (`-p claude --
+/// codex exec …`): its stream would go uncounted, and a native limit of one CLI may be another
+/// flag of another. `providers` are the manifests of every available provider.
+pub(super) fn wrong_provider<'m>(
+    command: &[String],
+    manifest: &Manifest,
+    providers: impl IntoIterator<Item = &'m Manifest>,
+) -> anyhow::Result<()> {
+    let Some(program) = program_name(command) else {
+        return Ok(());
+    };
+    if manifest.names_program(program) {
+        return Ok(());
+    }
+    let owners: Vec<&str> = providers
+        .into_iter()
+        .filter(|m| m.name != manifest.name && m.names_program(program))
+        .map(|m| m.name.as_str())
+        .collect();
+    let Some(first) = owners.first() else {
+        return Ok(());
+    };
+    Err(UsageError(format!(
+        "the command runs `{program}`, the CLI of provider {}, but the run counts provider {}: \
+         use `-p {first}` (or `--no-preflight` if `{program}` really prints {}'s stream)",
+        owners.join(" / "),
+        manifest.name,
+        manifest.name
+    ))
+    .into())
 }
 
 /// The model gateway of the run, checked before anything starts: the provider must declare
@@ -223,4 +324,71 @@ pub(super) fn command_model(command: &[String]) -> Option<String> {
         }
     }
     found.filter(|m| !m.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use stepguard_plugin_api::PreflightRule;
+
+    use super::*;
+
+    fn command(words: &[&str]) -> Vec<String> {
+        words.iter().map(|w| (*w).to_owned()).collect()
+    }
+
+    fn cli(name: &str, program: &str) -> Manifest {
+        Manifest::new(name, "1").preflight(PreflightRule::new(program, &[], "fix"))
+    }
+
+    #[test]
+    fn a_native_limit_fits_only_the_providers_own_cli_and_is_said_once() {
+        let manifest =
+            cli("codex", "codex").native_limit(NativeLimit::new(&["--max", "{max_steps}"], &[]));
+        let limit = manifest.native_limit.clone().unwrap();
+        let direct = command(&["/usr/bin/codex", "exec"]);
+        let mut native = NativeLimits::new(&manifest, &direct, false);
+        assert!(native.fits(&limit, "step limit"));
+        assert_eq!(native.left_out(), None);
+        let wrapped = command(&["npx", "codex", "exec"]);
+        let mut native = NativeLimits::new(&manifest, &wrapped, false);
+        assert!(!native.fits(&limit, "step limit"));
+        assert!(!native.fits(&limit, "token budget"));
+        let line = native.left_out().unwrap();
+        assert!(
+            line.starts_with("provider codex's native step limit and token budget left out")
+                && line.contains("the command runs `npx`, not `codex`"),
+            "{line}"
+        );
+        // Turned off: nothing fits and nothing is said.
+        let mut off = NativeLimits::new(&manifest, &wrapped, true);
+        assert!(!off.fits(&limit, "step limit"));
+        assert_eq!(off.left_out(), None);
+        // A plugin that names no program gets nothing added.
+        let bare = Manifest::new("bare", "1");
+        let mut native = NativeLimits::new(&bare, &direct, false);
+        assert!(!native.fits(&limit, "step limit"));
+        assert!(
+            native
+                .left_out()
+                .unwrap()
+                .contains("does not say which program")
+        );
+    }
+
+    #[test]
+    fn another_providers_cli_is_refused_unless_this_provider_claims_it_too() {
+        let (claude, codex) = (cli("claude", "claude"), cli("codex", "codex"));
+        let alt = cli("codex-alt", "codex");
+        let all = [&claude, &codex, &alt];
+        let run_codex = command(&["codex", "exec", "--json"]);
+        let err = wrong_provider(&run_codex, &claude, all)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("use `-p codex`"), "{err}");
+        assert!(err.contains("provider codex / codex-alt"), "{err}");
+        assert!(wrong_provider(&run_codex, &codex, all).is_ok());
+        assert!(wrong_provider(&run_codex, &alt, all).is_ok());
+        // A wrapper nobody claims is left to recognition.
+        assert!(wrong_provider(&command(&["env", "codex"]), &claude, all).is_ok());
+    }
 }
