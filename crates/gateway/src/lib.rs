@@ -211,10 +211,13 @@ pub(crate) struct Tally {
     pub(crate) recent: Vec<(u64, f64)>,
     /// Which budget made the last call the last.
     pub(crate) reason: Option<Budget>,
-    /// Main calls forwarded whose replies have not ended yet.
-    pub(crate) in_flight: u64,
     /// Whether the tool-less last call went out and was answered (a wrap-up happened).
     pub(crate) wrapped: bool,
+    /// Model calls (main and side) admitted and not yet settled.
+    pub(crate) metered: u64,
+    /// The largest call accounted so far, main or side: the estimate before a main call has
+    /// settled; `None` until a call has settled with its usage.
+    pub(crate) largest: Option<(u64, f64)>,
 }
 
 /// What the next two main calls will likely use, in tokens and dollars.
@@ -229,7 +232,14 @@ impl Tally {
     /// latest calls (a sub-agent's small call must not hide its parent's big one), grown as the
     /// latest grew, since a conversation only gets longer.
     fn estimate(&self) -> Option<Estimate> {
-        let (t1, c1) = *self.recent.last()?;
+        let Some(&(t1, c1)) = self.recent.last() else {
+            // Only side calls have settled: the largest of them, without growth.
+            let largest = self.largest?;
+            return Some(Estimate {
+                next: largest,
+                after: largest,
+            });
+        };
         let (tmax, cmax) = self
             .recent
             .iter()
@@ -250,10 +260,11 @@ impl Tally {
 
     /// What the token and cost budgets say of the next main call: refuse it (the budget is
     /// spent or it would cross it), make it the last (the one after it would cross), or go on.
-    /// Calls still under way count at the estimate, so concurrent calls cannot all slip in.
+    /// The other calls still under way (main and side, admitted before this one) count at the
+    /// estimate, so concurrent calls cannot all slip in.
     fn spend_plan(&self, pace: &Pace) -> Option<(bool, Budget)> {
         let est = self.estimate();
-        let pending = self.in_flight;
+        let pending = self.metered.saturating_sub(1);
         if let Some(max) = pace.max_tokens {
             let e = est.unwrap_or_default();
             let spent = self
@@ -282,13 +293,13 @@ impl Tally {
         None
     }
 
-    /// Whether the token or cost budget is already spent (side calls stop then too).
-    fn spent(&self, pace: &Pace) -> Option<Budget> {
-        if pace.max_tokens.is_some_and(|max| self.usage.total() >= max) {
+    /// Whether the token or cost budget has been crossed (more spent than it allows).
+    fn crossed(&self, pace: &Pace) -> Option<Budget> {
+        if pace.max_tokens.is_some_and(|max| self.usage.total() > max) {
             return Some(Budget::Tokens);
         }
         match (pace.max_cost_usd, self.cost) {
-            (Some(max), Some(cost)) if cost >= max - 1e-9 => Some(Budget::Cost),
+            (Some(max), Some(cost)) if cost > max + 1e-9 => Some(Budget::Cost),
             _ => None,
         }
     }
@@ -299,11 +310,54 @@ pub(crate) struct Shared {
     pub(crate) config: GatewayConfig,
     pub(crate) token: String,
     pub(crate) tally: Mutex<Tally>,
+    /// Woken whenever an admitted model call settles (see [`Shared::admit`]).
+    pub(crate) settled: tokio::sync::Notify,
+}
+
+/// One admitted model call; dropping it (when its reply has ended, or it was answered without
+/// being forwarded) settles it and wakes the calls waiting for the first estimate.
+pub(crate) struct Slot(Arc<Shared>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        {
+            let mut t = self.0.tally();
+            t.metered = t.metered.saturating_sub(1);
+        }
+        self.0.settled.notify_waiters();
+    }
 }
 
 impl Shared {
     pub(crate) fn tally(&self) -> MutexGuard<'_, Tally> {
         self.tally.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether a model call must wait before it is planned: with a token or cost budget and no
+    /// call settled yet there is no estimate to reserve calls under way at, so the run's first
+    /// calls go one at a time.
+    fn must_wait(&self, t: &Tally) -> bool {
+        let pace = &self.config.pace;
+        let spend = pace.max_tokens.is_some() || pace.max_cost_usd.is_some();
+        spend && t.largest.is_none() && t.metered > 0
+    }
+
+    /// Admits one model call: at once when there is an estimate (or no token or cost budget),
+    /// else once the call under way has settled.
+    pub(crate) async fn admit(self: &Arc<Self>) -> Slot {
+        loop {
+            let notified = self.settled.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let mut t = self.tally();
+                if !self.must_wait(&t) {
+                    t.metered += 1;
+                    return Slot(Arc::clone(self));
+                }
+            }
+            notified.await;
+        }
     }
 
     /// Decides what happens to the next main request for `model`, and counts it.
@@ -372,11 +426,9 @@ impl Shared {
         match plan {
             Plan::Forward { .. } => {
                 t.forwarded += 1;
-                t.in_flight += 1;
             }
             Plan::Last { .. } => {
                 t.forwarded += 1;
-                t.in_flight += 1;
                 t.last_sent = true;
             }
             // Nothing more will be forwarded: the run is over for its model. The refusal
@@ -387,16 +439,23 @@ impl Shared {
         (plan, t.notice.take())
     }
 
-    /// Whether a side call may still go out: not once the token or cost budget is spent.
-    pub(crate) fn side_allowed(&self) -> Option<Budget> {
-        self.tally().spent(&self.config.pace)
+    /// The budget that refuses a side call: none goes out once the token or cost budget is
+    /// spent or the call would cross it (calls under way counted at the estimate), and that
+    /// budget is why the run ends.
+    pub(crate) fn side_refused(&self) -> Option<Budget> {
+        let mut t = self.tally();
+        let budget = match t.spend_plan(&self.config.pace) {
+            Some((true, budget)) => budget,
+            _ => return None,
+        };
+        t.reason.get_or_insert(budget);
+        Some(budget)
     }
 
     /// A main call's reply has ended (or failed): it is no longer under way. A reply that was
     /// not a success does not count as a step, nor as the last call, so a retry takes its place.
     pub(crate) fn settle(&self, last: bool, success: bool) {
         let mut t = self.tally();
-        t.in_flight = t.in_flight.saturating_sub(1);
         if success {
             if last {
                 t.wrapped = true;
@@ -420,8 +479,13 @@ impl Shared {
                 (Some(a), Some(b)) => Some(a + b),
                 _ => None,
             };
+            let this = (usage.total(), cost.unwrap_or(0.0));
+            t.largest = Some(match t.largest {
+                Some((lt, lc)) => (lt.max(this.0), lc.max(this.1)),
+                None => this,
+            });
             if main {
-                t.recent.push((usage.total(), cost.unwrap_or(0.0)));
+                t.recent.push(this);
                 if t.recent.len() > 4 {
                     t.recent.remove(0);
                 }
@@ -475,6 +539,7 @@ impl Gateway {
             }),
             config,
             token: token.clone(),
+            settled: tokio::sync::Notify::new(),
         });
         let (shutdown, stop) = tokio::sync::oneshot::channel();
         let serving = Arc::clone(&shared);
@@ -525,6 +590,12 @@ impl Gateway {
     /// The cost of every model call so far, when each could be priced.
     pub fn cost_usd(&self) -> Option<f64> {
         self.shared.tally().cost
+    }
+
+    /// The token or cost budget the calls so far have crossed (spent more than), if any: such a
+    /// run is never a success.
+    pub fn overspent(&self) -> Option<Budget> {
+        self.shared.tally().crossed(&self.shared.config.pace)
     }
 
     /// Whether the gateway answered any call itself because a budget was spent.

@@ -22,7 +22,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::{Value, json};
 
 use crate::usage::UsageScanner;
-use crate::{Dialect, GatewayEvent, Plan, REFUSAL_TEXT, Shared, WRAP_UP_NOTICE};
+use crate::{Dialect, GatewayEvent, Plan, REFUSAL_TEXT, Shared, Slot, WRAP_UP_NOTICE};
 
 type GBody = BoxBody<Bytes, hyper::Error>;
 pub(crate) type Client = Legacy<HttpsConnector<HttpConnector>, GBody>;
@@ -257,20 +257,22 @@ async fn handle(ctx: &Ctx, req: Request<Incoming>) -> Response<GBody> {
     let model = model
         .or_else(|| Dialect::model_in_path(&rest))
         .unwrap_or_default();
+    // Before the first call has settled there is no estimate: calls wait their turn.
+    let slot = shared.admit().await;
     if !tools {
         // Side calls cost too: with a cost budget, one that cannot be priced is not made, and
         // none is made once a budget is spent.
         if shared.config.pace.max_cost_usd.is_some() && !shared.config.pace.can_price(&model) {
             return unpriced(shared, &model);
         }
-        if shared.side_allowed().is_some() {
+        if shared.side_refused().is_some() {
             return refusal(shared, &parts, &rest, &bytes);
         }
         record(shared, &parts, &rest, "side", Some(&bytes));
-        let meter = Meter::new(dialect, &model, false, false, bytes.len());
+        let meter = Meter::new(dialect, &model, (false, false), bytes.len(), slot);
         return forward(ctx, &parts, uri, full(bytes), false, Some(meter)).await;
     }
-    main_call(ctx, parts, rest, uri, bytes, &model).await
+    main_call(ctx, parts, rest, uri, bytes, &model, slot).await
 }
 
 /// The gateway's own final answer to a call it will not make, in the call's dialect.
@@ -343,10 +345,10 @@ async fn main_call(
     uri: Uri,
     bytes: Bytes,
     model: &str,
+    slot: Slot,
 ) -> Response<GBody> {
     let shared = &ctx.shared;
     let dialect = shared.config.dialect;
-    {}
     let (plan, pending) = shared.plan(model);
     let pace = &shared.config.pace;
     // Only a call that changes is parsed into a value; the others go out as they came.
@@ -374,7 +376,7 @@ async fn main_call(
             ("forward", false, notice)
         }
     };
-    let meter = Meter::new(dialect, model, true, last, bytes.len());
+    let meter = Meter::new(dialect, model, (true, last), bytes.len(), slot);
     // Chat completions stream usage only when asked: with a token or cost budget, ask.
     let spend = pace.max_tokens.is_some() || pace.max_cost_usd.is_some();
     let ask_usage = spend && dialect == Dialect::OpenAiChat;
@@ -416,15 +418,18 @@ struct Meter {
     keep_text: bool,
     /// The request's size, for an estimate when the reply reports no usage.
     request_bytes: usize,
+    /// The call's admission, released when the reply has ended (after its usage is counted).
+    _slot: Slot,
 }
 
 impl Meter {
+    /// `(main, last)`: whether the call is a main one, and the last one (its text is kept).
     fn new(
         dialect: Dialect,
         model: &str,
-        main: bool,
-        keep_text: bool,
+        (main, keep_text): (bool, bool),
         request_bytes: usize,
+        slot: Slot,
     ) -> Self {
         Meter {
             dialect,
@@ -432,6 +437,7 @@ impl Meter {
             main,
             keep_text,
             request_bytes,
+            _slot: slot,
         }
     }
 }

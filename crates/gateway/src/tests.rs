@@ -585,7 +585,8 @@ fn the_estimate_grows_with_the_conversation_so_the_wrap_up_is_not_skipped() {
             output: 0,
         },
         recent: vec![(100, 0.0)],
-        in_flight: 2,
+        // Two others under way, besides the call being planned.
+        metered: 3,
         ..Tally::default()
     };
     assert_eq!(
@@ -594,7 +595,7 @@ fn the_estimate_grows_with_the_conversation_so_the_wrap_up_is_not_skipped() {
     );
     // Nothing under way: room for this call and one more.
     assert_eq!(
-        Tally { in_flight: 0, ..t }.spend_plan(&pace(Some(1000))),
+        Tally { metered: 1, ..t }.spend_plan(&pace(Some(1000))),
         None
     );
 }
