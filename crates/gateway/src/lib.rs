@@ -32,7 +32,7 @@ mod usage;
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -159,7 +159,17 @@ pub struct GatewayConfig {
     pub on_event: Box<dyn Fn(GatewayEvent) + Send + Sync>,
     /// How long connecting to the upstream may take.
     pub connect_timeout: Duration,
+    /// The most bytes of model request bodies held at once, all requests together
+    /// ([`DEFAULT_BODY_MEMORY`] unless a caller knows better); a request that would pass it is
+    /// answered 503 with `Retry-After` and not forwarded.
+    pub body_memory: usize,
 }
+
+/// The default cap on model request bodies held at once: two of the largest requests.
+pub const DEFAULT_BODY_MEMORY: usize = 512 * 1024 * 1024;
+
+/// The largest model request read whole (whole conversations, so generous).
+pub const MAX_MODEL_REQUEST: usize = 256 * 1024 * 1024;
 
 /// Why the gateway cannot start.
 #[derive(Debug, thiserror::Error)]
@@ -312,6 +322,45 @@ pub(crate) struct Shared {
     pub(crate) tally: Mutex<Tally>,
     /// Woken whenever an admitted model call settles (see [`Shared::admit`]).
     pub(crate) settled: tokio::sync::Notify,
+    /// Bytes of request bodies held now (see [`Held`]).
+    pub(crate) held: AtomicUsize,
+}
+
+/// Bytes of a request body counted against [`GatewayConfig::body_memory`], given back when the
+/// request is done with.
+pub(crate) struct Held {
+    shared: Arc<Shared>,
+    bytes: usize,
+}
+
+impl Held {
+    pub(crate) fn new(shared: &Arc<Shared>) -> Self {
+        Held {
+            shared: Arc::clone(shared),
+            bytes: 0,
+        }
+    }
+
+    /// Counts `n` more bytes, or says no (counting nothing) when that would pass the cap.
+    pub(crate) fn grow(&mut self, n: usize) -> bool {
+        let cap = self.shared.config.body_memory;
+        let taken = self
+            .shared
+            .held
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |now| {
+                now.checked_add(n).filter(|total| *total <= cap)
+            });
+        if taken.is_ok() {
+            self.bytes += n;
+        }
+        taken.is_ok()
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.shared.held.fetch_sub(self.bytes, Ordering::AcqRel);
+    }
 }
 
 /// One admitted model call; dropping it (when its reply has ended, or it was answered without
@@ -540,6 +589,7 @@ impl Gateway {
             config,
             token: token.clone(),
             settled: tokio::sync::Notify::new(),
+            held: AtomicUsize::new(0),
         });
         let (shutdown, stop) = tokio::sync::oneshot::channel();
         let serving = Arc::clone(&shared);

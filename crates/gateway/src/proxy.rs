@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Full};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::header::{self, HeaderMap, HeaderValue};
 use hyper::server::conn::http1;
@@ -22,13 +22,14 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::{Value, json};
 
 use crate::usage::UsageScanner;
-use crate::{Dialect, GatewayEvent, Plan, REFUSAL_TEXT, Shared, Slot, WRAP_UP_NOTICE};
+use crate::{
+    Dialect, GatewayEvent, Held, MAX_MODEL_REQUEST, Plan, REFUSAL_TEXT, Shared, Slot,
+    WRAP_UP_NOTICE,
+};
 
 type GBody = BoxBody<Bytes, hyper::Error>;
 pub(crate) type Client = Legacy<HttpsConnector<HttpConnector>, GBody>;
 
-/// The largest model request read whole (whole conversations, so generous).
-const MAX_MODEL_REQUEST: usize = 256 * 1024 * 1024;
 /// How much of the last reply is kept for its text.
 const KEEP_REPLY: usize = 1024 * 1024;
 
@@ -229,14 +230,10 @@ async fn handle(ctx: &Ctx, req: Request<Incoming>) -> Response<GBody> {
         record(shared, &parts, &rest, "other", None);
         return forward(ctx, &parts, uri, body.boxed(), false, None).await;
     }
-    let bytes = match Limited::new(body, MAX_MODEL_REQUEST).collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(e) => {
-            return plain(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                &format!("stepguard gateway: cannot read the request body: {e}"),
-            );
-        }
+    let mut held = Held::new(shared);
+    let bytes = match read_body(body, &parts.headers, &mut held).await {
+        Ok(b) => b,
+        Err(refused) => return refused,
     };
     // A model call that cannot be read can be neither counted nor paced: never forwarded.
     let encoded = parts
@@ -273,6 +270,76 @@ async fn handle(ctx: &Ctx, req: Request<Incoming>) -> Response<GBody> {
         return forward(ctx, &parts, uri, full(bytes), false, Some(meter)).await;
     }
     main_call(ctx, parts, rest, uri, bytes, &model, slot).await
+}
+
+/// Reads a model request's body whole, every byte counted against the gateway's cap on bodies
+/// held: past [`MAX_MODEL_REQUEST`] it is refused with 413, past the cap with 503 (the CLI's
+/// retry comes when others are done). A declared length is counted before anything is read.
+async fn read_body(
+    mut body: Incoming,
+    headers: &HeaderMap,
+    held: &mut Held,
+) -> Result<Bytes, Response<GBody>> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    let too_large = || {
+        plain(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            &format!(
+                "stepguard gateway: a model request may be at most {} MiB",
+                MAX_MODEL_REQUEST >> 20
+            ),
+        )
+    };
+    if declared.is_some_and(|n| n > MAX_MODEL_REQUEST) {
+        return Err(too_large());
+    }
+    let mut buf = Vec::new();
+    if let Some(n) = declared {
+        if !held.grow(n) {
+            return Err(busy());
+        }
+        buf.reserve_exact(n);
+    }
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| {
+            plain(
+                StatusCode::BAD_REQUEST,
+                &format!("stepguard gateway: cannot read the request body: {e}"),
+            )
+        })?;
+        let Some(data) = frame.data_ref() else {
+            continue;
+        };
+        let len = buf.len() + data.len();
+        if len > MAX_MODEL_REQUEST || declared.is_some_and(|n| len > n) {
+            return Err(too_large());
+        }
+        if len > buf.capacity() {
+            // Grown here, by doubling, so what is held is what is counted.
+            let cap = len.max(buf.capacity() * 2).min(MAX_MODEL_REQUEST);
+            if !held.grow(cap - buf.capacity()) {
+                return Err(busy());
+            }
+            buf.reserve_exact(cap - buf.len());
+        }
+        buf.extend_from_slice(data);
+    }
+    Ok(Bytes::from(buf))
+}
+
+/// The answer to a request whose body would pass the cap on bodies held at once.
+fn busy() -> Response<GBody> {
+    let mut resp = plain(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "stepguard gateway: too many large requests at once (the memory for request bodies is \
+         in use); retry shortly",
+    );
+    resp.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    resp
 }
 
 /// The gateway's own final answer to a call it will not make, in the call's dialect.

@@ -33,6 +33,7 @@ fn config(upstream: &str, limit: Option<u64>, steps: Arc<AtomicU64>) -> (Gateway
         record_requests: None,
         on_event: Box::new(move |e| log.lock().unwrap().push(e)),
         connect_timeout: Duration::from_secs(5),
+        body_memory: crate::DEFAULT_BODY_MEMORY,
     };
     (config, seen)
 }
