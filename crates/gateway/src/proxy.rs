@@ -181,6 +181,61 @@ fn target(upstream: &Uri, rest: &str) -> Result<Uri, hyper::http::Error> {
     Ok(Uri::from_parts(parts)?)
 }
 
+/// The path after the token made canonical, so that the path classified is the path the
+/// upstream sees: escapes of unreserved characters decoded (`%6D` is `m`), repeated and trailing
+/// slashes dropped. What could make the upstream read another path is refused: dot segments,
+/// any other escape (`%2F`, `%2E`, `%00`…), path parameters (`;x`), characters no model API path
+/// uses. The query is kept as it came.
+fn canonical(rest: &str) -> Result<String, String> {
+    let (path, query) = match rest.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (rest, None),
+    };
+    let mut out = String::with_capacity(path.len());
+    let mut bytes = path.bytes();
+    while let Some(b) = bytes.next() {
+        let c = match b {
+            b'%' => {
+                let hex = [bytes.next(), bytes.next()];
+                let hex = hex.map(|h| h.map(char::from).and_then(|h| h.to_digit(16)));
+                let [Some(hi), Some(lo)] = hex else {
+                    return Err(format!("a bad escape in the path {path}"));
+                };
+                let c = (hi * 16 + lo) as u8;
+                if !unreserved(c) || c == b'.' {
+                    return Err(format!(
+                        "escapes other than of letters, digits and `-_~` are not forwarded ({path})"
+                    ));
+                }
+                c
+            }
+            b'/' if out.ends_with('/') => continue,
+            b';' => return Err(format!("path parameters (`;`) are not forwarded ({path})")),
+            b'/' | b':' | b'@' | b'!' | b'$' | b'&' | b'\'' | b'(' | b')' | b'*' | b'+' | b','
+            | b'=' => b,
+            c if unreserved(c) => c,
+            _ => return Err(format!("a character no model API path uses in {path}")),
+        };
+        out.push(char::from(c));
+    }
+    while out.len() > 1 && out.ends_with('/') {
+        out.pop();
+    }
+    if out.split('/').any(|seg| seg == "." || seg == "..") {
+        return Err("dot segments are not forwarded".to_owned());
+    }
+    if let Some(q) = query {
+        out.push('?');
+        out.push_str(q);
+    }
+    Ok(out)
+}
+
+/// RFC 3986's unreserved characters: the same escaped or not.
+fn unreserved(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, b'-' | b'.' | b'_' | b'~')
+}
+
 fn forward_headers(from: &HeaderMap, to: &mut HeaderMap, drop_length: bool) {
     for (name, value) in from {
         let n = name.as_str();
@@ -204,19 +259,16 @@ async fn handle(ctx: &Ctx, req: Request<Incoming>) -> Response<GBody> {
             "stepguard gateway: this URL is not the run's gateway URL",
         );
     };
-    let rest = rest.to_owned();
-    // Dot segments and encoded slashes could reach other paths than the one checked here.
-    let path_part = rest.split('?').next().unwrap_or("");
-    let lower = path_part.to_ascii_lowercase();
-    if path_part.split('/').any(|s| s == "." || s == "..")
-        || lower.contains("%2e")
-        || lower.contains("%2f")
-    {
-        return plain(
-            StatusCode::BAD_REQUEST,
-            "stepguard gateway: dot segments and encoded slashes are not forwarded",
-        );
-    }
+    // What is classified is what is forwarded: the path made canonical, or refused.
+    let rest = match canonical(rest) {
+        Ok(rest) => rest,
+        Err(why) => {
+            return plain(
+                StatusCode::BAD_REQUEST,
+                &format!("stepguard gateway: {why}"),
+            );
+        }
+    };
     let Ok(uri) = target(&ctx.upstream, &rest) else {
         return plain(
             StatusCode::BAD_REQUEST,
@@ -468,8 +520,13 @@ async fn main_call(
             }
             Bytes::from(json.to_string())
         }
-        // The probe read it as JSON, so this cannot happen; forward it untouched if it does.
-        Err(_) => bytes,
+        // Read by the probe but not into a value (nested past serde_json's 128 levels): a call
+        // that cannot be rewritten must not go out as it came, with its tools on.
+        Err(e) => {
+            shared.settle(last, false);
+            let why = format!("its body cannot be rewritten ({e})");
+            return unreadable(shared, &rest, &why);
+        }
     };
     record(shared, &parts, &rest, label, Some(&body));
     forward(ctx, &parts, uri, full(body), true, Some(meter)).await
@@ -806,6 +863,46 @@ mod tests {
             target(&up, "?x").unwrap().to_string(),
             "https://api.example.com/?x"
         );
+    }
+
+    #[test]
+    fn paths_are_made_canonical_or_refused_before_they_are_classified() {
+        let ok = |p: &str| canonical(p).unwrap();
+        assert_eq!(ok("/v1/messages/"), "/v1/messages");
+        assert_eq!(ok("/v1//messages//"), "/v1/messages");
+        assert_eq!(ok("/v1/%6Dessages"), "/v1/messages");
+        assert_eq!(ok("/v1/MESSAGE%53"), "/v1/MESSAGES");
+        assert_eq!(ok("/v1/messages?beta=true"), "/v1/messages?beta=true");
+        assert_eq!(
+            ok("/v1beta/models/gemini-2.5-pro:streamGenerateContent?alt=sse"),
+            "/v1beta/models/gemini-2.5-pro:streamGenerateContent?alt=sse"
+        );
+        assert_eq!(ok(""), "");
+        assert_eq!(ok("?x=1"), "?x=1");
+        assert_eq!(ok("/"), "/");
+        for bad in [
+            "/v1/messages;x",
+            "/v1/messages;",
+            "/v1/%2e%2e/admin",
+            "/v1/%2E./admin",
+            "/v1/../admin",
+            "/v1/./messages",
+            "/v1%2Fmessages",
+            "/v1/messages%00",
+            "/v1/messages%3B",
+            "/v1/messages%",
+            "/v1/messages%6",
+            "/v1/messages%zz",
+            "/v1/messages\\x",
+            "/v1/mess ages",
+            "/v1/messagés",
+        ] {
+            assert!(canonical(bad).is_err(), "{bad}");
+        }
+        // Every dialect classifies the canonical form.
+        assert!(Dialect::AnthropicMessages.is_model_path(&ok("/v1/messages/")));
+        assert!(Dialect::OpenAiResponses.is_model_path(&ok("/v1/respons%65s")));
+        assert!(Dialect::OpenAiChat.is_model_path(&ok("/v1/chat//completions/")));
     }
 
     #[test]

@@ -692,3 +692,62 @@ fn a_last_call_that_fails_is_retried_as_the_last_and_is_not_a_step() {
     assert_eq!(main.len(), 4);
     assert!(main[2].tools_disabled && main[3].tools_disabled);
 }
+
+#[test]
+fn path_variants_of_a_model_call_are_counted_or_refused_never_passed_as_other() {
+    let server = ModelServer::start(Script::tool_rounds(12)).unwrap();
+    let (cfg, _) = config(&server.url(), Some(10), Arc::default());
+    let gw = Gateway::start(cfg).unwrap();
+    let body = anthropic(0, true);
+    let json = [("content-type", "application/json")];
+    for variant in ["/v1/messages/", "/v1/%6Dessages", "/v1//messages"] {
+        let (status, _) = send(gw.addr(), "POST", &path(&gw, variant), &json, &body);
+        assert_eq!(status, 200, "{variant}");
+    }
+    assert_eq!(gw.forwarded(), 3, "each variant is a counted model call");
+    let targets: Vec<String> = server.requests().iter().map(|r| r.target.clone()).collect();
+    assert!(
+        targets.iter().all(|t| t == "/v1/messages"),
+        "the upstream saw the canonical path: {targets:?}"
+    );
+    for bad in ["/v1/messages;x", "/v1/messages%3B", "/v1/%2e%2e/messages"] {
+        let (status, text) = send(gw.addr(), "POST", &path(&gw, bad), &json, &body);
+        assert_eq!(status, 400, "{bad}: {text}");
+        assert!(text.contains("not forwarded"), "{bad}: {text}");
+    }
+    assert_eq!(
+        server.requests().len(),
+        3,
+        "refused variants never went out"
+    );
+    assert_eq!(gw.forwarded(), 3);
+}
+
+#[test]
+fn a_last_call_too_deep_to_rewrite_is_refused_not_sent_with_its_tools() {
+    // 200 levels of nesting: the probe reads it, serde_json's value parser (128 levels) cannot,
+    // so the tool-less last call cannot be made of it.
+    let server = ModelServer::start(Script::tool_rounds(12)).unwrap();
+    let (cfg, seen) = config(&server.url(), Some(1), Arc::default());
+    let gw = Gateway::start(cfg).unwrap();
+    let deep = format!("{}1{}", "[".repeat(200), "]".repeat(200));
+    let body = anthropic(0, true).replacen(
+        "\"max_tokens\":100",
+        &format!("\"max_tokens\":100,\"metadata\":{{\"x\":{deep}}}"),
+        1,
+    );
+    assert!(body.contains(&deep));
+    let json = [("content-type", "application/json")];
+    let (status, text) = send(gw.addr(), "POST", &path(&gw, "/v1/messages"), &json, &body);
+    assert_eq!(status, 415, "{text}");
+    assert!(text.contains("cannot be rewritten"), "{text}");
+    assert!(server.requests().is_empty(), "nothing reached the model");
+    assert_eq!(gw.forwarded(), 0, "not counted as made");
+    assert!(
+        seen.lock()
+            .unwrap()
+            .iter()
+            .any(|e| matches!(e, GatewayEvent::Unreadable { .. })),
+        "the run is told"
+    );
+}
