@@ -19,6 +19,13 @@
 //! * Headers, credentials included, pass as they are and are never logged; request bodies are
 //!   never stored unless [`GatewayConfig::record_requests`] asks (then without credentials).
 //!
+//! * Model request bodies are read whole (at most [`MAX_MODEL_REQUEST`] each), all of them
+//!   together within [`GatewayConfig::body_memory`]: past it a request gets 503 with
+//!   `Retry-After`. Paths are made canonical before they are classified (what is classified is
+//!   what is forwarded), or refused; a call that must be rewritten but cannot is refused.
+//! * With a token or cost budget, the run's first calls go one at a time until one has settled
+//!   (there is no estimate before), then calls under way are reserved at the estimate.
+//!
 //! Requests without the token get 403, and the gateway forwards only to its one upstream: it is
 //! never an open proxy. An upstream that cannot be reached is answered with 502 at once and
 //! reported ([`GatewayEvent::UpstreamFailed`]), so the run ends promptly as `provider_error`.
