@@ -379,6 +379,7 @@ pub(crate) fn run(requests: usize) -> anyhow::Result<()> {
         record_requests: None,
         on_event: Box::new(|_| {}),
         connect_timeout: Duration::from_secs(5),
+        body_memory: stepguard_gateway::DEFAULT_BODY_MEMORY,
     })?;
     // The URL's path is the run's token.
     let token = gateway

@@ -19,6 +19,13 @@
 //! * Headers, credentials included, pass as they are and are never logged; request bodies are
 //!   never stored unless [`GatewayConfig::record_requests`] asks (then without credentials).
 //!
+//! * Model request bodies are read whole (at most [`MAX_MODEL_REQUEST`] each), all of them
+//!   together within [`GatewayConfig::body_memory`]: past it a request gets 503 with
+//!   `Retry-After`. Paths are made canonical before they are classified (what is classified is
+//!   what is forwarded), or refused; a call that must be rewritten but cannot is refused.
+//! * With a token or cost budget, the run's first calls go one at a time until one has settled
+//!   (there is no estimate before), then calls under way are reserved at the estimate.
+//!
 //! Requests without the token get 403, and the gateway forwards only to its one upstream: it is
 //! never an open proxy. An upstream that cannot be reached is answered with 502 at once and
 //! reported ([`GatewayEvent::UpstreamFailed`]), so the run ends promptly as `provider_error`.
@@ -32,7 +39,7 @@ mod usage;
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -159,7 +166,17 @@ pub struct GatewayConfig {
     pub on_event: Box<dyn Fn(GatewayEvent) + Send + Sync>,
     /// How long connecting to the upstream may take.
     pub connect_timeout: Duration,
+    /// The most bytes of model request bodies held at once, all requests together
+    /// ([`DEFAULT_BODY_MEMORY`] unless a caller knows better); a request that would pass it is
+    /// answered 503 with `Retry-After` and not forwarded.
+    pub body_memory: usize,
 }
+
+/// The default cap on model request bodies held at once: two of the largest requests.
+pub const DEFAULT_BODY_MEMORY: usize = 512 * 1024 * 1024;
+
+/// The largest model request read whole (whole conversations, so generous).
+pub const MAX_MODEL_REQUEST: usize = 256 * 1024 * 1024;
 
 /// Why the gateway cannot start.
 #[derive(Debug, thiserror::Error)]
@@ -211,10 +228,13 @@ pub(crate) struct Tally {
     pub(crate) recent: Vec<(u64, f64)>,
     /// Which budget made the last call the last.
     pub(crate) reason: Option<Budget>,
-    /// Main calls forwarded whose replies have not ended yet.
-    pub(crate) in_flight: u64,
     /// Whether the tool-less last call went out and was answered (a wrap-up happened).
     pub(crate) wrapped: bool,
+    /// Model calls (main and side) admitted and not yet settled.
+    pub(crate) metered: u64,
+    /// The largest call accounted so far, main or side: the estimate before a main call has
+    /// settled; `None` until a call has settled with its usage.
+    pub(crate) largest: Option<(u64, f64)>,
 }
 
 /// What the next two main calls will likely use, in tokens and dollars.
@@ -229,7 +249,14 @@ impl Tally {
     /// latest calls (a sub-agent's small call must not hide its parent's big one), grown as the
     /// latest grew, since a conversation only gets longer.
     fn estimate(&self) -> Option<Estimate> {
-        let (t1, c1) = *self.recent.last()?;
+        let Some(&(t1, c1)) = self.recent.last() else {
+            // Only side calls have settled: the largest of them, without growth.
+            let largest = self.largest?;
+            return Some(Estimate {
+                next: largest,
+                after: largest,
+            });
+        };
         let (tmax, cmax) = self
             .recent
             .iter()
@@ -250,10 +277,11 @@ impl Tally {
 
     /// What the token and cost budgets say of the next main call: refuse it (the budget is
     /// spent or it would cross it), make it the last (the one after it would cross), or go on.
-    /// Calls still under way count at the estimate, so concurrent calls cannot all slip in.
+    /// The other calls still under way (main and side, admitted before this one) count at the
+    /// estimate, so concurrent calls cannot all slip in.
     fn spend_plan(&self, pace: &Pace) -> Option<(bool, Budget)> {
         let est = self.estimate();
-        let pending = self.in_flight;
+        let pending = self.metered.saturating_sub(1);
         if let Some(max) = pace.max_tokens {
             let e = est.unwrap_or_default();
             let spent = self
@@ -282,13 +310,13 @@ impl Tally {
         None
     }
 
-    /// Whether the token or cost budget is already spent (side calls stop then too).
-    fn spent(&self, pace: &Pace) -> Option<Budget> {
-        if pace.max_tokens.is_some_and(|max| self.usage.total() >= max) {
+    /// Whether the token or cost budget has been crossed (more spent than it allows).
+    fn crossed(&self, pace: &Pace) -> Option<Budget> {
+        if pace.max_tokens.is_some_and(|max| self.usage.total() > max) {
             return Some(Budget::Tokens);
         }
         match (pace.max_cost_usd, self.cost) {
-            (Some(max), Some(cost)) if cost >= max - 1e-9 => Some(Budget::Cost),
+            (Some(max), Some(cost)) if cost > max + 1e-9 => Some(Budget::Cost),
             _ => None,
         }
     }
@@ -299,11 +327,93 @@ pub(crate) struct Shared {
     pub(crate) config: GatewayConfig,
     pub(crate) token: String,
     pub(crate) tally: Mutex<Tally>,
+    /// Woken whenever an admitted model call settles (see [`Shared::admit`]).
+    pub(crate) settled: tokio::sync::Notify,
+    /// Bytes of request bodies held now (see [`Held`]).
+    pub(crate) held: AtomicUsize,
+}
+
+/// Bytes of a request body counted against [`GatewayConfig::body_memory`], given back when the
+/// request is done with.
+pub(crate) struct Held {
+    shared: Arc<Shared>,
+    bytes: usize,
+}
+
+impl Held {
+    pub(crate) fn new(shared: &Arc<Shared>) -> Self {
+        Held {
+            shared: Arc::clone(shared),
+            bytes: 0,
+        }
+    }
+
+    /// Counts `n` more bytes, or says no (counting nothing) when that would pass the cap.
+    pub(crate) fn grow(&mut self, n: usize) -> bool {
+        let cap = self.shared.config.body_memory;
+        let taken = self
+            .shared
+            .held
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |now| {
+                now.checked_add(n).filter(|total| *total <= cap)
+            });
+        if taken.is_ok() {
+            self.bytes += n;
+        }
+        taken.is_ok()
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.shared.held.fetch_sub(self.bytes, Ordering::AcqRel);
+    }
+}
+
+/// One admitted model call; dropping it (when its reply has ended, or it was answered without
+/// being forwarded) settles it and wakes the calls waiting for the first estimate.
+pub(crate) struct Slot(Arc<Shared>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        {
+            let mut t = self.0.tally();
+            t.metered = t.metered.saturating_sub(1);
+        }
+        self.0.settled.notify_waiters();
+    }
 }
 
 impl Shared {
     pub(crate) fn tally(&self) -> MutexGuard<'_, Tally> {
         self.tally.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether a model call must wait before it is planned: with a token or cost budget and no
+    /// call settled yet there is no estimate to reserve calls under way at, so the run's first
+    /// calls go one at a time.
+    fn must_wait(&self, t: &Tally) -> bool {
+        let pace = &self.config.pace;
+        let spend = pace.max_tokens.is_some() || pace.max_cost_usd.is_some();
+        spend && t.largest.is_none() && t.metered > 0
+    }
+
+    /// Admits one model call: at once when there is an estimate (or no token or cost budget),
+    /// else once the call under way has settled.
+    pub(crate) async fn admit(self: &Arc<Self>) -> Slot {
+        loop {
+            let notified = self.settled.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let mut t = self.tally();
+                if !self.must_wait(&t) {
+                    t.metered += 1;
+                    return Slot(Arc::clone(self));
+                }
+            }
+            notified.await;
+        }
     }
 
     /// Decides what happens to the next main request for `model`, and counts it.
@@ -372,11 +482,9 @@ impl Shared {
         match plan {
             Plan::Forward { .. } => {
                 t.forwarded += 1;
-                t.in_flight += 1;
             }
             Plan::Last { .. } => {
                 t.forwarded += 1;
-                t.in_flight += 1;
                 t.last_sent = true;
             }
             // Nothing more will be forwarded: the run is over for its model. The refusal
@@ -387,16 +495,23 @@ impl Shared {
         (plan, t.notice.take())
     }
 
-    /// Whether a side call may still go out: not once the token or cost budget is spent.
-    pub(crate) fn side_allowed(&self) -> Option<Budget> {
-        self.tally().spent(&self.config.pace)
+    /// The budget that refuses a side call: none goes out once the token or cost budget is
+    /// spent or the call would cross it (calls under way counted at the estimate), and that
+    /// budget is why the run ends.
+    pub(crate) fn side_refused(&self) -> Option<Budget> {
+        let mut t = self.tally();
+        let budget = match t.spend_plan(&self.config.pace) {
+            Some((true, budget)) => budget,
+            _ => return None,
+        };
+        t.reason.get_or_insert(budget);
+        Some(budget)
     }
 
     /// A main call's reply has ended (or failed): it is no longer under way. A reply that was
     /// not a success does not count as a step, nor as the last call, so a retry takes its place.
     pub(crate) fn settle(&self, last: bool, success: bool) {
         let mut t = self.tally();
-        t.in_flight = t.in_flight.saturating_sub(1);
         if success {
             if last {
                 t.wrapped = true;
@@ -420,8 +535,13 @@ impl Shared {
                 (Some(a), Some(b)) => Some(a + b),
                 _ => None,
             };
+            let this = (usage.total(), cost.unwrap_or(0.0));
+            t.largest = Some(match t.largest {
+                Some((lt, lc)) => (lt.max(this.0), lc.max(this.1)),
+                None => this,
+            });
             if main {
-                t.recent.push((usage.total(), cost.unwrap_or(0.0)));
+                t.recent.push(this);
                 if t.recent.len() > 4 {
                     t.recent.remove(0);
                 }
@@ -475,6 +595,8 @@ impl Gateway {
             }),
             config,
             token: token.clone(),
+            settled: tokio::sync::Notify::new(),
+            held: AtomicUsize::new(0),
         });
         let (shutdown, stop) = tokio::sync::oneshot::channel();
         let serving = Arc::clone(&shared);
@@ -525,6 +647,12 @@ impl Gateway {
     /// The cost of every model call so far, when each could be priced.
     pub fn cost_usd(&self) -> Option<f64> {
         self.shared.tally().cost
+    }
+
+    /// The token or cost budget the calls so far have crossed (spent more than), if any: such a
+    /// run is never a success.
+    pub fn overspent(&self) -> Option<Budget> {
+        self.shared.tally().crossed(&self.shared.config.pace)
     }
 
     /// Whether the gateway answered any call itself because a budget was spent.

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Full};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::header::{self, HeaderMap, HeaderValue};
 use hyper::server::conn::http1;
@@ -22,13 +22,14 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::{Value, json};
 
 use crate::usage::UsageScanner;
-use crate::{Dialect, GatewayEvent, Plan, REFUSAL_TEXT, Shared, WRAP_UP_NOTICE};
+use crate::{
+    Dialect, GatewayEvent, Held, MAX_MODEL_REQUEST, Plan, REFUSAL_TEXT, Shared, Slot,
+    WRAP_UP_NOTICE,
+};
 
 type GBody = BoxBody<Bytes, hyper::Error>;
 pub(crate) type Client = Legacy<HttpsConnector<HttpConnector>, GBody>;
 
-/// The largest model request read whole (whole conversations, so generous).
-const MAX_MODEL_REQUEST: usize = 256 * 1024 * 1024;
 /// How much of the last reply is kept for its text.
 const KEEP_REPLY: usize = 1024 * 1024;
 
@@ -180,6 +181,61 @@ fn target(upstream: &Uri, rest: &str) -> Result<Uri, hyper::http::Error> {
     Ok(Uri::from_parts(parts)?)
 }
 
+/// The path after the token made canonical, so that the path classified is the path the
+/// upstream sees: escapes of unreserved characters decoded (`%6D` is `m`), repeated and trailing
+/// slashes dropped. What could make the upstream read another path is refused: dot segments,
+/// any other escape (`%2F`, `%2E`, `%00`…), path parameters (`;x`), characters no model API path
+/// uses. The query is kept as it came.
+fn canonical(rest: &str) -> Result<String, String> {
+    let (path, query) = match rest.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (rest, None),
+    };
+    let mut out = String::with_capacity(path.len());
+    let mut bytes = path.bytes();
+    while let Some(b) = bytes.next() {
+        let c = match b {
+            b'%' => {
+                let hex = [bytes.next(), bytes.next()];
+                let hex = hex.map(|h| h.map(char::from).and_then(|h| h.to_digit(16)));
+                let [Some(hi), Some(lo)] = hex else {
+                    return Err(format!("a bad escape in the path {path}"));
+                };
+                let c = (hi * 16 + lo) as u8;
+                if !unreserved(c) || c == b'.' {
+                    return Err(format!(
+                        "escapes other than of letters, digits and `-_~` are not forwarded ({path})"
+                    ));
+                }
+                c
+            }
+            b'/' if out.ends_with('/') => continue,
+            b';' => return Err(format!("path parameters (`;`) are not forwarded ({path})")),
+            b'/' | b':' | b'@' | b'!' | b'$' | b'&' | b'\'' | b'(' | b')' | b'*' | b'+' | b','
+            | b'=' => b,
+            c if unreserved(c) => c,
+            _ => return Err(format!("a character no model API path uses in {path}")),
+        };
+        out.push(char::from(c));
+    }
+    while out.len() > 1 && out.ends_with('/') {
+        out.pop();
+    }
+    if out.split('/').any(|seg| seg == "." || seg == "..") {
+        return Err("dot segments are not forwarded".to_owned());
+    }
+    if let Some(q) = query {
+        out.push('?');
+        out.push_str(q);
+    }
+    Ok(out)
+}
+
+/// RFC 3986's unreserved characters: the same escaped or not.
+fn unreserved(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, b'-' | b'.' | b'_' | b'~')
+}
+
 fn forward_headers(from: &HeaderMap, to: &mut HeaderMap, drop_length: bool) {
     for (name, value) in from {
         let n = name.as_str();
@@ -203,19 +259,16 @@ async fn handle(ctx: &Ctx, req: Request<Incoming>) -> Response<GBody> {
             "stepguard gateway: this URL is not the run's gateway URL",
         );
     };
-    let rest = rest.to_owned();
-    // Dot segments and encoded slashes could reach other paths than the one checked here.
-    let path_part = rest.split('?').next().unwrap_or("");
-    let lower = path_part.to_ascii_lowercase();
-    if path_part.split('/').any(|s| s == "." || s == "..")
-        || lower.contains("%2e")
-        || lower.contains("%2f")
-    {
-        return plain(
-            StatusCode::BAD_REQUEST,
-            "stepguard gateway: dot segments and encoded slashes are not forwarded",
-        );
-    }
+    // What is classified is what is forwarded: the path made canonical, or refused.
+    let rest = match canonical(rest) {
+        Ok(rest) => rest,
+        Err(why) => {
+            return plain(
+                StatusCode::BAD_REQUEST,
+                &format!("stepguard gateway: {why}"),
+            );
+        }
+    };
     let Ok(uri) = target(&ctx.upstream, &rest) else {
         return plain(
             StatusCode::BAD_REQUEST,
@@ -237,14 +290,10 @@ async fn handle(ctx: &Ctx, req: Request<Incoming>) -> Response<GBody> {
         record(shared, &parts, &rest, "other", None);
         return forward(ctx, &parts, uri, body.boxed(), false, None).await;
     }
-    let bytes = match Limited::new(body, MAX_MODEL_REQUEST).collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(e) => {
-            return plain(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                &format!("stepguard gateway: cannot read the request body: {e}"),
-            );
-        }
+    let mut held = Held::new(shared);
+    let bytes = match read_body(body, &parts.headers, &mut held).await {
+        Ok(b) => b,
+        Err(refused) => return refused,
     };
     // A model call that cannot be read can be neither counted nor paced: never forwarded.
     let encoded = parts
@@ -265,20 +314,92 @@ async fn handle(ctx: &Ctx, req: Request<Incoming>) -> Response<GBody> {
     let model = model
         .or_else(|| Dialect::model_in_path(&rest))
         .unwrap_or_default();
+    // Before the first call has settled there is no estimate: calls wait their turn.
+    let slot = shared.admit().await;
     if !tools {
         // Side calls cost too: with a cost budget, one that cannot be priced is not made, and
         // none is made once a budget is spent.
         if shared.config.pace.max_cost_usd.is_some() && !shared.config.pace.can_price(&model) {
             return unpriced(shared, &model);
         }
-        if shared.side_allowed().is_some() {
+        if shared.side_refused().is_some() {
             return refusal(shared, &parts, &rest, &bytes);
         }
         record(shared, &parts, &rest, "side", Some(&bytes));
-        let meter = Meter::new(dialect, &model, false, false, bytes.len());
+        let meter = Meter::new(dialect, &model, (false, false), bytes.len(), slot);
         return forward(ctx, &parts, uri, full(bytes), false, Some(meter)).await;
     }
-    main_call(ctx, parts, rest, uri, bytes, &model).await
+    main_call(ctx, parts, rest, uri, bytes, &model, slot).await
+}
+
+/// Reads a model request's body whole, every byte counted against the gateway's cap on bodies
+/// held: past [`MAX_MODEL_REQUEST`] it is refused with 413, past the cap with 503 (the CLI's
+/// retry comes when others are done). A declared length is counted before anything is read.
+async fn read_body(
+    mut body: Incoming,
+    headers: &HeaderMap,
+    held: &mut Held,
+) -> Result<Bytes, Response<GBody>> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    let too_large = || {
+        plain(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            &format!(
+                "stepguard gateway: a model request may be at most {} MiB",
+                MAX_MODEL_REQUEST >> 20
+            ),
+        )
+    };
+    if declared.is_some_and(|n| n > MAX_MODEL_REQUEST) {
+        return Err(too_large());
+    }
+    let mut buf = Vec::new();
+    if let Some(n) = declared {
+        if !held.grow(n) {
+            return Err(busy());
+        }
+        buf.reserve_exact(n);
+    }
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| {
+            plain(
+                StatusCode::BAD_REQUEST,
+                &format!("stepguard gateway: cannot read the request body: {e}"),
+            )
+        })?;
+        let Some(data) = frame.data_ref() else {
+            continue;
+        };
+        let len = buf.len() + data.len();
+        if len > MAX_MODEL_REQUEST || declared.is_some_and(|n| len > n) {
+            return Err(too_large());
+        }
+        if len > buf.capacity() {
+            // Grown here, by doubling, so what is held is what is counted.
+            let cap = len.max(buf.capacity() * 2).min(MAX_MODEL_REQUEST);
+            if !held.grow(cap - buf.capacity()) {
+                return Err(busy());
+            }
+            buf.reserve_exact(cap - buf.len());
+        }
+        buf.extend_from_slice(data);
+    }
+    Ok(Bytes::from(buf))
+}
+
+/// The answer to a request whose body would pass the cap on bodies held at once.
+fn busy() -> Response<GBody> {
+    let mut resp = plain(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "stepguard gateway: too many large requests at once (the memory for request bodies is \
+         in use); retry shortly",
+    );
+    resp.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    resp
 }
 
 /// The gateway's own final answer to a call it will not make, in the call's dialect.
@@ -351,10 +472,10 @@ async fn main_call(
     uri: Uri,
     bytes: Bytes,
     model: &str,
+    slot: Slot,
 ) -> Response<GBody> {
     let shared = &ctx.shared;
     let dialect = shared.config.dialect;
-    {}
     let (plan, pending) = shared.plan(model);
     let pace = &shared.config.pace;
     // Only a call that changes is parsed into a value; the others go out as they came.
@@ -382,7 +503,7 @@ async fn main_call(
             ("forward", false, notice)
         }
     };
-    let meter = Meter::new(dialect, model, true, last, bytes.len());
+    let meter = Meter::new(dialect, model, (true, last), bytes.len(), slot);
     // Chat completions stream usage only when asked: with a token or cost budget, ask.
     let spend = pace.max_tokens.is_some() || pace.max_cost_usd.is_some();
     let ask_usage = spend && dialect == Dialect::OpenAiChat;
@@ -407,8 +528,13 @@ async fn main_call(
             }
             Bytes::from(json.to_string())
         }
-        // The probe read it as JSON, so this cannot happen; forward it untouched if it does.
-        Err(_) => bytes,
+        // Read by the probe but not into a value (nested past serde_json's 128 levels): a call
+        // that cannot be rewritten must not go out as it came, with its tools on.
+        Err(e) => {
+            shared.settle(last, false);
+            let why = format!("its body cannot be rewritten ({e})");
+            return unreadable(shared, &rest, &why);
+        }
     };
     record(shared, &parts, &rest, label, Some(&body));
     forward(ctx, &parts, uri, full(body), true, Some(meter)).await
@@ -424,15 +550,18 @@ struct Meter {
     keep_text: bool,
     /// The request's size, for an estimate when the reply reports no usage.
     request_bytes: usize,
+    /// The call's admission, released when the reply has ended (after its usage is counted).
+    _slot: Slot,
 }
 
 impl Meter {
+    /// `(main, last)`: whether the call is a main one, and the last one (its text is kept).
     fn new(
         dialect: Dialect,
         model: &str,
-        main: bool,
-        keep_text: bool,
+        (main, keep_text): (bool, bool),
         request_bytes: usize,
+        slot: Slot,
     ) -> Self {
         Meter {
             dialect,
@@ -440,6 +569,7 @@ impl Meter {
             main,
             keep_text,
             request_bytes,
+            _slot: slot,
         }
     }
 }
@@ -741,6 +871,46 @@ mod tests {
             target(&up, "?x").unwrap().to_string(),
             "https://api.example.com/?x"
         );
+    }
+
+    #[test]
+    fn paths_are_made_canonical_or_refused_before_they_are_classified() {
+        let ok = |p: &str| canonical(p).unwrap();
+        assert_eq!(ok("/v1/messages/"), "/v1/messages");
+        assert_eq!(ok("/v1//messages//"), "/v1/messages");
+        assert_eq!(ok("/v1/%6Dessages"), "/v1/messages");
+        assert_eq!(ok("/v1/MESSAGE%53"), "/v1/MESSAGES");
+        assert_eq!(ok("/v1/messages?beta=true"), "/v1/messages?beta=true");
+        assert_eq!(
+            ok("/v1beta/models/gemini-2.5-pro:streamGenerateContent?alt=sse"),
+            "/v1beta/models/gemini-2.5-pro:streamGenerateContent?alt=sse"
+        );
+        assert_eq!(ok(""), "");
+        assert_eq!(ok("?x=1"), "?x=1");
+        assert_eq!(ok("/"), "/");
+        for bad in [
+            "/v1/messages;x",
+            "/v1/messages;",
+            "/v1/%2e%2e/admin",
+            "/v1/%2E./admin",
+            "/v1/../admin",
+            "/v1/./messages",
+            "/v1%2Fmessages",
+            "/v1/messages%00",
+            "/v1/messages%3B",
+            "/v1/messages%",
+            "/v1/messages%6",
+            "/v1/messages%zz",
+            "/v1/messages\\x",
+            "/v1/mess ages",
+            "/v1/messagés",
+        ] {
+            assert!(canonical(bad).is_err(), "{bad}");
+        }
+        // Every dialect classifies the canonical form.
+        assert!(Dialect::AnthropicMessages.is_model_path(&ok("/v1/messages/")));
+        assert!(Dialect::OpenAiResponses.is_model_path(&ok("/v1/respons%65s")));
+        assert!(Dialect::OpenAiChat.is_model_path(&ok("/v1/chat//completions/")));
     }
 
     #[test]

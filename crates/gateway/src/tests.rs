@@ -33,6 +33,7 @@ fn config(upstream: &str, limit: Option<u64>, steps: Arc<AtomicU64>) -> (Gateway
         record_requests: None,
         on_event: Box::new(move |e| log.lock().unwrap().push(e)),
         connect_timeout: Duration::from_secs(5),
+        body_memory: crate::DEFAULT_BODY_MEMORY,
     };
     (config, seen)
 }
@@ -585,7 +586,8 @@ fn the_estimate_grows_with_the_conversation_so_the_wrap_up_is_not_skipped() {
             output: 0,
         },
         recent: vec![(100, 0.0)],
-        in_flight: 2,
+        // Two others under way, besides the call being planned.
+        metered: 3,
         ..Tally::default()
     };
     assert_eq!(
@@ -594,7 +596,7 @@ fn the_estimate_grows_with_the_conversation_so_the_wrap_up_is_not_skipped() {
     );
     // Nothing under way: room for this call and one more.
     assert_eq!(
-        Tally { in_flight: 0, ..t }.spend_plan(&pace(Some(1000))),
+        Tally { metered: 1, ..t }.spend_plan(&pace(Some(1000))),
         None
     );
 }
@@ -720,4 +722,63 @@ fn websocket_upgrades_are_answered_426_and_never_forwarded() {
         "only the plain GET reached the upstream"
     );
     assert_eq!(gw.forwarded(), 0);
+}
+
+#[test]
+fn path_variants_of_a_model_call_are_counted_or_refused_never_passed_as_other() {
+    let server = ModelServer::start(Script::tool_rounds(12)).unwrap();
+    let (cfg, _) = config(&server.url(), Some(10), Arc::default());
+    let gw = Gateway::start(cfg).unwrap();
+    let body = anthropic(0, true);
+    let json = [("content-type", "application/json")];
+    for variant in ["/v1/messages/", "/v1/%6Dessages", "/v1//messages"] {
+        let (status, _) = send(gw.addr(), "POST", &path(&gw, variant), &json, &body);
+        assert_eq!(status, 200, "{variant}");
+    }
+    assert_eq!(gw.forwarded(), 3, "each variant is a counted model call");
+    let targets: Vec<String> = server.requests().iter().map(|r| r.target.clone()).collect();
+    assert!(
+        targets.iter().all(|t| t == "/v1/messages"),
+        "the upstream saw the canonical path: {targets:?}"
+    );
+    for bad in ["/v1/messages;x", "/v1/messages%3B", "/v1/%2e%2e/messages"] {
+        let (status, text) = send(gw.addr(), "POST", &path(&gw, bad), &json, &body);
+        assert_eq!(status, 400, "{bad}: {text}");
+        assert!(text.contains("not forwarded"), "{bad}: {text}");
+    }
+    assert_eq!(
+        server.requests().len(),
+        3,
+        "refused variants never went out"
+    );
+    assert_eq!(gw.forwarded(), 3);
+}
+
+#[test]
+fn a_last_call_too_deep_to_rewrite_is_refused_not_sent_with_its_tools() {
+    // 200 levels of nesting: the probe reads it, serde_json's value parser (128 levels) cannot,
+    // so the tool-less last call cannot be made of it.
+    let server = ModelServer::start(Script::tool_rounds(12)).unwrap();
+    let (cfg, seen) = config(&server.url(), Some(1), Arc::default());
+    let gw = Gateway::start(cfg).unwrap();
+    let deep = format!("{}1{}", "[".repeat(200), "]".repeat(200));
+    let body = anthropic(0, true).replacen(
+        "\"max_tokens\":100",
+        &format!("\"max_tokens\":100,\"metadata\":{{\"x\":{deep}}}"),
+        1,
+    );
+    assert!(body.contains(&deep));
+    let json = [("content-type", "application/json")];
+    let (status, text) = send(gw.addr(), "POST", &path(&gw, "/v1/messages"), &json, &body);
+    assert_eq!(status, 415, "{text}");
+    assert!(text.contains("cannot be rewritten"), "{text}");
+    assert!(server.requests().is_empty(), "nothing reached the model");
+    assert_eq!(gw.forwarded(), 0, "not counted as made");
+    assert!(
+        seen.lock()
+            .unwrap()
+            .iter()
+            .any(|e| matches!(e, GatewayEvent::Unreadable { .. })),
+        "the run is told"
+    );
 }

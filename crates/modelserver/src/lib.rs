@@ -42,7 +42,7 @@ use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -119,6 +119,7 @@ pub struct Script {
     fault: Option<Fault>,
     ignore_tool_choice: bool,
     padding: usize,
+    reply_delay: Duration,
 }
 
 impl Script {
@@ -134,6 +135,7 @@ impl Script {
             fault: None,
             ignore_tool_choice: false,
             padding: 0,
+            reply_delay: Duration::ZERO,
         }
     }
 
@@ -193,6 +195,13 @@ impl Script {
     /// reply of any size takes constant memory; whole (unstreamed) replies ignore it.
     pub fn final_padding(mut self, bytes: usize) -> Self {
         self.padding = bytes;
+        self
+    }
+
+    /// Wait `delay` after reading each request before answering it (requests are recorded at
+    /// once), so concurrent calls are truly under way together.
+    pub fn reply_delay(mut self, delay: Duration) -> Self {
+        self.reply_delay = delay;
         self
     }
 
@@ -509,6 +518,7 @@ fn serve_connection(stream: impl Conn, shared: &Shared) -> io::Result<()> {
                 ..record
             });
         }
+        std::thread::sleep(shared.script.reply_delay);
         let keep_alive = request.keep_alive();
         let open = http::write_response(conn.get_mut(), &response, head_only, keep_alive)?;
         if !open {

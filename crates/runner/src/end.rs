@@ -149,6 +149,14 @@ fn account(engine: &mut Engine<'_>, gw: Gateway) -> GatewayEnd {
             _ => TerminatedBy::Budget,
         });
     }
+    // Calls that together spent more than a token or cost budget: never a success.
+    if control.terminated_by.is_none() {
+        match gw.overspent() {
+            Some(Budget::Tokens) => control.terminated_by = Some(TerminatedBy::Tokens),
+            Some(Budget::Cost) => control.terminated_by = Some(TerminatedBy::Cost),
+            _ => {}
+        }
+    }
     let end = GatewayEnd {
         model_calls: gw.forwarded(),
         final_report: gw.final_text().filter(|_| wrapped),

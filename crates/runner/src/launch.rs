@@ -83,6 +83,7 @@ fn gateway(
             let _ = events.send(Event::Gateway(e));
         }),
         connect_timeout: Duration::from_secs(10),
+        body_memory: stepguard_gateway::DEFAULT_BODY_MEMORY,
     };
     Gateway::start(config).map_err(std::io::Error::other)
 }

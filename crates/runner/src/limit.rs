@@ -228,7 +228,13 @@ impl<'t> Supervision<'t> {
         tracing::info!(reason = why.as_str(), "stopping the agent's process tree");
         let report = self.tree.stop(first, self.grace);
         tracing::debug!(?report, "process tree stopped");
-        if report.survivors > 0 {
+        if report.unconfirmed {
+            tracing::warn!(
+                "stepguard could not confirm that every process of the run is gone: processes \
+                 kept appearing after SIGKILL (e.g. a PID hopper); some may live on. \
+                 --containment cgroup stops them reliably"
+            );
+        } else if report.survivors > 0 {
             tracing::warn!(
                 survivors = report.survivors,
                 "processes of the run survived SIGKILL (unkillable, e.g. in uninterruptible sleep)"

@@ -53,6 +53,11 @@ const POLL: Duration = Duration::from_millis(5);
 const EMPTY_SCANS: usize = 3;
 /// How long the kill phase keeps at it before reporting survivors.
 const KILL_FOR: Duration = Duration::from_secs(2);
+/// Reads of this process's children in a row, [`SWEEP_PAUSE`] apart, that must find none of the
+/// run before a full walk confirms it is gone.
+const QUIET_READS: usize = 20;
+/// The pause between two quiet reads of this process's children.
+const SWEEP_PAUSE: Duration = Duration::from_millis(1);
 
 /// How a process ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -121,6 +126,9 @@ pub struct StopReport {
     pub killed: bool,
     /// Processes still alive at the end (0 unless something is unkillable).
     pub survivors: usize,
+    /// The end could not be confirmed: processes of the run kept appearing until the kill phase
+    /// gave up (a PID hopper faster than the walk); some may live on.
+    pub unconfirmed: bool,
     /// How long it took.
     pub elapsed: Duration,
 }
@@ -233,19 +241,63 @@ impl Tree {
         scan.descendants
     }
 
-    /// Returns true when [`EMPTY_SCANS`] scans in a row find no process of the run, and no
-    /// group the run created has a member left.
+    /// Returns true when [`EMPTY_SCANS`] scans in a row find no process of the run (neither by
+    /// the walk nor among this process's children), no group the run created has a member
+    /// left, and no child of this process was reaped meanwhile.
     fn gone(&self) -> bool {
+        let reaped = reaper::reaped();
         for i in 0..EMPTY_SCANS {
             let populated = self.cgroup.as_ref().is_some_and(RunCgroup::populated);
-            if populated || !self.members().is_empty() || self.groups_left() {
+            if populated
+                || !self.children().is_empty()
+                || !self.members().is_empty()
+                || self.groups_left()
+            {
                 return false;
             }
             if i + 1 < EMPTY_SCANS {
                 std::thread::sleep(POLL);
             }
         }
-        true
+        // Children still exiting meanwhile: something of the run forks and exits (a PID hopper
+        // whose every generation was read a moment too late).
+        reaper::reaped() == reaped
+    }
+
+    /// This process's live children that belong to the run (all but the spared).
+    fn children(&self) -> Vec<u32> {
+        let mut kids = walk::live_children().unwrap_or_default();
+        kids.retain(|p| !self.spared.contains(p));
+        kids
+    }
+
+    /// Kills the run's processes among this process's children until [`QUIET_READS`] reads in a
+    /// row find none and a full walk agrees; false when `until` comes first. Orphans are given to
+    /// this process (a subreaper), so a PID hopper, in whatever group or session, is its child
+    /// nearly all the time, and one read of the children lists is far faster than a hop; a
+    /// killed process cannot fork again.
+    fn sweep(&self, until: Instant) -> bool {
+        let mut quiet = 0;
+        while Instant::now() < until {
+            let kids = self.children();
+            if !kids.is_empty() {
+                quiet = 0;
+                for pid in kids.into_iter().filter_map(pid) {
+                    let _ = rustix::process::kill_process(pid, Signal::KILL);
+                }
+                continue;
+            }
+            quiet += 1;
+            if quiet >= QUIET_READS {
+                if self.gone() {
+                    return true;
+                }
+                self.signal_all(Signal::KILL);
+                quiet = 0;
+            }
+            std::thread::sleep(SWEEP_PAUSE);
+        }
+        false
     }
 
     /// Returns true while a group the run created still has a live member.
@@ -287,6 +339,7 @@ impl Tree {
                     initial,
                     killed: false,
                     survivors: 0,
+                    unconfirmed: false,
                     elapsed: start.elapsed(),
                 };
             }
@@ -330,10 +383,14 @@ impl Tree {
             }
             std::thread::sleep(POLL);
         }
+        // The walk may have missed a process that changes its pid faster than `/proc` is read:
+        // the end is confirmed only by reads of this process's children that stay empty.
+        let unconfirmed = !self.sweep(Instant::now() + KILL_FOR);
         StopReport {
             initial,
             killed: true,
             survivors: self.members().len(),
+            unconfirmed,
             elapsed: start.elapsed(),
         }
     }

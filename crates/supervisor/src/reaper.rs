@@ -2,6 +2,7 @@
 //! watches it.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{LazyLock, Mutex};
 use std::thread::JoinHandle;
@@ -28,6 +29,15 @@ struct Reaping {
 const UNCLAIMED: usize = 1024;
 
 static REAPING: LazyLock<Mutex<Reaping>> = LazyLock::new(Mutex::default);
+
+/// Children reaped so far, by this process's reaper.
+static REAPED: AtomicU64 = AtomicU64::new(0);
+
+/// How many children the reaper has reaped so far: a count that still moves while a run is
+/// being stopped means its processes still fork and exit.
+pub(crate) fn reaped() -> u64 {
+    REAPED.load(Ordering::Acquire)
+}
 
 fn reaping() -> std::sync::MutexGuard<'static, Reaping> {
     REAPING.lock().unwrap_or_else(|p| p.into_inner())
@@ -81,6 +91,7 @@ fn reap() {
     loop {
         match rustix::process::wait(WaitOptions::NOHANG) {
             Ok(Some((p, status))) => {
+                REAPED.fetch_add(1, Ordering::AcqRel);
                 let status = match (status.exit_status(), status.terminating_signal()) {
                     (Some(code), _) => ExitStatus::Code(code),
                     (None, Some(sig)) => ExitStatus::Signal(sig),

@@ -24,7 +24,7 @@ pub(crate) fn parse_stat(stat: &str) -> Option<(u32, char, u32, u32)> {
 
 /// Returns true when a process in `state` is alive. A zombie thread-group leader whose other
 /// threads still run (`pthread_exit` in `main`) is alive: signals to its pid still reach them.
-fn is_alive(pid: u32, state: char) -> bool {
+pub(crate) fn is_alive(pid: u32, state: char) -> bool {
     if state != 'Z' && state != 'X' {
         return true;
     }
@@ -109,6 +109,59 @@ pub(crate) fn scan_all(root: u32) -> Scan {
     }
 }
 
+/// The live children of this process, read from `/proc/self/task/*/children` (a child is on the
+/// list of the thread that made it, an orphan on that of the thread it was given to): small
+/// reads, so a PID hopper, which is this subreaper's child nearly all the time, is seen however
+/// fast its pid changes. A generation read alive may be a zombie by the time its state is read,
+/// its successor given to this process just after the read: so the lists are read again until
+/// they show a live child or stay the same twice. `None` when the kernel has no such lists.
+pub(crate) fn live_children() -> Option<Vec<u32>> {
+    let mut last: Option<Vec<u32>> = None;
+    for _ in 0..CHILDREN_READS {
+        let listed = children_lists()?;
+        let live: Vec<u32> = listed
+            .iter()
+            .copied()
+            .filter(|&pid| {
+                // Zombies stay listed until the reaper takes them; one whose threads run lives.
+                std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                    .ok()
+                    .and_then(|s| parse_stat(&s))
+                    .is_some_and(|(_, state, _, _)| is_alive(pid, state))
+            })
+            .collect();
+        if !live.is_empty() || last.as_ref() == Some(&listed) {
+            return Some(live);
+        }
+        last = Some(listed);
+    }
+    // The lists never settled: children keep coming and going. Report them (dead ones are
+    // harmless to signal) rather than claim there are none.
+    last
+}
+
+/// How often [`live_children`] reads the lists before it stops waiting for them to settle.
+const CHILDREN_READS: usize = 16;
+
+/// Every pid on this process's children lists, sorted; `None` when there are no such lists.
+fn children_lists() -> Option<Vec<u32>> {
+    let tasks = std::fs::read_dir("/proc/self/task").ok()?;
+    let mut found = false;
+    let mut kids = Vec::new();
+    for task in tasks.flatten() {
+        let Ok(list) = std::fs::read_to_string(task.path().join("children")) else {
+            continue;
+        };
+        found = true;
+        kids.extend(
+            list.split_whitespace()
+                .filter_map(|p| p.parse::<u32>().ok()),
+        );
+    }
+    kids.sort_unstable();
+    found.then_some(kids)
+}
+
 /// Returns the process group of `pid`, when it lives.
 pub(crate) fn pgid_of(pid: u32) -> Option<u32> {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -126,6 +179,27 @@ mod tests {
         assert_eq!(parse_stat("42 (sleep) S 7 42 42 0"), Some((42, 'S', 7, 42)));
         assert_eq!(parse_stat("43 (a) b (c) Z 9 1 1"), Some((43, 'Z', 9, 1)));
         assert_eq!(parse_stat("garbage"), None);
+    }
+
+    #[test]
+    fn a_child_is_on_the_list_while_it_lives() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        assert!(live_children().unwrap().contains(&pid));
+        child.kill().unwrap();
+        // A zombie not yet reaped is not alive.
+        while std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| parse_stat(&s))
+            .is_some_and(|(_, state, _, _)| state != 'Z')
+        {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert!(!live_children().unwrap().contains(&pid));
+        child.wait().unwrap();
     }
 
     #[test]

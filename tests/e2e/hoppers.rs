@@ -1,0 +1,192 @@
+//! PID hoppers against the process walk (no cgroup), #26 item 7: a tool that forks and exits
+//! without pause, each generation a new pid, either inside stepguard's own process group (which
+//! stepguard cannot signal as a group) or in a new session every generation (so no group
+//! outlives its pid). Each must be gone when stepguard has exited.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::harness::Sandbox;
+
+/// A hopper: the agent's tool returns at once; the hopper ignores SIGTERM and forks and exits
+/// forever. `own-group` first joins stepguard's process group (found up its parents);
+/// `new-session` makes a new session in every generation.
+const HOPPER: &str = r#"
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <stdlib.h>
+#include <unistd.h>
+static int stepguard_pgid(void) {
+    int pid = getppid();
+    while (pid > 1) {
+        char path[64], comm[64] = {0}, stat[512];
+        snprintf(path, sizeof path, "/proc/%d/comm", pid);
+        FILE *f = fopen(path, "r"); if (!f) return -1;
+        fgets(comm, sizeof comm, f); fclose(f);
+        snprintf(path, sizeof path, "/proc/%d/stat", pid);
+        f = fopen(path, "r"); if (!f) return -1;
+        size_t n = fread(stat, 1, sizeof stat - 1, f); fclose(f); stat[n] = 0;
+        int ppid, pgid; char state;
+        if (sscanf(strrchr(stat, ')') + 2, "%c %d %d", &state, &ppid, &pgid) != 3) return -1;
+        if (strncmp(comm, "stepguard", 9) == 0) return pgid;
+        pid = ppid;
+    }
+    return -1;
+}
+int main(int argc, char **argv) {
+    int own_group = strcmp(argv[1], "own-group") == 0;
+    int group = own_group ? stepguard_pgid() : 0;
+    if (own_group && group <= 0) { fprintf(stderr, "no stepguard above\n"); return 1; }
+    if (fork() != 0) return 0;
+    if (own_group && setpgid(0, group) != 0) { perror("setpgid"); return 1; }
+    signal(SIGTERM, SIG_IGN);
+    FILE *f = fopen(argv[2], "w"); fprintf(f, "%d\n", getpid()); fclose(f);
+    for (;;) {
+        if (fork() != 0) _exit(0);
+        if (!own_group) setsid();
+    }
+}
+"#;
+
+/// Compiles the hopper into the sandbox under `name` (its command name, found in `/proc`).
+fn compile(sb: &Sandbox, name: &str) -> PathBuf {
+    let src = sb.write("hopper.c", HOPPER);
+    let bin = sb.root().join(name);
+    let out = Command::new("gcc")
+        .args(["-O1", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .output()
+        .expect("gcc runs");
+    assert!(
+        out.status.success(),
+        "gcc: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    bin
+}
+
+/// Live processes whose command name is `name`.
+fn named(name: &str) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == name)
+        })
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat")).is_ok_and(|s| {
+                s.rfind(')')
+                    .and_then(|i| s[i + 1..].split_whitespace().next().map(str::to_owned))
+                    .is_some_and(|state| state != "Z" && state != "X")
+            })
+        })
+        .collect()
+}
+
+/// Kills whatever named `name` survived (the test must not leave a hopper behind).
+fn clean_up(name: &str) {
+    let until = Instant::now() + Duration::from_secs(5);
+    let mut quiet = 0;
+    while quiet < 200 && Instant::now() < until {
+        let found = named(name);
+        if found.is_empty() {
+            quiet += 1;
+        } else {
+            quiet = 0;
+        }
+        for p in found {
+            let _ = rustix::process::kill_process(
+                rustix::process::Pid::from_raw(p as i32).unwrap(),
+                rustix::process::Signal::KILL,
+            );
+        }
+    }
+}
+
+/// Runs, under a budget of 2 on the process walk, an agent that starts the hopper and breaches;
+/// returns the exit code and stderr.
+fn breach_with_hopper(sb: &Sandbox, hopper: &Path, kind: &str) -> (Option<i32>, String) {
+    let pidfile = sb.root().join(format!("{kind}.pid"));
+    let items: Vec<String> = (0..4)
+        .map(|i| {
+            format!(
+                r#"echo '{{"type":"item.started","item":{{"id":"item_{i}","type":"command_execution"}}}}'"#
+            )
+        })
+        .collect();
+    let body = format!(
+        "#!/bin/sh\n{} {kind} {}\nsleep 0.3\n{}\nsleep 30\n",
+        hopper.display(),
+        pidfile.display(),
+        items.join("\n")
+    );
+    let agent = sb.write(&format!("{kind}.sh"), body);
+    std::fs::set_permissions(&agent, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let agent = agent.display().to_string();
+    let err_path = sb.root().join("stepguard.err");
+    let mut cmd = sb.cmd(&[
+        "run",
+        "-q",
+        "--no-record",
+        "-p",
+        "codex",
+        "--max-steps",
+        "2",
+        "--grace",
+        "300ms",
+        "--containment",
+        "process-walk",
+        "--",
+        &agent,
+    ]);
+    cmd.stdout(Stdio::null())
+        .stderr(std::fs::File::create(&err_path).unwrap());
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    let mut child = cmd.spawn().unwrap();
+    let until = Instant::now() + Duration::from_secs(30);
+    let code = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status.code();
+        }
+        if Instant::now() >= until {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    (code, std::fs::read_to_string(&err_path).unwrap_or_default())
+}
+
+fn hopper_is_stopped(kind: &str, name: &str) {
+    let sb = Sandbox::new();
+    let hopper = compile(&sb, name);
+    let (code, stderr) = breach_with_hopper(&sb, &hopper, kind);
+    // Looked for over 200 ms: a hopper's pid changes faster than /proc is read.
+    let survived = (0..20).any(|_| {
+        std::thread::sleep(Duration::from_millis(10));
+        !named(name).is_empty()
+    });
+    clean_up(name);
+    assert!(
+        !survived,
+        "{kind}: the PID hopper survived the stop; {stderr}"
+    );
+    assert_eq!(code, Some(3), "{kind}: {stderr}");
+    assert!(stderr.contains("failed: max_steps"), "{kind}: {stderr}");
+    assert!(!stderr.contains("could not confirm"), "{kind}: {stderr}");
+}
+
+#[test]
+fn a_hopper_in_stepguards_own_group_is_stopped() {
+    hopper_is_stopped("own-group", "sghop-group");
+}
+
+#[test]
+fn a_hopper_making_a_new_session_every_generation_is_stopped() {
+    hopper_is_stopped("new-session", "sghop-session");
+}
