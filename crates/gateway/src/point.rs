@@ -57,12 +57,20 @@ pub fn point(
                 flag,
                 selector,
                 key,
-            } if selector.is_empty() => Some(built_in(endpoint, flag, key, command, gateway_url)),
-            BaseUrlRule::ConfigFlag {
-                flag,
-                selector,
-                key,
-            } => config_flag(flag, selector, key, command, gateway_url)?,
+                files,
+            } => {
+                let file = cli_config(files, env)?;
+                let flags = FlagRule {
+                    flag,
+                    key,
+                    file: file.as_ref(),
+                };
+                if selector.is_empty() {
+                    Some(built_in(endpoint, &flags, command, gateway_url))
+                } else {
+                    config_flag(&flags, selector, command, gateway_url)?
+                }
+            }
             BaseUrlRule::JsonConfig {
                 file,
                 env: var,
@@ -152,42 +160,110 @@ fn toml_pair(text: &str) -> Option<(String, toml::Value)> {
     Some((key, parsed))
 }
 
+/// A config-flag rule as it applies to one command: the flag, the base URL's key, and the
+/// CLI's own config file when it has one.
+struct FlagRule<'a> {
+    flag: &'a str,
+    key: &'a str,
+    file: Option<&'a CliConfig>,
+}
+
+/// The CLI's own config file, parsed.
+struct CliConfig {
+    path: String,
+    table: toml::Table,
+}
+
+impl CliConfig {
+    /// The string at a dot-separated path of the file.
+    fn string(&self, path: &str) -> Option<String> {
+        let mut parts = path.split('.');
+        let mut value = self.table.get(parts.next()?)?;
+        for part in parts {
+            value = value.get(part)?;
+        }
+        value.as_str().map(str::to_owned)
+    }
+}
+
+/// Reads the CLI's config file: the first of `files` whose variable is set (`$VAR/…`, `~/…`
+/// under `HOME`); a file that does not exist sets nothing.
+fn cli_config(
+    files: &[String],
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Option<CliConfig>, PointError> {
+    let set = |name: &str| env(name).filter(|v| !v.is_empty());
+    let path = files.iter().find_map(|candidate| {
+        if let Some(rest) = candidate.strip_prefix('$') {
+            let (var, tail) = rest.split_once('/').unwrap_or((rest, ""));
+            set(var).map(|dir| format!("{}/{tail}", dir.trim_end_matches('/')))
+        } else if let Some(tail) = candidate.strip_prefix("~/") {
+            set("HOME").map(|home| format!("{}/{tail}", home.trim_end_matches('/')))
+        } else {
+            Some(candidate.clone())
+        }
+    });
+    let Some(path) = path else { return Ok(None) };
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => {
+            return Err(PointError::Config {
+                file: path,
+                reason: e.to_string(),
+            });
+        }
+    };
+    let table = text
+        .parse::<toml::Table>()
+        .map_err(|e| PointError::Config {
+            file: path.clone(),
+            reason: e.message().to_owned(),
+        })?;
+    Ok(Some(CliConfig { path, table }))
+}
+
 fn config_flag(
-    flag: &str,
+    rule: &FlagRule<'_>,
     selector: &str,
-    key: &str,
     command: &[String],
     gateway_url: &str,
 ) -> Result<Option<Pointing>, PointError> {
+    let flag = rule.flag;
     let values = flag_values(flag, command);
     let pairs: Vec<(usize, String, toml::Value)> = values
         .iter()
         .filter_map(|(i, v)| toml_pair(v).map(|(k, v)| (*i, k, v)))
         .collect();
-    let Some(name) = pairs
+    let from_command = pairs
         .iter()
         .rev()
         .find(|(_, k, _)| k == selector)
-        .and_then(|(_, _, v)| v.as_str().map(str::to_owned))
-    else {
+        .and_then(|(_, _, v)| v.as_str().map(str::to_owned));
+    let Some(name) = from_command.or_else(|| rule.file.and_then(|f| f.string(selector))) else {
         return Ok(None);
     };
-    let full_key = key.replace("{}", &name);
-    // The base URL: set directly, or inside the provider's table (a later override wins).
+    let full_key = rule.key.replace("{}", &name);
+    // The base URL: set directly, or inside the provider's table (a later override wins);
+    // else the CLI's config file.
     let (table_key, leaf) = full_key.rsplit_once('.').unwrap_or(("", full_key.as_str()));
     let mut upstream = None;
     for (_, k, v) in &pairs {
         if *k == full_key {
-            upstream = v.as_str().map(str::to_owned);
+            upstream = v.as_str().map(|url| (url.to_owned(), format!("{flag} {full_key}")));
         } else if *k == table_key
             && let Some(url) = v.get(leaf).and_then(toml::Value::as_str)
         {
-            upstream = Some(url.to_owned());
+            upstream = Some((url.to_owned(), format!("{flag} {full_key}")));
         }
     }
-    let Some(upstream) = upstream else {
+    let upstream = upstream.or_else(|| {
+        let file = rule.file?;
+        Some((file.string(&full_key)?, format!("{} {full_key}", file.path)))
+    });
+    let Some((upstream, upstream_source)) = upstream else {
         return Err(PointError::Missing(format!(
-            "the command selects model provider `{name}` ({flag} {selector}={name}) but gives no \
+            "the command selects model provider `{name}` ({selector}={name}) but gives no \
              base URL for it; add `{flag} {full_key}=\"https://…\"` so stepguard knows where to \
              forward"
         )));
@@ -196,44 +272,45 @@ fn config_flag(
     let last = pairs.iter().map(|(i, _, _)| *i).max().unwrap_or(0);
     let mut command = command.to_vec();
     let value = format!("{full_key}={}", toml::Value::String(gateway_url.to_owned()));
-    command.splice(last + 1..last + 1, [flag.to_owned(), value]);
+    let at = (last + 1).min(command.len());
+    command.splice(at..at, [flag.to_owned(), value]);
     Ok(Some(Pointing {
         command,
         env: Vec::new(),
         upstream,
-        upstream_source: format!("{flag} {full_key}"),
+        upstream_source,
     }))
 }
 
 /// The CLI's built-in provider, whose base URL is the config key `key` itself (Codex's
-/// `openai_base_url`): the upstream is the command's last value of it, else the endpoint's
-/// default; an override naming the gateway goes right after the last one, so it wins.
+/// `openai_base_url`): the upstream is the command's last value of it, else the CLI's config
+/// file's, else the endpoint's default; an override naming the gateway goes right after the
+/// last one, so it wins.
 fn built_in(
     endpoint: &ModelEndpoint,
-    flag: &str,
-    key: &str,
+    rule: &FlagRule<'_>,
     command: &[String],
     gateway_url: &str,
 ) -> Pointing {
+    let (flag, key) = (rule.flag, rule.key);
     let given = flag_values(flag, command)
         .into_iter()
         .rev()
         .filter_map(|(i, v)| toml_pair(v).map(|(k, v)| (i, k, v)))
         .find(|(_, k, _)| k == key);
-    let (at, upstream, upstream_source) = match given {
-        Some((i, _, toml::Value::String(url))) => (i + 1, url, format!("{flag} {key}")),
-        // A value that is not a string is the CLI's to refuse; the gateway forwards to the
-        // default meanwhile, and the override below replaces it.
-        Some((i, _, _)) => (
-            i + 1,
-            endpoint.default_upstream.clone(),
-            "the provider's default".to_owned(),
-        ),
+    let default = || match rule.file.and_then(|f| f.string(key).map(|url| (f, url))) {
+        Some((file, url)) => (url, format!("{} {key}", file.path)),
         None => (
-            1,
             endpoint.default_upstream.clone(),
             "the provider's default".to_owned(),
         ),
+    };
+    let (at, (upstream, upstream_source)) = match given {
+        Some((i, _, toml::Value::String(url))) => (i + 1, (url, format!("{flag} {key}"))),
+        // A value that is not a string is the CLI's to refuse; the gateway forwards to the
+        // file's or the default meanwhile, and the override below replaces it.
+        Some((i, _, _)) => (i + 1, default()),
+        None => (1, default()),
     };
     let mut command = command.to_vec();
     let value = format!("{key}={}", toml::Value::String(gateway_url.to_owned()));
@@ -388,12 +465,21 @@ mod tests {
                 flag: "-c".into(),
                 selector: "model_provider".into(),
                 key: "model_providers.{}.base_url".into(),
+                files: codex_files(),
             })
             .base_url(BaseUrlRule::ConfigFlag {
                 flag: "-c".into(),
                 selector: String::new(),
                 key: "openai_base_url".into(),
+                files: codex_files(),
             })
+    }
+
+    fn codex_files() -> Vec<String> {
+        vec![
+            "$CODEX_HOME/config.toml".into(),
+            "~/.codex/config.toml".into(),
+        ]
     }
 
     fn opencode() -> ModelEndpoint {
@@ -522,6 +608,57 @@ mod tests {
         let p = point(&codex(), &c, &no_env, Path::new("."), GW).unwrap();
         assert_eq!(p.upstream, "http://127.0.0.1:7/v1");
         assert!(!p.command.iter().any(|a| a.starts_with("openai_base_url")));
+    }
+
+    #[test]
+    fn codex_config_file_is_read_for_the_upstream_and_the_command_wins() {
+        // A base URL in the user's Codex config is where their calls go: the gateway must
+        // forward there, not to the public API (their key would go elsewhere).
+        let home = std::env::temp_dir().join(format!("sg-point-{}", std::process::id()));
+        let codex_home = home.join("ch");
+        std::fs::create_dir_all(home.join(".codex")).unwrap();
+        std::fs::create_dir_all(&codex_home).unwrap();
+        std::fs::write(
+            home.join(".codex/config.toml"),
+            "openai_base_url = \"http://127.0.0.1:8/v1\"\n",
+        )
+        .unwrap();
+        let (h, ch) = (home.display().to_string(), codex_home.display().to_string());
+        let only_home = |k: &str| (k == "HOME").then(|| h.clone());
+        let c = cmd(&["codex", "exec", "hi"]);
+        let p = point(&codex(), &c, &only_home, Path::new("."), GW).unwrap();
+        assert_eq!(p.upstream, "http://127.0.0.1:8/v1");
+        assert!(p.upstream_source.ends_with(".codex/config.toml openai_base_url"));
+        // The command's own value wins over the file.
+        let c = cmd(&["codex", "-c", "openai_base_url=http://127.0.0.1:9/v1", "exec"]);
+        let p = point(&codex(), &c, &only_home, Path::new("."), GW).unwrap();
+        assert_eq!(p.upstream, "http://127.0.0.1:9/v1");
+        // CODEX_HOME set: its config is the only one, and a missing one sets nothing.
+        let both = |k: &str| match k {
+            "HOME" => Some(h.clone()),
+            "CODEX_HOME" => Some(ch.clone()),
+            _ => None,
+        };
+        let c = cmd(&["codex", "exec"]);
+        let p = point(&codex(), &c, &both, Path::new("."), GW).unwrap();
+        assert_eq!(p.upstream, "https://api.openai.com/v1");
+        // A provider the file selects is pointed through the file's table.
+        std::fs::write(
+            codex_home.join("config.toml"),
+            "model_provider = \"local\"\n[model_providers.local]\nbase_url = \"http://127.0.0.1:4/v1\"\n",
+        )
+        .unwrap();
+        let p = point(&codex(), &c, &both, Path::new("."), GW).unwrap();
+        assert_eq!(p.upstream, "http://127.0.0.1:4/v1");
+        let over = format!("model_providers.local.base_url=\"{GW}\"");
+        assert_eq!(p.command, cmd(&["codex", "-c", &over, "exec"]));
+        // A file that is not TOML is refused, naming it.
+        std::fs::write(codex_home.join("config.toml"), "model_provider = [").unwrap();
+        assert!(matches!(
+            point(&codex(), &c, &both, Path::new("."), GW),
+            Err(PointError::Config { .. })
+        ));
+        std::fs::remove_dir_all(&home).unwrap();
     }
 
     #[test]

@@ -458,6 +458,13 @@ pub enum BaseUrlRule {
         selector: String,
         /// The key of the base URL; `{}` is the selected name (`model_providers.{}.base_url`).
         key: String,
+        /// The CLI's own TOML config file, which may set the same keys (the command's
+        /// overrides win): the first candidate whose variable is set is the file (`$VAR/…`
+        /// is skipped when `VAR` is unset or empty, `~/…` is under `HOME`), and a file that
+        /// does not exist sets nothing. Codex: `$CODEX_HOME/config.toml`,
+        /// `~/.codex/config.toml`. Additive: older hosts ignore it.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        files: Vec<String>,
     },
     /// A JSON config file in the working directory, merged with inline JSON from an
     /// environment variable, e.g. OpenCode's `opencode.json` and `OPENCODE_CONFIG_CONTENT`. The

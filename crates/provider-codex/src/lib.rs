@@ -111,11 +111,13 @@ impl ProviderPlugin for CodexPlugin {
                         flag: "-c".into(),
                         selector: "model_provider".into(),
                         key: "model_providers.{}.base_url".into(),
+                        files: codex_config(),
                     })
                     .base_url(BaseUrlRule::ConfigFlag {
                         flag: "-c".into(),
                         selector: String::new(),
                         key: "openai_base_url".into(),
+                        files: codex_config(),
                     }),
             )
             .expects("JSONL events of `codex exec --json` (`thread.started`, `turn.started`, `item.completed`, …)")
@@ -193,6 +195,14 @@ pub struct CodexCounter {
 
 /// Whether an error text is Codex's session token budget ending the turn: `budget reached` in
 /// 0.169 (`CodexErr::SessionBudgetExceeded`), or the names of that error.
+/// Where Codex reads its config: `$CODEX_HOME` when set, else `~/.codex`.
+fn codex_config() -> Vec<String> {
+    vec![
+        "$CODEX_HOME/config.toml".into(),
+        "~/.codex/config.toml".into(),
+    ]
+}
+
 fn is_session_budget(text: &str) -> bool {
     let lower = text.trim().to_ascii_lowercase();
     lower == "budget reached"

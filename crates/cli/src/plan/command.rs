@@ -229,8 +229,10 @@ fn wrap_up_spec(
     }
     // Where the CLI would have gone must be known now, not after the agent started.
     let env = |name: &str| std::env::var(name).ok();
-    stepguard_gateway::point(&endpoint, command, &env, cx.cwd, "http://127.0.0.1:1/probe")
-        .map_err(|e| UsageError(format!("--wrap-up with provider {}: {e}", manifest.name)))?;
+    let probe =
+        stepguard_gateway::point(&endpoint, command, &env, cx.cwd, "http://127.0.0.1:1/probe")
+            .map_err(|e| UsageError(format!("--wrap-up with provider {}: {e}", manifest.name)))?;
+    refuse_pointing_a_wrapper(manifest, command, &probe.command)?;
     let reply_cost = manifest
         .units
         .iter()
@@ -243,6 +245,39 @@ fn wrap_up_spec(
         notices: args.notices,
         record_requests: args.record_requests.clone(),
     }))
+}
+
+/// Pointing that adds arguments goes only into the provider's own CLI, never into a wrapper
+/// (`env`, `npx`, a script) or another program, whose options they are not (a manifest that
+/// names no program cannot be checked, and is trusted as before).
+fn refuse_pointing_a_wrapper(
+    manifest: &Manifest,
+    command: &[String],
+    pointed: &[String],
+) -> anyhow::Result<()> {
+    let Some(program) = stepguard_plugin_api::program_name(command) else {
+        return Ok(());
+    };
+    let limits = [
+        &manifest.native_limit,
+        &manifest.native_token_limit,
+        &manifest.native_cost_limit,
+    ];
+    let names_any = !manifest.preflight.is_empty()
+        || limits.iter().any(|l| l.as_ref().is_some_and(|l| l.program.is_some()));
+    if pointed == command || !names_any || manifest.names_program(program) {
+        return Ok(());
+    }
+    // What pointing added: the run of arguments from the first difference on.
+    let at = command.iter().zip(pointed).take_while(|(a, b)| a == b).count();
+    let added = pointed[at..at + (pointed.len() - command.len())].join(" ");
+    Err(UsageError(format!(
+        "--wrap-up points provider {}'s CLI at the gateway by adding `{added}` to its command \
+         line, and the command runs `{program}`, not the CLI: put the CLI first after `--` (set \
+         environment variables in stepguard's environment, not through a wrapper)",
+        manifest.name
+    ))
+    .into())
 }
 
 /// The run's token and cost budgets, checked before anything starts: a cost budget needs a
