@@ -123,7 +123,12 @@ impl Data {
 
     /// Returns the cost of `usage` as the model `model_id` of the provider `provider_id`, now,
     /// when the model's ID matches itself in the data.
-    pub(crate) fn priced_in(&self, provider_id: &str, model_id: &str, usage: &Usage) -> Option<f64> {
+    pub(crate) fn priced_in(
+        &self,
+        provider_id: &str,
+        model_id: &str,
+        usage: &Usage,
+    ) -> Option<f64> {
         let (cost, found) = self.calculate(model_id, Some(provider_id), usage, None)?;
         (found.model == model_id && found.provider == provider_id).then_some(cost)
     }

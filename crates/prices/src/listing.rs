@@ -5,8 +5,8 @@ use serde::Serialize;
 use crate::Usage;
 use crate::data::Data;
 
-/// One model of genai-prices' data with its prices now, in US dollars per million tokens (the
-/// base context-length tier).
+/// One model of genai-prices' data with its prices now, in US dollars per million tokens of the
+/// base context-length tier (what a short call pays per token, times a million).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct DataPrice {
     /// The provider's ID, e.g. `anthropic`.
@@ -25,7 +25,8 @@ pub struct DataPrice {
 
 /// Prices every model of `data` that its own ID matches.
 pub(crate) fn data_prices(data: &Data) -> Vec<DataPrice> {
-    let mtok = 1_000_000;
+    // A thousand tokens stay below every long-context tier; scaled to a million after.
+    let mtok = SAMPLE;
     let kinds = [
         Usage {
             input: mtok,
@@ -52,7 +53,7 @@ pub(crate) fn data_prices(data: &Data) -> Vec<DataPrice> {
             let mut costs = [0.0; 4];
             let priced = kinds.iter().zip(costs.iter_mut()).all(|(usage, cost)| {
                 data.priced_in(provider.id(), model.id(), usage)
-                    .map(|c| *cost = c)
+                    .map(|c| *cost = per_mtok(c))
                     .is_some()
             });
             if priced {
@@ -68,4 +69,12 @@ pub(crate) fn data_prices(data: &Data) -> Vec<DataPrice> {
         }
     }
     out
+}
+
+/// The tokens a per-million price is sampled with: below every context-length tier.
+pub(crate) const SAMPLE: u64 = 1_000;
+
+/// Returns the cost of [`SAMPLE`] tokens as a price per million, without floating-point dust.
+pub(crate) fn per_mtok(cost: f64) -> f64 {
+    (cost * (1_000_000 / SAMPLE) as f64 * 1e9).round() / 1e9
 }

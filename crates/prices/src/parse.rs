@@ -106,10 +106,9 @@ impl File<'_> {
             Value::String(s) => Err(bad(s.clone())),
             // A bare TOML date (`taken = 2025-10-15`) is as good as the string.
             Value::Datetime(dt) => match (dt.date, dt.time, dt.offset) {
-                (Some(d), None, None) => Ok(Some(format!(
-                    "{:04}-{:02}-{:02}",
-                    d.year, d.month, d.day
-                ))),
+                (Some(d), None, None) => {
+                    Ok(Some(format!("{:04}-{:02}-{:02}", d.year, d.month, d.day)))
+                }
                 _ => Err(bad(dt.to_string())),
             },
             other => Err(self.wrong_type("taken", "a date string \"YYYY-MM-DD\"", other)),
@@ -337,8 +336,11 @@ mod tests {
 
     #[test]
     fn taken_is_optional() {
-        let t = PriceTable::from_toml("[models.x]\ninput_per_mtok = 1\noutput_per_mtok = 1\n", ORIGIN)
-            .unwrap();
+        let t = PriceTable::from_toml(
+            "[models.x]\ninput_per_mtok = 1\noutput_per_mtok = 1\n",
+            ORIGIN,
+        )
+        .unwrap();
         assert_eq!(t.taken(), None);
         assert_eq!(t.price("x").unwrap().taken(), None);
         assert_eq!(t.price("x").unwrap().cost(1_000_000, 0, 0), 1.0);

@@ -72,7 +72,8 @@ impl PriceTable {
     }
 
     /// Reads and parses a prices file; the crate's one I/O function. A file whose name ends
-    /// in `.json`, or whose text starts with `[`, is genai-prices' JSON; any other is TOML.
+    /// in `.json`, or whose text starts as a JSON array does (`[{` or `[]`, spaces allowed), is
+    /// genai-prices' JSON; any other is TOML (which may start with a `[table]` header).
     pub fn load_file(path: impl AsRef<Path>) -> Result<PriceTable, PriceError> {
         let path = path.as_ref();
         let shown = path.display().to_string();
@@ -80,8 +81,13 @@ impl PriceTable {
             path: shown.clone(),
             source,
         })?;
-        let json = path.extension().is_some_and(|e| e.eq_ignore_ascii_case("json"))
-            || text.trim_start().starts_with('[');
+        let json = path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("json"))
+            || text
+                .trim_start()
+                .strip_prefix('[')
+                .is_some_and(|rest| rest.trim_start().starts_with(['{', ']']));
         if json {
             PriceTable::from_genai_json(&text, &shown)
         } else {
@@ -213,6 +219,38 @@ impl PriceTable {
         self.models.values()
     }
 
+    /// Returns what a million tokens of each kind cost as `model` now, in the base
+    /// context-length tier: input, output, cache reads, cache writes; `None` when nothing
+    /// prices the model.
+    pub fn per_mtok(&self, model: &str) -> Option<[f64; 4]> {
+        let n = crate::listing::SAMPLE;
+        let kinds = [
+            Usage {
+                input: n,
+                ..Usage::default()
+            },
+            Usage {
+                output: n,
+                ..Usage::default()
+            },
+            Usage {
+                input: n,
+                cache_read: n,
+                ..Usage::default()
+            },
+            Usage {
+                input: n,
+                cache_write: n,
+                ..Usage::default()
+            },
+        ];
+        let mut out = [0.0; 4];
+        for (usage, slot) in kinds.iter().zip(out.iter_mut()) {
+            *slot = crate::listing::per_mtok(self.cost(model, usage)?);
+        }
+        Some(out)
+    }
+
     /// Returns every model of genai-prices' data with its prices now, by provider.
     pub fn data_models(&self) -> Vec<crate::DataPrice> {
         self.data
@@ -298,7 +336,12 @@ mod tests {
             ("gpt-5.5", "openai", "gpt-5.5", 55.0),
             // Gemini CLI 0.61's `auto` resolves to this one, and its router calls the lite one.
             ("gemini-3.8-flash", "google", "gemini-3.8-flash", 4.5),
-            ("gemini-3.5-flash-lite", "google", "gemini-3.5-flash-lite", 2.8),
+            (
+                "gemini-3.5-flash-lite",
+                "google",
+                "gemini-3.5-flash-lite",
+                2.8,
+            ),
         ] {
             assert_eq!(
                 data_match(&t, reported),
@@ -314,12 +357,24 @@ mod tests {
     fn routing_prefixes_and_snapshots_find_the_providers_model() {
         let t = PriceTable::builtin();
         for (reported, provider, model) in [
-            ("anthropic/claude-sonnet-4-5", "anthropic", "claude-sonnet-4-5"),
-            ("claude-sonnet-4-5-20250929", "anthropic", "claude-sonnet-4-5"),
+            (
+                "anthropic/claude-sonnet-4-5",
+                "anthropic",
+                "claude-sonnet-4-5",
+            ),
+            (
+                "claude-sonnet-4-5-20250929",
+                "anthropic",
+                "claude-sonnet-4-5",
+            ),
             ("openai/gpt-5.5", "openai", "gpt-5.5"),
             ("gpt-4o-mini-2024-07-18", "openai", "gpt-4o-mini"),
             ("models/gemini-3.8-flash", "google", "gemini-3.8-flash"),
-            ("gemini/gemini-3.5-flash-lite", "google", "gemini-3.5-flash-lite"),
+            (
+                "gemini/gemini-3.5-flash-lite",
+                "google",
+                "gemini-3.5-flash-lite",
+            ),
             ("GPT-5.5", "openai", "gpt-5.5"),
             ("  gpt-5.5\n", "openai", "gpt-5.5"),
         ] {
@@ -354,7 +409,10 @@ mod tests {
         assert!(close(cost(usage(m, 0, 0, 0)), 5.0));
         assert!(close(cost(usage(m, m, 0, 0)), 0.5));
         assert!(close(cost(usage(m, 0, m, 0)), 6.25));
-        assert!(close(cost(usage(2 * m, m / 2, m / 2, 0)), 5.0 + 0.25 + 3.125));
+        assert!(close(
+            cost(usage(2 * m, m / 2, m / 2, 0)),
+            5.0 + 0.25 + 3.125
+        ));
         // More cached than input: all input cached, never below the counts.
         assert!(close(cost(usage(0, m, 0, 0)), 0.5));
     }
@@ -382,6 +440,18 @@ mod tests {
         assert_eq!(t.models().len(), 0);
         let listed = t.data_models();
         assert!(listed.len() > 500, "{}", listed.len());
+        // A million tokens of GPT-5.5 cross its long-context tier; the listing shows the base.
+        let gpt = listed
+            .iter()
+            .find(|p| p.provider == "openai" && p.model == "gpt-5.5")
+            .unwrap();
+        assert_eq!(
+            (gpt.input_per_mtok, gpt.output_per_mtok),
+            (5.0, 30.0),
+            "{gpt:?}"
+        );
+        assert_eq!(t.per_mtok("gpt-5.5"), Some([5.0, 30.0, 0.5, 5.0]));
+        assert_eq!(t.per_mtok("no-such-model-9"), None);
         let opus = listed
             .iter()
             .find(|p| p.provider == "anthropic" && p.model == "claude-opus-4-8")
@@ -414,9 +484,15 @@ mod tests {
             merged.priced_as("claude-opus-4-8-20261101"),
             Some(PricedAs::File(p)) if p.origin() == "test.toml"
         ));
-        assert!(close(merged.cost("claude-opus-4-8", &usage(m, 0, 0, m)), 2.0));
+        assert!(close(
+            merged.cost("claude-opus-4-8", &usage(m, 0, 0, m)),
+            2.0
+        ));
         // Everything else is still genai-prices'.
-        assert!(close(merged.cost_at("gpt-5.5", &usage(m, 0, 0, m), day()), 55.0));
+        assert!(close(
+            merged.cost_at("gpt-5.5", &usage(m, 0, 0, m), day()),
+            55.0
+        ));
         // The older date stands for the whole table.
         assert_eq!(merged.taken(), Some("2025-10-15"));
         assert!(merged.source().is_some());
@@ -487,7 +563,16 @@ mod tests {
         assert!(t.priced_as("acme-1").is_some());
         let bare = dir.join("data");
         std::fs::write(&bare, MINI_DATA).unwrap();
-        assert!(PriceTable::load_file(&bare).unwrap().priced_as("acme-1").is_some());
+        assert!(
+            PriceTable::load_file(&bare)
+                .unwrap()
+                .priced_as("acme-1")
+                .is_some()
+        );
+        let toml_table_first = dir.join("mine");
+        std::fs::write(&toml_table_first, entry("x", 1.0)).unwrap();
+        let t = PriceTable::load_file(&toml_table_first).unwrap();
+        assert_eq!(priced_as(&t, "x"), Some("x"));
         let toml_named_json = dir.join("oops.json");
         std::fs::write(&toml_named_json, entry("x", 1.0)).unwrap();
         let e = PriceTable::load_file(&toml_named_json).unwrap_err();
