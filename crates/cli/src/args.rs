@@ -181,8 +181,9 @@ pub(crate) struct RunArgs {
     /// With the gateway: every model call carries `system notice: this is step X of Y`.
     #[arg(long)]
     pub notices: bool,
-    /// A price file (TOML, like the shipped table: `stepguard prices`) whose models override
-    /// the shipped prices, for `--max-cost-usd` (also `STEPGUARD_PRICES`).
+    /// A price file laid over genai-prices' bundled data for `--max-cost-usd`: stepguard's TOML
+    /// (`stepguard prices` prints a template) or genai-prices' JSON data (also
+    /// `STEPGUARD_PRICES`).
     #[arg(long, value_name = "FILE", env = "STEPGUARD_PRICES")]
     pub prices: Option<PathBuf>,
     /// With the gateway: write every model request to DIR as JSON, credentials removed (for

@@ -149,15 +149,14 @@ impl Data {
             request = request.with_timestamp(at);
         }
         let priced = self.calculator().calculate(&request).ok()?;
-        priced.total_price.is_finite().then(|| {
-            (
-                priced.total_price,
-                DataMatch {
-                    provider: priced.provider_id,
-                    model: priced.model_id,
-                },
-            )
-        })
+        let found = DataMatch {
+            provider: priced.provider_id,
+            model: priced.model_id,
+        };
+        priced
+            .total_price
+            .is_finite()
+            .then_some((priced.total_price, found))
     }
 }
 
