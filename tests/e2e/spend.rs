@@ -652,3 +652,55 @@ fn prices_files_in_toml_or_genai_prices_json_and_their_errors() {
     assert_eq!(run.code, Some(2), "{}", run.stderr);
     assert!(run.stderr.contains("--prices: "), "{}", run.stderr);
 }
+
+/// `--wrap-up --max-cost-usd` on a CLI in its default model: the gateway prices every call
+/// (main and side calls) with the bundled data; the run ends by itself within the budget.
+fn default_model_is_priced_through_the_gateway(cli: Cli, models: &[&str]) {
+    let agent = Agent::start(cli, Script::tool_rounds(3));
+    let run = agent.run(&["--wrap-up", "--max-cost-usd", "1", "--max-steps", "50"]);
+    run.assert_exit(0);
+    let rec = agent.last_record();
+    assert_eq!(rec["outcome"], "success", "{rec}");
+    // The model is in the body (Anthropic) or the path (Gemini: /v1beta/models/MODEL:…).
+    let seen: Vec<String> = agent
+        .server
+        .requests()
+        .iter()
+        .filter(|r| r.method == "POST")
+        .map(|r| match r.body["model"].as_str() {
+            Some(m) => m.to_owned(),
+            None => r
+                .target
+                .split("/models/")
+                .nth(1)
+                .and_then(|rest| rest.split(':').next())
+                .unwrap_or_default()
+                .to_owned(),
+        })
+        .collect();
+    assert!(!seen.is_empty(), "no model call");
+    assert!(
+        seen.iter().all(|m| models.contains(&m.as_str())),
+        "the CLI called {seen:?}, expected only {models:?}"
+    );
+    let cost = rec["cost_usd"].as_f64().unwrap_or_else(|| panic!("{rec}"));
+    assert!(cost > 0.0 && cost < 0.1, "{rec}");
+}
+
+#[test]
+#[ignore = "runs the real agent CLIs: .ci/install-agent-clis, then --run-ignored all"]
+fn claudes_default_model_is_priced_through_the_gateway() {
+    default_model_is_priced_through_the_gateway(
+        Cli::Claude,
+        &["claude-opus-4-8", "claude-opus-4-8[1m]"],
+    );
+}
+
+#[test]
+#[ignore = "runs the real agent CLIs: .ci/install-agent-clis, then --run-ignored all"]
+fn geminis_default_models_are_priced_through_the_gateway() {
+    default_model_is_priced_through_the_gateway(
+        Cli::Gemini,
+        &["gemini-3.8-flash", "gemini-3.5-flash-lite"],
+    );
+}
