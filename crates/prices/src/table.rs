@@ -198,6 +198,14 @@ impl PriceTable {
         Some(cost)
     }
 
+    /// Decodes genai-prices' bundled data now, if the table has it and it is not yet decoded
+    /// (tens of milliseconds, once per process), so that the first call priced does not wait.
+    pub fn prepare(&self) {
+        if let Some(data) = &self.data {
+            data.calculator();
+        }
+    }
+
     /// Returns the date (`YYYY-MM-DD`) of the prices: the oldest date of the TOML files and
     /// the data, or `None` when none gives one.
     pub fn taken(&self) -> Option<&str> {

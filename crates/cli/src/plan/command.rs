@@ -188,6 +188,8 @@ fn spend_limits(
         }
         _ => {}
     }
+    // Before the agent starts, not on its first model call.
+    table.prepare();
     limits.price = Some(stepguard_gateway::Pricing(std::sync::Arc::new(
         move |model: &str, u: &stepguard_gateway::CallUsage| {
             let usage = stepguard_prices::Usage {
