@@ -137,9 +137,13 @@ fn an_unknown_model_with_a_cost_budget_is_refused_before_the_start() {
 #[test]
 #[ignore = "runs the real agent CLIs: .ci/install-agent-clis, then --run-ignored all"]
 fn a_model_the_gateway_cannot_price_is_never_called() {
-    // No model on the command line: the gateway prices each call and refuses the first.
+    // No model on the command line: the gateway prices each call and refuses the first. (Claude's
+    // default model is priced: the environment names one nobody prices.)
     let agent = Agent::start(Cli::Claude, Script::tool_rounds(3));
-    let run = agent.run(&["--wrap-up", "--max-cost-usd", "1"]);
+    let run = agent.run_env(
+        &["--wrap-up", "--max-cost-usd", "1"],
+        &[("ANTHROPIC_MODEL", "sg-unpriced-model")],
+    );
     run.assert_exit(2);
     let rec = agent.last_record();
     assert_eq!(rec["error_type"], "unpriced_model", "{rec}");
@@ -390,4 +394,313 @@ fn a_cost_budget_is_shown_with_the_digits_it_was_given() {
             run.stderr
         );
     }
+}
+
+/// A stand-in for Claude that prints the first `lines` of a real recording (its usage with
+/// them, but not its final `result` and the cost that reports), then waits to be stopped.
+fn claude_cut_short(sb: &Sandbox, lines: usize) -> String {
+    let agent = sb.write(
+        "claude-cut.sh",
+        format!(
+            "#!/bin/sh\nhead -n {lines} {}\nsleep 20\n",
+            crate::harness::fixture("real/claude/tools12.jsonl")
+        ),
+    );
+    std::fs::set_permissions(&agent, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    agent.display().to_string()
+}
+
+#[test]
+fn a_run_stopped_for_cost_records_the_cost_it_was_stopped_at() {
+    // It used to say "cost unknown" with `cost_usd: null` right after pricing the stream.
+    let sb = Sandbox::new();
+    let agent = claude_cut_short(&sb, 8);
+    let run = sb.run(&[
+        "run",
+        "-p",
+        "claude",
+        "--max-cost-usd",
+        "0.001",
+        "--max-steps",
+        "50",
+        "--",
+        &agent,
+        "--output-format",
+        "stream-json",
+        "--verbose",
+        "--model",
+        "claude-sonnet-4-5",
+    ]);
+    assert_eq!(run.code, Some(3), "{}", run.stderr);
+    // 400 input tokens at $3 per million and 4 output tokens at $15: $0.00126.
+    assert!(
+        run.stderr.contains("costs $0.0013 as claude-sonnet-4-5")
+            && run.stderr.contains("| $0.0013 of $0.001")
+            && !run.stderr.contains("cost unknown"),
+        "{}",
+        run.stderr
+    );
+    let export = sb.run(&["history", "export", "--last", "1"]);
+    let rec: Value = serde_json::from_str(export.stdout.trim()).unwrap();
+    assert_eq!(rec["error_type"], "max_cost", "{rec}");
+    assert_eq!(rec["tokens"]["input_tokens"], 400, "{rec}");
+    assert_eq!(rec["tokens"]["output_tokens"], 4, "{rec}");
+    let cost = rec["cost_usd"].as_f64().unwrap_or_else(|| panic!("{rec}"));
+    assert!((cost - 0.00126).abs() < 1e-9, "{rec}");
+}
+
+#[test]
+fn a_cost_budget_on_claudes_default_model_is_kept_not_refused() {
+    // Claude Code's default model (and its 1M-context spelling) had no price: every cost budget
+    // failed closed before the start.
+    let sb = Sandbox::new();
+    let agent = claude_cut_short(&sb, 8);
+    for model in ["claude-opus-4-8", "claude-opus-4-8[1m]"] {
+        let run = sb.run(&[
+            "run",
+            "-p",
+            "claude",
+            "--max-cost-usd",
+            "0.0018",
+            "--max-steps",
+            "50",
+            "--",
+            &agent,
+            "--output-format",
+            "stream-json",
+            "--verbose",
+            "--model",
+            model,
+        ]);
+        // Four calls of 100 in at $5 per million and 1 out at $25: $0.0021, over $0.0018
+        // (three were $0.0016).
+        assert_eq!(run.code, Some(3), "{model}: {}", run.stderr);
+        assert!(
+            run.stderr.contains("| $0.0021 of $0.0018"),
+            "{model}: {}",
+            run.stderr
+        );
+    }
+}
+
+/// The pinned agent CLIs (tests/agent-clis/package.json) and the models they call by default
+/// (found by running each offline: /work/shared/docs/offline-clis.md). A new pin must say its
+/// models here.
+const PINNED_DEFAULT_MODELS: &[(&str, &str, &[&str])] = &[
+    (
+        "@anthropic-ai/claude-code",
+        "2.1.197",
+        &["claude-opus-4-8", "claude-opus-4-8[1m]"],
+    ),
+    ("@openai/codex", "0.169.0", &["gpt-5.5"]),
+    // `auto` resolves to the flash model; the router's side calls go to the lite one.
+    (
+        "@google/gemini-cli",
+        "0.61.0",
+        &["gemini-3.8-flash", "gemini-3.5-flash-lite"],
+    ),
+];
+
+#[test]
+fn every_default_model_of_the_pinned_clis_is_priced() {
+    let package: Value = serde_json::from_str(
+        &std::fs::read_to_string(crate::harness::workspace().join("tests/agent-clis/package.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    let deps = package["dependencies"].as_object().unwrap();
+    let sb = Sandbox::new();
+    for (cli, version, models) in PINNED_DEFAULT_MODELS {
+        assert_eq!(
+            deps[*cli], *version,
+            "{cli} is pinned at another version: find its default models and update this list"
+        );
+        let mut args = vec!["prices", "--json"];
+        args.extend(models.iter());
+        let v: Value = sb.run(&args).json();
+        for (q, model) in v["models"].as_array().unwrap().iter().zip(models.iter()) {
+            assert_eq!(q["query"], *model, "{v}");
+            assert_eq!(q["priced"], true, "{cli}: {model}: {v}");
+            assert!(q["input_per_mtok"].as_f64().unwrap() > 0.0, "{v}");
+            assert!(q["output_per_mtok"].as_f64().unwrap() > 0.0, "{v}");
+        }
+    }
+    // OpenCode has no model of its own: it calls what its config names.
+    assert!(deps.contains_key("opencode-ai"));
+    assert_eq!(deps.len(), PINNED_DEFAULT_MODELS.len() + 1);
+}
+
+#[test]
+fn prices_says_where_the_prices_come_from_and_how_old_they_are() {
+    let sb = Sandbox::new();
+    let run = sb.run(&["prices"]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert!(
+        run.stdout
+            .starts_with("# prices: genai-prices (https://github.com/pydantic/genai-prices, MIT) ")
+            && run.stdout.contains("\n# taken: 2026-10-26\n"),
+        "{}",
+        run.stdout
+    );
+    // What it prints after the comments is a prices file that works as it is.
+    let template = sb.write("template.toml", &run.stdout);
+    let template = template.to_str().unwrap();
+    let mine = sb.run(&[
+        "prices",
+        "--prices",
+        template,
+        "my-model",
+        "my-model-latest",
+    ]);
+    assert_eq!(mine.code, Some(0), "{}", mine.stderr);
+    assert!(
+        mine.stdout
+            .contains("my-model: my-model, $2/Mtok in, $8/Mtok out"),
+        "{}",
+        mine.stdout
+    );
+    let v: Value = sb.run(&["prices", "--json"]).json();
+    assert_eq!(v["taken"], "2026-10-26", "{}", &v["source"]);
+    assert_eq!(v["genai_prices_version"], "0.2.1");
+    let models = v["models"].as_array().unwrap();
+    assert!(models.len() > 500, "{}", models.len());
+    let opus = models
+        .iter()
+        .find(|m| m["provider"] == "anthropic" && m["model"] == "claude-opus-4-8")
+        .unwrap();
+    assert_eq!(
+        (
+            opus["input_per_mtok"].as_f64(),
+            opus["output_per_mtok"].as_f64()
+        ),
+        (Some(5.0), Some(25.0))
+    );
+}
+
+#[test]
+fn prices_files_in_toml_or_genai_prices_json_and_their_errors() {
+    let sb = Sandbox::new();
+    // TOML without `taken`, with a cache-write price.
+    let toml = sb.write(
+        "mine.toml",
+        "[models.\"gpt-5.5\"]\ninput_per_mtok = 1\noutput_per_mtok = 2\ncache_write_per_mtok = 1.5\n",
+    );
+    let toml = toml.to_str().unwrap();
+    let run = sb.run(&["prices", "--prices", toml, "gpt-5.5", "gemini-3.8-flash"]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert!(
+        run.stdout.contains(
+            "gpt-5.5: gpt-5.5, $1/Mtok in, $2/Mtok out, $1/Mtok cache read, $1.5/Mtok cache write"
+        ) && run
+            .stdout
+            .contains("gemini-3.8-flash: google/gemini-3.8-flash, $0.75/Mtok in"),
+        "{}",
+        run.stdout
+    );
+    // genai-prices' own data replaces the bundled snapshot.
+    let json = sb.write(
+        "data.json",
+        r#"[{"id":"acme","name":"Acme","api_pattern":"https://api\\.acme\\.test","model_match":{"starts_with":"acme-"},"models":[{"id":"acme-1","match":{"starts_with":"acme-1"},"prices":{"input_mtok":1,"output_mtok":2}}]}]"#,
+    );
+    let json = json.to_str().unwrap();
+    let run = sb.run(&["prices", "--prices", json, "acme-1"]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert!(
+        run.stdout
+            .contains("acme-1: acme/acme-1, $1/Mtok in, $2/Mtok out"),
+        "{}",
+        run.stdout
+    );
+    let run = sb.run(&["prices", "--prices", json]);
+    assert!(run.stdout.contains("# taken: unknown"), "{}", run.stdout);
+    // An unpriced model is an error naming the fix.
+    let run = sb.run(&["prices", "--prices", json, "gpt-5.5"]);
+    assert_eq!(run.code, Some(2), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("no price for `gpt-5.5`") && run.stderr.contains("--prices FILE"),
+        "{}",
+        run.stderr
+    );
+    // A JSON file that is not genai-prices' data says what to give instead.
+    let bad = sb.write("bad.json", r#"{"models": {}}"#);
+    let run = sb.run(&["prices", "--prices", bad.to_str().unwrap()]);
+    assert_eq!(run.code, Some(2), "{}", run.stderr);
+    assert!(
+        run.stderr
+            .contains("bad.json: not genai-prices' provider data")
+            && run.stderr.contains("TOML prices file"),
+        "{}",
+        run.stderr
+    );
+    // A run refuses it before the start too.
+    let run = sb.run(&[
+        "run",
+        "-p",
+        "codex",
+        "--max-cost-usd",
+        "1",
+        "--prices",
+        bad.to_str().unwrap(),
+        "--",
+        "codex",
+        "exec",
+        "--json",
+        "-m",
+        "gpt-5.5",
+        "go",
+    ]);
+    assert_eq!(run.code, Some(2), "{}", run.stderr);
+    assert!(run.stderr.contains("--prices: "), "{}", run.stderr);
+}
+
+/// `--wrap-up --max-cost-usd` on a CLI in its default model: the gateway prices every call
+/// (main and side calls) with the bundled data; the run ends by itself within the budget.
+fn default_model_is_priced_through_the_gateway(cli: Cli, models: &[&str]) {
+    let agent = Agent::start(cli, Script::tool_rounds(3));
+    let run = agent.run(&["--wrap-up", "--max-cost-usd", "1", "--max-steps", "50"]);
+    run.assert_exit(0);
+    let rec = agent.last_record();
+    assert_eq!(rec["outcome"], "success", "{rec}");
+    // The model is in the body (Anthropic) or the path (Gemini: /v1beta/models/MODEL:…).
+    let seen: Vec<String> = agent
+        .server
+        .requests()
+        .iter()
+        .filter(|r| r.method == "POST")
+        .map(|r| match r.body["model"].as_str() {
+            Some(m) => m.to_owned(),
+            None => r
+                .target
+                .split("/models/")
+                .nth(1)
+                .and_then(|rest| rest.split(':').next())
+                .unwrap_or_default()
+                .to_owned(),
+        })
+        .collect();
+    assert!(!seen.is_empty(), "no model call");
+    assert!(
+        seen.iter().all(|m| models.contains(&m.as_str())),
+        "the CLI called {seen:?}, expected only {models:?}"
+    );
+    let cost = rec["cost_usd"].as_f64().unwrap_or_else(|| panic!("{rec}"));
+    assert!(cost > 0.0 && cost < 0.1, "{rec}");
+}
+
+#[test]
+#[ignore = "runs the real agent CLIs: .ci/install-agent-clis, then --run-ignored all"]
+fn claudes_default_model_is_priced_through_the_gateway() {
+    default_model_is_priced_through_the_gateway(
+        Cli::Claude,
+        &["claude-opus-4-8", "claude-opus-4-8[1m]"],
+    );
+}
+
+#[test]
+#[ignore = "runs the real agent CLIs: .ci/install-agent-clis, then --run-ignored all"]
+fn geminis_default_models_are_priced_through_the_gateway() {
+    default_model_is_priced_through_the_gateway(
+        Cli::Gemini,
+        &["gemini-3.8-flash", "gemini-3.5-flash-lite"],
+    );
 }

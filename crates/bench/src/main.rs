@@ -9,7 +9,9 @@
 //!   ignore SIGTERM, under `--containment cgroup` and `--containment process-walk`;
 //! * `gateway`: the model gateway's added latency to first byte on loopback (p50/p99, goal p99
 //!   under 1 ms added), for a ~20 KB streamed Anthropic main request sent directly to an upstream
-//!   and through a gateway in front of it, alternately, on keep-alive connections.
+//!   and through a gateway in front of it, alternately, on keep-alive connections;
+//! * `prices`: the first decode of genai-prices' bundled data, and the time to price one model
+//!   call (p50/p99) for the pinned CLIs' default models and an unpriced one.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 use std::io::{BufRead as _, Write as _};
@@ -22,6 +24,7 @@ use clap::{Parser, Subcommand};
 use stepguard_plugin_api::{CounterRequest, ProviderPlugin};
 
 mod gateway;
+mod prices;
 
 #[derive(Parser)]
 #[command(about = "stepguard benchmarks")]
@@ -89,6 +92,12 @@ enum Bench {
         #[arg(long, default_value_t = 2000)]
         requests: usize,
     },
+    /// Pricing: the bundled data's first decode, then the time to price one model call.
+    Prices {
+        /// Calls priced per model.
+        #[arg(long, default_value_t = 10_000)]
+        calls: usize,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -111,6 +120,7 @@ fn main() -> anyhow::Result<()> {
             stepguard,
         } => contain(runs, descendants, &stepguard),
         Bench::Gateway { requests } => gateway::run(requests),
+        Bench::Prices { calls } => prices::run(calls),
     }
 }
 

@@ -68,8 +68,9 @@ pub(crate) enum Command {
     /// Run the agent-loop governor against a scripted scenario and print the JSON transcript
     /// (exit 0 when its expectations are met, 1 when not).
     Simulate(SimulateArgs),
-    /// Print the model price table `--max-cost-usd` uses: the shipped one as TOML (a template for
-    /// a `--prices` file), the merged one with `--prices FILE`, every model as JSON with `--json`.
+    /// Print where the prices `--max-cost-usd` uses come from (genai-prices' bundled data, its
+    /// version and date) and a template for a `--prices` file; with MODEL names, what each
+    /// costs; every model as JSON with `--json`.
     Prices(PricesArgs),
     /// Print a shell completion script on stdout (bash, zsh, fish, elvish, powershell).
     Completions(CompletionsArgs),
@@ -180,8 +181,9 @@ pub(crate) struct RunArgs {
     /// With the gateway: every model call carries `system notice: this is step X of Y`.
     #[arg(long)]
     pub notices: bool,
-    /// A price file (TOML, like the shipped table: `stepguard prices`) whose models override
-    /// the shipped prices, for `--max-cost-usd` (also `STEPGUARD_PRICES`).
+    /// A price file laid over genai-prices' bundled data for `--max-cost-usd`: stepguard's TOML
+    /// (`stepguard prices` prints a template) or genai-prices' JSON data (also
+    /// `STEPGUARD_PRICES`).
     #[arg(long, value_name = "FILE", env = "STEPGUARD_PRICES")]
     pub prices: Option<PathBuf>,
     /// With the gateway: write every model request to DIR as JSON, credentials removed (for
@@ -424,12 +426,17 @@ pub(crate) struct ValidateArgs {
 /// Arguments of `stepguard prices`.
 #[derive(Debug, Args)]
 pub(crate) struct PricesArgs {
-    /// A price file to merge over the shipped table (also `STEPGUARD_PRICES`).
+    /// A price file laid over genai-prices' bundled data: stepguard's TOML, or genai-prices'
+    /// JSON data, which replaces the bundled data (also `STEPGUARD_PRICES`).
     #[arg(long, value_name = "FILE", env = "STEPGUARD_PRICES")]
     pub prices: Option<PathBuf>,
-    /// Every model with its prices, source and origin, as JSON.
+    /// Every model with its prices, source and origin, as JSON (only the MODELs named, if any).
     #[arg(long)]
     pub json: bool,
+    /// Models to price, as an agent reports them (e.g. `claude-opus-4-8`); one unpriced is an
+    /// error (exit 2).
+    #[arg(value_name = "MODEL")]
+    pub models: Vec<String>,
 }
 
 /// Arguments of `stepguard completions`.

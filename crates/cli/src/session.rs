@@ -63,7 +63,7 @@ impl<'c> Session<'c> {
             .get_or_init(|| load_registry(self.cli, &self.config, Needed::Provider(name)))
     }
 
-    /// Returns the price table in effect: the shipped one, with the models of `--prices FILE`
+    /// Returns the price table in effect: genai-prices' bundled data, with `--prices FILE`
     /// (`file`) over it.
     pub(crate) fn price_table(
         &self,

@@ -245,7 +245,7 @@ pub(crate) fn telemetry(model: &ConfigModel) -> Option<stepguard_telemetry::Tele
     )
 }
 
-/// The price table in effect: the shipped one, with the models of `--prices FILE` over it.
+/// The price table in effect: genai-prices' bundled data, with `--prices FILE` over it.
 pub(crate) fn price_table(file: Option<&Path>) -> anyhow::Result<stepguard_prices::PriceTable> {
     let builtin = stepguard_prices::PriceTable::builtin();
     Ok(match file {

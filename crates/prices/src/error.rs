@@ -87,6 +87,18 @@ pub enum PriceError {
         /// The dotted key.
         key: String,
     },
+    /// A JSON prices file is not genai-prices' provider data.
+    #[error(
+        "{origin}: not genai-prices' provider data ({message}); give the v2 `data.json` of \
+         https://github.com/pydantic/genai-prices whole, or write a TOML prices file \
+         (`stepguard prices` prints a template)"
+    )]
+    Data {
+        /// The file.
+        origin: String,
+        /// What genai-prices said.
+        message: String,
+    },
     /// A model name or alias is already used in the file (compared case-insensitively), so a
     /// lookup of it would be ambiguous.
     #[error(
@@ -117,6 +129,7 @@ impl PriceError {
             | PriceError::BadDate { origin, .. }
             | PriceError::UnknownKey { origin, .. }
             | PriceError::EmptyName { origin, .. }
+            | PriceError::Data { origin, .. }
             | PriceError::Duplicate { origin, .. } => origin,
         }
     }
@@ -124,7 +137,7 @@ impl PriceError {
     /// Returns the dotted key the error is about, when it is about one.
     pub fn key(&self) -> Option<&str> {
         match self {
-            PriceError::Read { .. } | PriceError::Parse { .. } => None,
+            PriceError::Read { .. } | PriceError::Parse { .. } | PriceError::Data { .. } => None,
             PriceError::Missing { key, .. }
             | PriceError::WrongType { key, .. }
             | PriceError::BadPrice { key, .. }

@@ -12,6 +12,7 @@ const MODEL_KEYS: &[&str] = &[
     "input_per_mtok",
     "output_per_mtok",
     "cached_input_per_mtok",
+    "cache_write_per_mtok",
     "source",
     "aliases",
 ];
@@ -52,7 +53,7 @@ pub(crate) fn parse(text: &str, origin: &str) -> Result<PriceTable, PriceError> 
         let Value::Table(fields) = value else {
             return Err(file.wrong_type(&key, "a table", value));
         };
-        let price = file.model(&key, name, fields, &taken)?;
+        let price = file.model(&key, name, fields, taken.as_deref())?;
         prices.insert(folded, price);
     }
 
@@ -81,6 +82,7 @@ pub(crate) fn parse(text: &str, origin: &str) -> Result<PriceTable, PriceError> 
         taken,
         models: prices,
         index,
+        data: None,
     })
 }
 
@@ -89,22 +91,24 @@ struct File<'a> {
 }
 
 impl File<'_> {
-    fn taken(&self, table: &toml::Table) -> Result<String, PriceError> {
-        let value = table.get("taken").ok_or_else(|| PriceError::Missing {
-            origin: self.origin.to_owned(),
-            key: "taken".to_owned(),
-        })?;
+    /// The file's date: optional (a user's file need not say when its prices were read).
+    fn taken(&self, table: &toml::Table) -> Result<Option<String>, PriceError> {
+        let Some(value) = table.get("taken") else {
+            return Ok(None);
+        };
         let bad = |value: String| PriceError::BadDate {
             origin: self.origin.to_owned(),
             key: "taken".to_owned(),
             value,
         };
         match value {
-            Value::String(s) if is_iso_date(s) => Ok(s.clone()),
+            Value::String(s) if is_iso_date(s) => Ok(Some(s.clone())),
             Value::String(s) => Err(bad(s.clone())),
             // A bare TOML date (`taken = 2025-10-15`) is as good as the string.
             Value::Datetime(dt) => match (dt.date, dt.time, dt.offset) {
-                (Some(d), None, None) => Ok(format!("{:04}-{:02}-{:02}", d.year, d.month, d.day)),
+                (Some(d), None, None) => {
+                    Ok(Some(format!("{:04}-{:02}-{:02}", d.year, d.month, d.day)))
+                }
                 _ => Err(bad(dt.to_string())),
             },
             other => Err(self.wrong_type("taken", "a date string \"YYYY-MM-DD\"", other)),
@@ -116,7 +120,7 @@ impl File<'_> {
         key: &str,
         name: &str,
         fields: &toml::Table,
-        taken: &str,
+        taken: Option<&str>,
     ) -> Result<Price, PriceError> {
         self.check_keys(key, fields, MODEL_KEYS)?;
         let required = |field: &str| {
@@ -131,10 +135,14 @@ impl File<'_> {
         };
         let input_per_mtok = required("input_per_mtok")?;
         let output_per_mtok = required("output_per_mtok")?;
-        let cached_input_per_mtok = fields
-            .get("cached_input_per_mtok")
-            .map(|v| self.price(&format!("{key}.cached_input_per_mtok"), v))
-            .transpose()?;
+        let optional = |field: &str| {
+            fields
+                .get(field)
+                .map(|v| self.price(&format!("{key}.{field}"), v))
+                .transpose()
+        };
+        let cached_input_per_mtok = optional("cached_input_per_mtok")?;
+        let cache_write_per_mtok = optional("cache_write_per_mtok")?;
         let source = match fields.get("source") {
             None => None,
             Some(Value::String(s)) => Some(s.clone()),
@@ -169,11 +177,12 @@ impl File<'_> {
             input_per_mtok,
             output_per_mtok,
             cached_input_per_mtok,
+            cache_write_per_mtok,
             source,
             aliases_given: aliases.is_some(),
             aliases: aliases.unwrap_or_default(),
             origin: self.origin.to_owned(),
-            taken: taken.to_owned(),
+            taken: taken.map(str::to_owned),
         })
     }
 
@@ -297,7 +306,7 @@ mod tests {
     #[test]
     fn a_minimal_file_parses() {
         let t = PriceTable::from_toml(&model(OK_PRICES), ORIGIN).unwrap();
-        assert_eq!(t.taken(), "2025-10-15");
+        assert_eq!(t.taken(), Some("2025-10-15"));
         let p = t.price("gpt-4.1").unwrap();
         assert_eq!((p.input_per_mtok(), p.output_per_mtok()), (2.0, 8.0));
         assert_eq!(p.origin(), ORIGIN);
@@ -313,7 +322,7 @@ mod tests {
     #[test]
     fn taken_may_be_a_bare_toml_date() {
         let t = PriceTable::from_toml("taken = 2025-10-15\n", ORIGIN).unwrap();
-        assert_eq!(t.taken(), "2025-10-15");
+        assert_eq!(t.taken(), Some("2025-10-15"));
     }
 
     #[test]
@@ -326,10 +335,15 @@ mod tests {
     }
 
     #[test]
-    fn missing_taken() {
-        let e = err("[models.x]\ninput_per_mtok = 1\noutput_per_mtok = 1\n");
-        assert!(matches!(e, PriceError::Missing { .. }));
-        names(&e, "taken");
+    fn taken_is_optional() {
+        let t = PriceTable::from_toml(
+            "[models.x]\ninput_per_mtok = 1\noutput_per_mtok = 1\n",
+            ORIGIN,
+        )
+        .unwrap();
+        assert_eq!(t.taken(), None);
+        assert_eq!(t.price("x").unwrap().taken(), None);
+        assert_eq!(t.price("x").unwrap().cost(1_000_000, 0, 0), 1.0);
     }
 
     #[test]
@@ -421,6 +435,10 @@ mod tests {
             (
                 "input_per_mtok = 2\noutput_per_mtok = 8\ncached_input_per_mtok = nan",
                 "cached_input_per_mtok",
+            ),
+            (
+                "input_per_mtok = 2\noutput_per_mtok = 8\ncache_write_per_mtok = -3",
+                "cache_write_per_mtok",
             ),
         ] {
             let e = err(&model(fields));

@@ -1,6 +1,20 @@
-//! One model's price and the cost of a call.
+//! One model's price from a user's file, and the usage of a call.
 
 use serde::Serialize;
+
+/// The usage of one model call (or of several, summed), as stepguard counts it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Input tokens, cache reads and cache writes included.
+    pub input: u64,
+    /// Input tokens read from the provider's cache.
+    pub cache_read: u64,
+    /// Input tokens written to the provider's cache (counted as input when the usage does not
+    /// tell them apart, as most streams do not).
+    pub cache_write: u64,
+    /// Output tokens, reasoning included.
+    pub output: u64,
+}
 
 /// The price of one model, in US dollars per million tokens.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -11,10 +25,12 @@ pub struct Price {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) cached_input_per_mtok: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) cache_write_per_mtok: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) source: Option<String>,
     pub(crate) aliases: Vec<String>,
     pub(crate) origin: String,
-    pub(crate) taken: String,
+    pub(crate) taken: Option<String>,
     /// Whether the file gave `aliases`; an override without them keeps the shipped ones.
     #[serde(skip)]
     pub(crate) aliases_given: bool,
@@ -30,12 +46,28 @@ impl Price {
     /// cost is never below what the counts say. Cache writes have no price of their own: count
     /// them as input.
     pub fn cost(&self, input_tokens: u64, cached_input_tokens: u64, output_tokens: u64) -> f64 {
-        let uncached = input_tokens.saturating_sub(cached_input_tokens);
-        let cached_price = self.cached_input_per_mtok.unwrap_or(self.input_per_mtok);
+        self.cost_of(&Usage {
+            input: input_tokens,
+            cache_read: cached_input_tokens,
+            cache_write: 0,
+            output: output_tokens,
+        })
+    }
+
+    /// Returns the cost in US dollars of `usage`: cache reads at
+    /// [`Price::cached_input_per_mtok`] and cache writes at [`Price::cache_write_per_mtok`]
+    /// when the file gives them (else at the input price), the rest of the input at the input
+    /// price. More cached than input is taken as all input cached.
+    pub fn cost_of(&self, usage: &Usage) -> f64 {
+        let cached = usage.cache_read.saturating_add(usage.cache_write);
+        let uncached = usage.input.saturating_sub(cached);
+        let read_price = self.cached_input_per_mtok.unwrap_or(self.input_per_mtok);
+        let write_price = self.cache_write_per_mtok.unwrap_or(self.input_per_mtok);
         // Dividing once, at the end, keeps round numbers exact: 1M tokens at $3 is 3.0.
         (uncached as f64 * self.input_per_mtok
-            + cached_input_tokens as f64 * cached_price
-            + output_tokens as f64 * self.output_per_mtok)
+            + usage.cache_read as f64 * read_price
+            + usage.cache_write as f64 * write_price
+            + usage.output as f64 * self.output_per_mtok)
             / 1_000_000.0
     }
 
@@ -60,8 +92,13 @@ impl Price {
         self.cached_input_per_mtok
     }
 
-    /// Returns the URL of the pricing page the price came from, when the file gives one (every
-    /// model of the shipped table has one).
+    /// Returns the price of a million input tokens written to the provider's cache, when the
+    /// file gives one.
+    pub fn cache_write_per_mtok(&self) -> Option<f64> {
+        self.cache_write_per_mtok
+    }
+
+    /// Returns the URL of the pricing page the price came from, when the file gives one.
     pub fn source(&self) -> Option<&str> {
         self.source.as_deref()
     }
@@ -71,14 +108,14 @@ impl Price {
         &self.aliases
     }
 
-    /// Returns the file the price came from ([`crate::BUILTIN_ORIGIN`] for the shipped table).
+    /// Returns the file the price came from.
     pub fn origin(&self) -> &str {
         &self.origin
     }
 
-    /// Returns the date (`YYYY-MM-DD`) of the file the price came from.
-    pub fn taken(&self) -> &str {
-        &self.taken
+    /// Returns the date (`YYYY-MM-DD`) of the file the price came from, when it gives one.
+    pub fn taken(&self) -> Option<&str> {
+        self.taken.as_deref()
     }
 }
 
@@ -169,6 +206,31 @@ output_per_mtok = 0
         assert_eq!(sonnet.source(), None);
         assert!(sonnet.aliases().is_empty());
         assert_eq!(sonnet.origin(), "test.toml");
-        assert_eq!(sonnet.taken(), "2025-10-15");
+        assert_eq!(sonnet.taken(), Some("2025-10-15"));
+        assert_eq!(sonnet.cache_write_per_mtok(), None);
+    }
+
+    #[test]
+    fn cache_writes_have_their_own_price_when_given() {
+        let t = PriceTable::from_toml(
+            "[models.w]\ninput_per_mtok = 4\noutput_per_mtok = 20\n\
+             cached_input_per_mtok = 0.4\ncache_write_per_mtok = 5\n",
+            "w.toml",
+        )
+        .unwrap();
+        let w = t.price("w").unwrap();
+        let usage = |input, cache_read, cache_write, output| crate::Usage {
+            input,
+            cache_read,
+            cache_write,
+            output,
+        };
+        // 1M in: 500K written to the cache at $5, 250K read at $0.40, 250K plain at $4.
+        assert_eq!(w.cost_of(&usage(1_000_000, 250_000, 500_000, 0)), 3.6);
+        assert_eq!(w.cost_of(&usage(0, 0, 1_000_000, 0)), 5.0);
+        // Without a cache-write price, writes cost as input.
+        let plain = table();
+        let plain = plain.price("plain").unwrap();
+        assert_eq!(plain.cost_of(&usage(1_000_000, 0, 1_000_000, 0)), 2.5);
     }
 }

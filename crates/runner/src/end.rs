@@ -40,6 +40,7 @@ pub(crate) fn wind_down(
     let gateway = engine.gateway.take().map(|gw| account(&mut engine, gw));
     let steps_seen = engine.steps();
     let containment = engine.containment();
+    let stream_cost_usd = engine.stream_cost_usd();
     let control = engine.control;
     Ending {
         started_at,
@@ -58,6 +59,7 @@ pub(crate) fn wind_down(
         unrecognized: engine.on_unrecognized,
         gateway,
         spend: engine.spend,
+        stream_cost_usd,
     }
 }
 

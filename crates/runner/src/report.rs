@@ -39,6 +39,8 @@ pub(crate) struct Ending {
     pub gateway: Option<GatewayEnd>,
     /// The run's token and cost budgets.
     pub spend: crate::spec::SpendLimits,
+    /// What the stream's usage cost as stepguard priced it (no gateway, a cost budget).
+    pub stream_cost_usd: Option<f64>,
 }
 
 /// The model gateway's account of a run.
@@ -82,6 +84,7 @@ impl Ending {
             gateway: None,
             spend: crate::spec::SpendLimits::default(),
             unrecognized: OnUnrecognized::Stop,
+            stream_cost_usd: None,
         }
     }
 }
@@ -133,6 +136,10 @@ impl RunReport {
             // which saw every call), not the stream's.
             stats.tokens = record.usage.tokens;
             stats.cost_usd = record.usage.cost_usd;
+        }
+        // The cost the budget was kept with, when the stream did not report its own.
+        if record.usage.cost_usd.is_none() {
+            record.usage.cost_usd = ending.stream_cost_usd;
         }
         set_spend_fields(&mut record, &ending.spend);
         set_message(&mut record, spec, &ending, counted.plugin_error.as_ref());

@@ -74,6 +74,11 @@ pub(crate) struct Engine<'t> {
     model_calls: u64,
     /// Usage the stream reported so far (kept against the budgets without a gateway).
     stream_usage: CallUsage,
+    /// Its cost, each delta priced as it came (about one model call's usage, so the call's
+    /// context-length tier applies); `None` until priced, or once a delta could not be.
+    stream_cost_usd: Option<f64>,
+    /// Whether a delta of the stream's usage could not be priced (its cost is then unknown).
+    stream_unpriced: bool,
     last_tick: Instant,
 }
 
@@ -111,6 +116,8 @@ impl<'t> Engine<'t> {
             ladder: LoopLadder::default(),
             model_calls: 0,
             stream_usage: CallUsage::default(),
+            stream_cost_usd: None,
+            stream_unpriced: false,
             last_tick: l.start,
         }
     }
@@ -123,6 +130,12 @@ impl<'t> Engine<'t> {
     /// How the run's tree is contained (`cgroup` or `process-walk`).
     pub fn containment(&self) -> &'static str {
         self.tree.mechanism().as_str()
+    }
+
+    /// What the stream's usage cost, as stepguard priced it (no gateway, a cost budget, every
+    /// delta priced).
+    pub fn stream_cost_usd(&self) -> Option<f64> {
+        self.stream_cost_usd.filter(|_| !self.stream_unpriced)
     }
 
     /// Whether the loop ladder made the last call (a loop, not the budget, wrapped up).
@@ -260,13 +273,19 @@ impl<'t> Engine<'t> {
 
     /// The stream reported usage: kept against the token and cost budgets.
     fn on_stream_usage(&mut self, delta: &stepguard_plugin_api::Tokens) {
-        self.stream_usage.add(&CallUsage {
+        let delta = CallUsage {
             input: delta.input_tokens,
             cached_input: delta.cached_input_tokens.unwrap_or(0),
             output: delta.output_tokens,
-        });
+        };
+        self.stream_usage.add(&delta);
+        match price_of(&self.spend, &delta) {
+            Some(cost) => *self.stream_cost_usd.get_or_insert(0.0) += cost,
+            None => self.stream_unpriced |= self.spend.max_cost_usd.is_some(),
+        }
         if self.control.terminated_by.is_none()
-            && let Some((reason, why)) = spend_crossed(&self.spend, &self.stream_usage)
+            && let Some((reason, why)) =
+                spend_crossed(&self.spend, &self.stream_usage, self.stream_cost_usd())
         {
             tracing::info!("{why}");
             self.control.why.get_or_insert(why);
@@ -389,8 +408,20 @@ impl<'t> Engine<'t> {
     }
 }
 
-/// Whether the stream's usage so far has crossed a budget: which, and why, for the record.
-fn spend_crossed(spend: &SpendLimits, used: &CallUsage) -> Option<(TerminatedBy, String)> {
+/// The cost of `usage` as the run's model, when a cost budget prices it.
+fn price_of(spend: &SpendLimits, usage: &CallUsage) -> Option<f64> {
+    spend.max_cost_usd?;
+    let model = spend.model.as_deref()?;
+    (spend.price.as_ref()?.0)(model, usage)
+}
+
+/// Whether the stream's usage so far (`used`, costing `cost`) has crossed a budget: which,
+/// and why, for the record.
+fn spend_crossed(
+    spend: &SpendLimits,
+    used: &CallUsage,
+    cost: Option<f64>,
+) -> Option<(TerminatedBy, String)> {
     if let Some(max) = spend.max_tokens
         && used.total() > max
     {
@@ -404,7 +435,7 @@ fn spend_crossed(spend: &SpendLimits, used: &CallUsage) -> Option<(TerminatedBy,
     }
     let max = spend.max_cost_usd?;
     let model = spend.model.as_deref()?;
-    let cost = (spend.price.as_ref()?.0)(model, used)?;
+    let cost = cost?;
     (cost > max + 1e-9).then(|| {
         (
             TerminatedBy::Cost,

@@ -302,12 +302,14 @@ fn spend_limits(
     }
     let table = prices()?;
     match &limits.model {
-        Some(model) if price_of(&table, model).is_none() => {
+        Some(model) if priced_name(&table, model).is_none() => {
             return Err(UsageError(format!(
-                "--max-cost-usd: the model `{model}` has no price in the price table (taken {}); \
-                 add it to a price file given with --prices FILE (`stepguard prices` prints the \
-                 table to start from)",
-                table.taken()
+                "--max-cost-usd: the model `{model}` has no price in {} (taken {}); add it to a \
+                 price file given with --prices FILE (`stepguard prices` prints a template)",
+                table
+                    .source()
+                    .unwrap_or_else(|| "the price files".to_owned()),
+                table.taken().unwrap_or("on no given date")
             ))
             .into());
         }
@@ -322,23 +324,33 @@ fn spend_limits(
         }
         _ => {}
     }
+    // Before the agent starts, not on its first model call.
+    table.prepare();
     limits.price = Some(stepguard_gateway::Pricing(std::sync::Arc::new(
         move |model: &str, u: &stepguard_gateway::CallUsage| {
-            let price = price_of(&table, model)?;
-            Some(price.cost(u.input, u.cached_input, u.output))
+            let usage = stepguard_prices::Usage {
+                input: u.input,
+                cache_read: u.cached_input,
+                // The usage carries cache writes inside the input: priced as input.
+                cache_write: 0,
+                output: u.output,
+            };
+            table.cost(model, &usage).or_else(|| {
+                let (_, bare) = model.split_once('/')?;
+                table.cost(bare, &usage)
+            })
         },
     )));
     Ok(limits)
 }
 
-/// The price of `model`, also as the model part of OpenCode's `provider/model`.
-fn price_of<'t>(
-    table: &'t stepguard_prices::PriceTable,
-    model: &str,
-) -> Option<&'t stepguard_prices::Price> {
-    table
-        .price(model)
-        .or_else(|| model.split_once('/').and_then(|(_, m)| table.price(m)))
+/// The name `model` is priced under: itself, or the model part of OpenCode's `provider/model`.
+fn priced_name<'m>(table: &stepguard_prices::PriceTable, model: &'m str) -> Option<&'m str> {
+    if table.priced_as(model).is_some() {
+        return Some(model);
+    }
+    let (_, bare) = model.split_once('/')?;
+    table.priced_as(bare).is_some().then_some(bare)
 }
 
 /// The model an agent command names: `--model M`, `-m M` (also `--model=M`), or Codex's
