@@ -29,5 +29,6 @@ mod record_schema;
 mod run_cmd;
 mod simulate_cmd;
 mod spend;
+mod stalled_output;
 mod telemetry;
 mod wrap_up;

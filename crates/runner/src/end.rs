@@ -13,9 +13,13 @@ use stepguard_supervisor::guard::Guardian;
 
 use crate::event::Event;
 use crate::observe::RunObserver;
+use crate::passthrough::Passthrough;
 use crate::report::{Ending, GatewayEnd, RunReport};
 use crate::spec::{Labels, OnUnrecognized};
 use crate::supervise::{DRAIN, Engine};
+
+/// However early the drain's bound, the passthrough gets this long to pass on what is queued.
+const PASSTHROUGH_MIN: Duration = Duration::from_millis(500);
 
 /// The run's helpers that outlive supervision and are wound down at its end.
 pub(crate) struct Leftovers<'e> {
@@ -25,6 +29,7 @@ pub(crate) struct Leftovers<'e> {
     pub signals: Option<signal_hook::iterator::Handle>,
     pub reader: Option<JoinHandle<()>>,
     pub stderr_done: Option<Receiver<()>>,
+    pub passthrough: Option<Passthrough>,
 }
 
 /// Winds the run down and gathers how it went.
@@ -62,7 +67,7 @@ pub(crate) fn wind_down(
 }
 
 /// Lets every helper thread go: the prompt, the reaper, the guardian, the signal listener,
-/// the reader and the stderr copier, each within the drain's bound.
+/// the reader, the passthrough and the stderr copier, each within the drain's bound.
 fn release(engine: &Engine<'_>, leftovers: Leftovers<'_>) {
     // A withdrawn question: give the prompt a moment to leave the terminal tidy.
     if engine.control.asks() && engine.control.policy_away() {
@@ -89,13 +94,15 @@ fn release(engine: &Engine<'_>, leftovers: Leftovers<'_>) {
     if let Some(reader) = leftovers.reader.filter(|_| engine.reader_end.is_some()) {
         let _ = reader.join();
     }
+    let drained_by = engine.drain_until.unwrap_or_else(|| Instant::now() + DRAIN);
+    // What was counted reaches the output before the summary, unless its reader stopped
+    // reading (then it is left behind at the drain's bound, with a warning).
+    if let Some(passthrough) = leftovers.passthrough {
+        passthrough.finish(drained_by.max(Instant::now() + PASSTHROUGH_MIN));
+    }
     // The agent's last words on stderr come before the summary (bounded like the drain).
     if let Some(done) = leftovers.stderr_done {
-        let _ = done.recv_timeout(
-            engine
-                .drain_until
-                .map_or(DRAIN, |d| d.saturating_duration_since(Instant::now())),
-        );
+        let _ = done.recv_timeout(drained_by.saturating_duration_since(Instant::now()));
     }
 }
 

@@ -19,6 +19,7 @@ use crate::event::{Event, Interrupter, Resume};
 use crate::launch::{self, Agent, Env, Launch};
 use crate::limit::{AtLimit, Supervision};
 use crate::observe::{RunObserver, RunStarted};
+use crate::passthrough::Passthrough;
 use crate::reader::StreamReader;
 use crate::report::{Ending, RunReport};
 use crate::spec::{
@@ -257,6 +258,8 @@ struct Watchers {
     stderr_done: Option<Receiver<()>>,
     /// Where the engine tells the reader how to go on after a breach.
     resume: Sender<Resume>,
+    /// The passthrough's writer, closed and waited for (bounded) at the end.
+    passthrough: Option<Passthrough>,
 }
 
 impl Run {
@@ -326,6 +329,7 @@ impl Run {
             signals: watchers.signals,
             reader: watchers.reader,
             stderr_done: watchers.stderr_done,
+            passthrough: watchers.passthrough,
         };
         let ending = wind_down(
             engine,
@@ -355,6 +359,7 @@ impl Run {
             _ => None,
         };
         let (resume, resume_rx) = mpsc::channel();
+        let (feed, passthrough) = Passthrough::start(reading.output).unzip();
         let reaper = Reaper::start(self.agent.pgid, events_tx.clone(), Event::ChildExited);
         let signals = forward_signals
             .then(|| launch::listen_for_signals(events_tx.clone()))
@@ -362,7 +367,7 @@ impl Run {
         let reader = StreamReader {
             counter: reading.counter,
             ledger: StepLedger::new(self.labels.budget),
-            output: reading.output,
+            output: feed,
             events: events_tx.clone(),
             resume: resume_rx,
             steps: Arc::clone(&self.shared.steps),
@@ -385,6 +390,7 @@ impl Run {
             reader,
             stderr_done,
             resume,
+            passthrough,
         }
     }
 }

@@ -8,8 +8,11 @@
 //! owns the threads, the signals and the process tree:
 //!
 //! * a reader thread counts the agent's stdout a run of whole lines at a time through the
-//!   provider plugin, passes through exactly what was counted, and stops right after the line
-//!   whose step exceeds the budget (SIGTERMing the group at once when nobody is to be asked);
+//!   provider plugin, queues exactly what was counted for the passthrough, and stops right after
+//!   the line whose step exceeds the budget (SIGTERMing the group at once when nobody is to be
+//!   asked);
+//! * a passthrough thread writes what was counted to the spec's output from a bounded queue
+//!   that spills to a temporary file, so a consumer that stops reading never stalls counting;
 //! * a reaper collects exits (stepguard is a child subreaper, so orphans come back to it);
 //! * a signal listener turns SIGINT, SIGTERM and SIGHUP into a stop of the tree;
 //! * the calling thread owns every decision: stop the tree, ask the [`LimitPolicy`], time out;
@@ -59,6 +62,7 @@ mod event;
 mod launch;
 mod limit;
 mod observe;
+mod passthrough;
 mod reader;
 mod report;
 mod spec;

@@ -1,7 +1,7 @@
-//! The reader thread: counts the agent's stdout, passes through what was counted, and stops
-//! right after the line whose step exceeds the budget.
+//! The reader thread: counts the agent's stdout, queues what was counted for the passthrough
+//! (which never makes it wait), and stops right after the line whose step exceeds the budget.
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
@@ -12,13 +12,15 @@ use stepguard_plugin_api::host::{CallError, Counter};
 use stepguard_plugin_api::{ChunkReport, LineReport};
 
 use crate::event::{Event, ReaderEnd, Resume, StreamWatch};
+use crate::passthrough::Feed;
 use crate::stream::{LoopWatch, Recognition, reconcile};
 
 /// The reader thread's inputs.
 pub(crate) struct StreamReader {
     pub counter: Counter,
     pub ledger: StepLedger,
-    pub output: Box<dyn Write + Send>,
+    /// Where counted bytes go (the passthrough's queue); `None` passes nothing through.
+    pub output: Option<Feed>,
     pub events: Sender<Event>,
     pub resume: Receiver<Resume>,
     /// Steps begun so far, for progress ticks.
@@ -84,7 +86,6 @@ impl StreamReader {
         let mut lines = LineSplitter::new(pipe);
         let mut reading = Reading {
             reader: self,
-            passthrough: true,
             oversized_lines: 0,
             plugin_error: None,
             recognition: Recognition::default(),
@@ -148,8 +149,6 @@ enum Chunk {
 /// The reader's state while it reads.
 struct Reading {
     reader: StreamReader,
-    /// False once the downstream closed: counting goes on, passing through does not.
-    passthrough: bool,
     oversized_lines: u64,
     plugin_error: Option<CallError>,
     recognition: Recognition,
@@ -271,15 +270,11 @@ impl Reading {
         Ok(())
     }
 
-    /// Writes what was counted to the output, until the downstream closes.
+    /// Queues what was counted for the output: a consumer that stops reading never stalls
+    /// counting (see [`crate::passthrough`]).
     fn pass_through(&mut self, counted: &[u8]) {
-        let output = &mut self.reader.output;
-        if self.passthrough
-            && let Err(e) = output.write_all(counted).and_then(|()| output.flush())
-        {
-            // A closed downstream (e.g. `| head`) does not stop the agent; counting goes on.
-            tracing::debug!("passthrough stopped: {e}");
-            self.passthrough = false;
+        if let Some(feed) = &self.reader.output {
+            feed.send(counted);
         }
     }
 

@@ -4,6 +4,7 @@
 //! tree) lives in the runner crate.
 
 use std::io::{self, IsTerminal as _};
+use std::time::{Duration, Instant};
 
 use stepguard_core::ExitCode;
 use stepguard_runner::{
@@ -17,6 +18,10 @@ use crate::recording::{HistoryRecorder, SummaryFile};
 use crate::session::Session;
 use crate::terminal::{AskOnTerminal, StatusLine};
 use crate::{output, settings};
+
+/// How long the end of a run waits for the terminal to take the last lines (the summary):
+/// a terminal paused with Ctrl-S does not hold stepguard's exit.
+const SETTLE: Duration = Duration::from_secs(1);
 
 /// Runs `stepguard run`.
 pub(crate) fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
@@ -48,8 +53,14 @@ pub(crate) fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
     if let Some(t) = telemetry.as_mut() {
         observers.push(t);
     }
+    // From here on stderr is written by a thread of its own: the engine never waits for it.
+    let stderr = output::queue_stderr();
     let report = Runner::new(spec).run(&mut observers);
-    Ok(report_outcome(&report))
+    let code = report_outcome(&report);
+    if let Some(queue) = stderr {
+        queue.settle(Instant::now() + SETTLE);
+    }
+    Ok(code)
 }
 
 /// Turns the plan into the runner's spec: the terminal's policy at the limit, the status line
