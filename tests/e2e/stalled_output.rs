@@ -1,5 +1,7 @@
-//! Counting never waits for whoever reads stepguard's output (#26 item 1): a pipe that is never
-//! read, a terminal paused with XOFF. Real processes; only generous time bounds.
+//! A stalled world (#26 items 1 and 11): counting never waits for whoever reads stepguard's
+//! output (a pipe that is never read, a terminal paused with XOFF), and the exit after a stop
+//! has one bound whatever the database and the collector do. Real processes; only generous
+//! time bounds.
 
 use std::io::Read as _;
 use std::process::{Child, Stdio};
@@ -167,4 +169,82 @@ fn a_terminal_paused_with_xoff_keeps_the_timeout() {
     // Counting went on while the terminal was paused.
     assert!(s["num_steps_computed"].as_u64().unwrap() >= 10, "{s}");
     drop(master);
+}
+
+#[test]
+fn one_bound_on_the_exit_whatever_the_database_and_the_collector_do() {
+    let sb = Sandbox::new();
+    let db = sb.root().join("history.db");
+    let db_arg = db.display().to_string();
+    let hello = script(
+        &sb,
+        "hello.sh",
+        r#"echo '{"type":"thread.started","thread_id":"t"}'"#,
+    );
+    sb.run(&["run", "--db", &db_arg, "-p", "codex", "--", &hello]);
+    assert!(db.is_file(), "the history database exists");
+    // The database locked by another process for the whole run.
+    let lock = rusqlite::Connection::open(&db).unwrap();
+    lock.execute_batch("BEGIN EXCLUSIVE;").unwrap();
+    // A collector that accepts and never answers, given 5 s to flush.
+    let collector = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = collector.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for conn in collector.incoming() {
+            held.push(conn);
+        }
+    });
+    sb.write(
+        "xdg-config/stepguard/stepguard.toml",
+        format!("[telemetry]\nendpoint = \"http://127.0.0.1:{port}\"\nflush_timeout = \"5s\"\n"),
+    );
+    // An agent that ignores SIGTERM: the whole grace is used.
+    let agent = script(
+        &sb,
+        "agent.sh",
+        "trap '' TERM\necho '{\"type\":\"thread.started\",\"thread_id\":\"t\"}'\nwhile true; do sleep 0.1; done",
+    );
+    let file = sb.root().join("summary.json").display().to_string();
+    let started = Instant::now();
+    let mut child = sb
+        .cmd(&[
+            "run",
+            "--db",
+            &db_arg,
+            "--summary-file",
+            &file,
+            "-p",
+            "codex",
+            "--timeout",
+            "3s",
+            "--grace",
+            "1s",
+            "--",
+            &agent,
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn stepguard");
+    let mut stderr = child.stderr.take().expect("stderr");
+    let err = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stderr.read_to_string(&mut s);
+        s
+    });
+    let code = wait_at_most(&mut child, Duration::from_secs(40));
+    let took = started.elapsed();
+    let stderr = err.join().unwrap();
+    assert_eq!(code, Some(124), "{stderr}");
+    // The bound: the timeout, the grace, then 2.5 s for everything after the stop (0.1 s more
+    // for the summary line). Seen before: 11 s here (history 2 s + telemetry 5 s on top).
+    assert!(
+        took < Duration::from_secs(8),
+        "took {took:?} (3 s + 1 s + 2.6 s at most): {stderr}"
+    );
+    assert_eq!(summary(&sb)["error_type"], "timeout");
+    assert!(stderr.contains("telemetry"), "{stderr}");
+    drop(lock);
 }

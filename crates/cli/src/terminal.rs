@@ -177,13 +177,15 @@ impl RunObserver for StatusLine {
         self.mailbox.posted.notify_one();
     }
 
-    /// Erases the line before the summary, waiting for the terminal at most [`ERASE_WAIT`].
-    fn finished(&mut self, _report: &mut RunReport) {
+    /// Erases the line before the summary, waiting for the terminal at most [`ERASE_WAIT`]
+    /// (and never past the run's exit bound).
+    fn finished(&mut self, report: &mut RunReport) {
         if !self.enabled {
             return;
         }
         if let Some(erased) = self.end() {
-            let _ = erased.recv_timeout(ERASE_WAIT);
+            let left = report.exit_by.saturating_duration_since(Instant::now());
+            let _ = erased.recv_timeout(left.min(ERASE_WAIT));
         }
     }
 }

@@ -18,8 +18,14 @@ use crate::report::{Ending, GatewayEnd, RunReport};
 use crate::spec::{Labels, OnUnrecognized};
 use crate::supervise::{DRAIN, Engine};
 
-/// However early the drain's bound, the passthrough gets this long to pass on what is queued.
-const PASSTHROUGH_MIN: Duration = Duration::from_millis(500);
+/// Kept after the drain's bound for writing the record (history, summary file, telemetry,
+/// the summary line): the exit after a stop is bounded by the drain (2 s) plus this, whatever
+/// the terminal, the database, the collector or a stuck plugin do.
+pub(crate) const RECORD_RESERVE: Duration = Duration::from_millis(500);
+
+/// However late, the passthrough and the agent's stderr get this long (within the exit bound)
+/// to pass on what is already queued.
+const LAST_WORDS: Duration = Duration::from_millis(100);
 
 /// The run's helpers that outlive supervision and are wound down at its end.
 pub(crate) struct Leftovers<'e> {
@@ -40,7 +46,11 @@ pub(crate) fn wind_down(
     start: Instant,
     started_at: SystemTime,
 ) -> Ending {
-    release(&engine, leftovers);
+    // One bound for every wait from here on: the drain's (set at the stop, or at the agent's
+    // exit) for the wind-down, and the reserve after it for the record.
+    let drained_by = engine.drain_until.unwrap_or_else(|| Instant::now() + DRAIN);
+    let exit_by = drained_by + RECORD_RESERVE;
+    release(&engine, leftovers, drained_by, exit_by);
     judge_unrecognised_end(&mut engine);
     let gateway = engine.gateway.take().map(|gw| account(&mut engine, gw));
     let steps_seen = engine.steps();
@@ -63,15 +73,16 @@ pub(crate) fn wind_down(
         unrecognized: engine.on_unrecognized,
         gateway,
         spend: engine.spend,
+        exit_by,
     }
 }
 
 /// Lets every helper thread go: the prompt, the reaper, the guardian, the signal listener,
 /// the reader, the passthrough and the stderr copier, each within the drain's bound.
-fn release(engine: &Engine<'_>, leftovers: Leftovers<'_>) {
+fn release(engine: &Engine<'_>, leftovers: Leftovers<'_>, drained_by: Instant, exit_by: Instant) {
     // A withdrawn question: give the prompt a moment to leave the terminal tidy.
     if engine.control.asks() && engine.control.policy_away() {
-        let until = Instant::now() + Duration::from_millis(500);
+        let until = drained_by.min(Instant::now() + Duration::from_millis(500));
         while let Ok(event) = leftovers
             .events
             .recv_timeout(until.saturating_duration_since(Instant::now()))
@@ -94,15 +105,15 @@ fn release(engine: &Engine<'_>, leftovers: Leftovers<'_>) {
     if let Some(reader) = leftovers.reader.filter(|_| engine.reader_end.is_some()) {
         let _ = reader.join();
     }
-    let drained_by = engine.drain_until.unwrap_or_else(|| Instant::now() + DRAIN);
+    let last_words = || drained_by.max(Instant::now() + LAST_WORDS).min(exit_by);
     // What was counted reaches the output before the summary, unless its reader stopped
     // reading (then it is left behind at the drain's bound, with a warning).
     if let Some(passthrough) = leftovers.passthrough {
-        passthrough.finish(drained_by.max(Instant::now() + PASSTHROUGH_MIN));
+        passthrough.finish(last_words());
     }
     // The agent's last words on stderr come before the summary (bounded like the drain).
     if let Some(done) = leftovers.stderr_done {
-        let _ = done.recv_timeout(drained_by.saturating_duration_since(Instant::now()));
+        let _ = done.recv_timeout(last_words().saturating_duration_since(Instant::now()));
     }
 }
 

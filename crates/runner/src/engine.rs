@@ -14,7 +14,7 @@ use stepguard_gateway::{Gateway, Pace};
 use stepguard_plugin_api::host::Counter;
 use stepguard_supervisor::Reaper;
 
-use crate::end::{Leftovers, finish, wind_down};
+use crate::end::{Leftovers, RECORD_RESERVE, finish, wind_down};
 use crate::event::{Event, Interrupter, Resume};
 use crate::launch::{self, Agent, Env, Launch};
 use crate::limit::{AtLimit, Supervision};
@@ -81,7 +81,8 @@ impl Runner {
         let (agent, gateway) = match launched {
             Ok(started) => started,
             Err(e) => {
-                let ending = Ending::not_started(e, start, started_at);
+                let ending =
+                    Ending::not_started(e, start, started_at, Instant::now() + RECORD_RESERVE);
                 return finish(labels, ending, observers);
             }
         };

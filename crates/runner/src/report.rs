@@ -39,6 +39,8 @@ pub(crate) struct Ending {
     pub gateway: Option<GatewayEnd>,
     /// The run's token and cost budgets.
     pub spend: crate::spec::SpendLimits,
+    /// When stepguard should be gone (see [`RunReport::exit_by`]).
+    pub exit_by: std::time::Instant,
 }
 
 /// The model gateway's account of a run.
@@ -64,6 +66,7 @@ impl Ending {
         error: std::io::Error,
         start: std::time::Instant,
         started_at: SystemTime,
+        exit_by: std::time::Instant,
     ) -> Self {
         Ending {
             started_at,
@@ -82,6 +85,7 @@ impl Ending {
             gateway: None,
             spend: crate::spec::SpendLimits::default(),
             unrecognized: OnUnrecognized::Stop,
+            exit_by,
         }
     }
 }
@@ -118,6 +122,11 @@ pub struct RunReport {
     pub plugin_error: Option<CallError>,
     /// Why the agent could not be started, if it could not.
     pub spawn_error: Option<std::io::Error>,
+    /// When stepguard should be gone: the one bound that every wait after the run's end shares
+    /// (at most 2.5 s after the stop; see the crate docs). Observers that write the record
+    /// elsewhere (a database, a collector) wait until then at most, and so does the caller's
+    /// last output.
+    pub exit_by: std::time::Instant,
 }
 
 impl RunReport {
@@ -147,6 +156,7 @@ impl RunReport {
             stop: ending.stop,
             plugin_error: counted.plugin_error,
             spawn_error: ending.spawn_error,
+            exit_by: ending.exit_by,
         }
     }
 

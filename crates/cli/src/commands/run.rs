@@ -19,9 +19,9 @@ use crate::session::Session;
 use crate::terminal::{AskOnTerminal, StatusLine};
 use crate::{output, settings};
 
-/// How long the end of a run waits for the terminal to take the last lines (the summary):
-/// a terminal paused with Ctrl-S does not hold stepguard's exit.
-const SETTLE: Duration = Duration::from_secs(1);
+/// However late in the run's exit bound, the summary line gets this long to reach the
+/// terminal; a terminal paused with Ctrl-S does not hold stepguard's exit longer.
+const SUMMARY_WAIT: Duration = Duration::from_millis(100);
 
 /// Runs `stepguard run`.
 pub(crate) fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
@@ -58,7 +58,7 @@ pub(crate) fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
     let report = Runner::new(spec).run(&mut observers);
     let code = report_outcome(&report);
     if let Some(queue) = stderr {
-        queue.settle(Instant::now() + SETTLE);
+        queue.settle(report.exit_by.max(Instant::now() + SUMMARY_WAIT));
     }
     Ok(code)
 }
