@@ -31,4 +31,5 @@ mod simulate_cmd;
 mod spend;
 mod stalled_output;
 mod telemetry;
+mod whole_run_recognition;
 mod wrap_up;

@@ -117,19 +117,34 @@ fn release(engine: &Engine<'_>, leftovers: Leftovers<'_>, drained_by: Instant, e
     }
 }
 
-/// Output that ended before the recognition window closed, none of it recognised.
+/// Output that ended before the recognition window closed, none of it recognised; or a
+/// recognised stream whose output was mostly not the provider's, which the reader could not
+/// see (unknown events after the start are only in the counter's totals).
 fn judge_unrecognised_end(engine: &mut Engine<'_>) {
-    let Some(end) = engine
-        .reader_end
-        .as_ref()
-        .filter(|e| e.recognition.failed())
-    else {
+    let Some(end) = engine.reader_end.as_ref() else {
         return;
     };
     if engine.control.terminated_by.is_some() {
         return;
     }
-    let Some(why) = engine.dogs.unrecognised_at_end(end.recognition.lines) else {
+    let why = if end.recognition.recognised {
+        let mut settled = end.recognition;
+        if let Some(stats) = &end.stats {
+            let mut stats = stats.clone();
+            stats.noise_lines += end.oversized_lines;
+            settled.settle(&stats);
+        }
+        // Told while it ran (the reader saw it): said once.
+        if !settled.mostly_unrecognised() || end.recognition.mostly_unrecognised() {
+            return;
+        }
+        Some(settled.mostly_unrecognised_message())
+    } else if end.recognition.failed() {
+        engine.dogs.unrecognised_at_end(end.recognition.lines)
+    } else {
+        None
+    };
+    let Some(why) = why else {
         return;
     };
     match engine.on_unrecognized {

@@ -90,6 +90,7 @@ impl StreamReader {
             plugin_error: None,
             recognition: Recognition::default(),
             told_unrecognised: false,
+            told_mostly: false,
             totals: LineReport::empty(),
         };
         loop {
@@ -153,6 +154,8 @@ struct Reading {
     plugin_error: Option<CallError>,
     recognition: Recognition,
     told_unrecognised: bool,
+    /// True once the engine was told that most of a recognised stream is not the provider's.
+    told_mostly: bool,
     /// The per-line reports, summed: the counts that win over `finish()`'s.
     totals: LineReport,
 }
@@ -172,6 +175,7 @@ impl Reading {
     fn oversized(&mut self, len: u64) {
         self.oversized_lines += 1;
         self.recognition.lines += 1;
+        self.recognition.unrecognised += 1;
         tracing::warn!(
             bytes = len,
             "a line over the length cap was counted as noise and not passed through"
@@ -223,11 +227,17 @@ impl Reading {
         })
     }
 
-    /// Recognised at last, or too many lines without: the engine is told once.
+    /// Recognised at last, or too many lines without, or mostly not the provider's after a
+    /// recognised start: the engine is told once of each.
     fn judge_recognition(&mut self) {
         let r = &self.reader;
         if self.recognition.recognised {
             r.watch.recognised.store(true, Ordering::Relaxed);
+            if !self.told_mostly && self.recognition.mostly_unrecognised() {
+                self.told_mostly = true;
+                let why = self.recognition.mostly_unrecognised_message();
+                let _ = r.events.send(Event::MostlyUnrecognized(why));
+            }
         } else if self.recognition.lines >= r.recognition_lines && !self.told_unrecognised {
             self.told_unrecognised = true;
             let _ = r.events.send(Event::Unrecognized {

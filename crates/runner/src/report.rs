@@ -243,6 +243,8 @@ impl Counted {
             ),
         };
         count.stats.noise_lines += count.oversized_lines;
+        // Unknown events after the first recognised line are only known from the totals.
+        count.recognition.settle(&count.stats);
         // Counting model calls: the gateway's count is the step count.
         let steps = match &ending.gateway {
             Some(g) if g.counts_steps => Some(g.model_calls),
