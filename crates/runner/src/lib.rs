@@ -81,6 +81,6 @@ pub use spec::{
 };
 pub use stepguard_supervisor::{ExitStatus, Mechanism, StopReport};
 pub use stream::{
-    CountError, Recognition, StreamCount, count_stream, count_stream_with_loops, run_stats,
-    stream_record,
+    CountError, MOSTLY_UNRECOGNISED_MIN, Recognition, Refusal, StreamCount, count_stream,
+    count_stream_with_loops, run_stats, stream_record,
 };

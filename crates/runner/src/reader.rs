@@ -154,7 +154,8 @@ struct Reading {
     plugin_error: Option<CallError>,
     recognition: Recognition,
     told_unrecognised: bool,
-    /// True once the engine was told that most of a recognised stream is not the provider's.
+    /// True once the engine was told that a recognised stream cannot be counted (mostly not
+    /// the provider's, or framed to hide events).
     told_mostly: bool,
     /// The per-line reports, summed: the counts that win over `finish()`'s.
     totals: LineReport,
@@ -233,10 +234,16 @@ impl Reading {
         let r = &self.reader;
         if self.recognition.recognised {
             r.watch.recognised.store(true, Ordering::Relaxed);
-            if !self.told_mostly && self.recognition.mostly_unrecognised() {
+            let why = match self.recognition.refused {
+                Some(refusal) => Some(refusal.message()),
+                None if self.recognition.mostly_unrecognised() => {
+                    Some(self.recognition.mostly_unrecognised_message())
+                }
+                None => None,
+            };
+            if let Some(why) = why.filter(|_| !self.told_mostly) {
                 self.told_mostly = true;
-                let why = self.recognition.mostly_unrecognised_message();
-                let _ = r.events.send(Event::MostlyUnrecognized(why));
+                let _ = r.events.send(Event::Uncountable(why));
             }
         } else if self.recognition.lines >= r.recognition_lines && !self.told_unrecognised {
             self.told_unrecognised = true;

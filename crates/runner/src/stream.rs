@@ -6,7 +6,7 @@ use std::io::Read;
 use stepguard_core::loops::{LoopDetector, LoopFound, LoopSettings};
 use stepguard_core::verdict::{RunFacts, StreamVerdict, classify};
 use stepguard_core::{FailureSlug, RunRecord, RunStats, TokenUsage};
-use stepguard_jsonl::{LineSplitter, SplitChunk};
+use stepguard_jsonl::{Framing, HostileFraming, LineSplitter, SplitChunk};
 use stepguard_plugin_api::host::{CallError, Counter};
 use stepguard_plugin_api::{ChunkReport, CounterStats, LineReport};
 
@@ -101,13 +101,35 @@ pub struct Recognition {
     /// Lines that were not the provider's events: noise, oversized lines, and unknown events
     /// (seen line by line until the first recognised one; after it, from the counter's totals).
     pub unrecognised: u64,
+    /// The first line framed to hide events, when one came: such output is refused.
+    pub refused: Option<Refusal>,
+}
+
+/// A line refused for its framing ([`stepguard_jsonl::framing`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    /// The line's number in the stream (from 1).
+    pub line: u64,
+    /// How it was framed.
+    pub framing: HostileFraming,
+}
+
+impl Refusal {
+    /// Says why the output was refused (the record's message).
+    pub fn message(&self) -> String {
+        format!(
+            "line {} of the agent's output has {}: a stream framed to hide events cannot be counted",
+            self.line,
+            self.framing.describe()
+        )
+    }
 }
 
 impl Recognition {
     /// Returns true when lines were seen and none of them was recognised, or when most of a
     /// recognised stream was not: either way the run was not counted and is not a success.
     pub fn failed(&self) -> bool {
-        (self.lines > 0 && !self.recognised) || self.mostly_unrecognised()
+        (self.lines > 0 && !self.recognised) || self.mostly_unrecognised() || self.refused.is_some()
     }
 
     /// Returns true when a recognised stream holds at least [`MOSTLY_UNRECOGNISED_MIN`]
@@ -146,10 +168,29 @@ impl Recognition {
     }
 
     /// Feeds a run of whole lines as [`Counter::feed_chunk`] does, stopping after the line whose
-    /// steps exceed `allowance`. Until a line is recognised, lines cross the boundary one at a
+    /// steps exceed `allowance`, and judges the framing of every line it consumed. Until a line is recognised, lines cross the boundary one at a
     /// time (a chunk's summed report cannot say which line was which); then the rest of the
     /// run crosses at once.
     pub fn feed(
+        &mut self,
+        counter: &mut Counter,
+        bytes: &[u8],
+        allowance: u64,
+    ) -> Result<ChunkReport, CallError> {
+        let first_line = self.lines;
+        let report = self.feed_lines(counter, bytes, allowance)?;
+        if self.refused.is_none() {
+            let consumed =
+                usize::try_from(report.consumed).map_or(bytes, |n| &bytes[..n.min(bytes.len())]);
+            self.refused = first_hostile(consumed).map(|(i, framing)| Refusal {
+                line: first_line + i + 1,
+                framing,
+            });
+        }
+        Ok(report)
+    }
+
+    fn feed_lines(
         &mut self,
         counter: &mut Counter,
         bytes: &[u8],
@@ -200,6 +241,20 @@ impl Recognition {
         }
         Ok(out)
     }
+}
+
+/// The first line of `bytes` (whole lines) framed to hide events: its index and framing.
+fn first_hostile(bytes: &[u8]) -> Option<(u64, HostileFraming)> {
+    bytes
+        .split_inclusive(|b| *b == b'\n')
+        .zip(0u64..)
+        .find_map(|(line, index)| {
+            let line = line.strip_suffix(b"\n").unwrap_or(line);
+            match stepguard_jsonl::framing(line) {
+                Framing::Hostile(h) => Some((index, h)),
+                Framing::Plain => None,
+            }
+        })
 }
 
 /// Feeds a whole stream through a counter, a run of whole lines per boundary crossing; `name`
@@ -442,6 +497,7 @@ mod tests {
             lines,
             recognised: true,
             unrecognised,
+            refused: None,
         };
         // Under 50, or not more than half: counted.
         assert!(!seen(60, 49).failed());
@@ -453,7 +509,8 @@ mod tests {
             Recognition {
                 lines: 3,
                 recognised: false,
-                unrecognised: 3
+                unrecognised: 3,
+                refused: None,
             }
             .failed()
         );

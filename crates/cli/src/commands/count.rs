@@ -45,7 +45,12 @@ pub(crate) fn run(cli: &Cli, args: &CountArgs) -> anyhow::Result<ExitCode> {
         match count_file(&selection, path, settings.clone()) {
             Ok(count) => {
                 let record = record(&selection, path, &count);
-                if count.recognition.mostly_unrecognised() {
+                if let Some(refusal) = count.recognition.refused {
+                    output::diag(
+                        "warning",
+                        format!("{}: {}", path.display(), refusal.message()),
+                    );
+                } else if count.recognition.mostly_unrecognised() {
                     output::diag(
                         "warning",
                         format!(
