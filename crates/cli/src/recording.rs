@@ -171,7 +171,7 @@ impl RunObserver for HistoryRecorder {
                 "warning",
                 format!(
                     "the history database did not answer within {}; this run's row is left unfinished (the next stepguard to open it marks it interrupted)",
-                    stepguard_core::stats::format_duration_ms(wait.as_millis() as u64)
+                    humantime::format_duration(Duration::from_millis(wait.as_millis() as u64))
                 ),
             ),
         }
