@@ -31,6 +31,8 @@ mod record_schema;
 mod run_cmd;
 mod simulate_cmd;
 mod spend;
+mod stalled_output;
 mod telemetry;
+mod whole_run_recognition;
 mod wrap_up;
 mod wrappers;

@@ -170,7 +170,7 @@ fn init_logging(verbose: u8) {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(output::stderr_color())
-        .with_writer(std::io::stderr)
+        .with_writer(output::LogEvent::default)
         .with_target(false)
         .without_time()
         .try_init();

@@ -3,9 +3,16 @@
 //! Colour is decided once per process ([`set_color`], from `--color`) and only ever touches
 //! stderr: the `error:`/`warning:` of a diagnostic and the outcome of the run's summary line.
 //! Every line reads the same without it.
+//!
+//! While a run goes on, stderr is written by a thread of its own ([`queue_stderr`]): the
+//! diagnostics, the log and the summary line are queued, so a terminal paused with Ctrl-S (or
+//! a stderr nobody reads) never blocks the thread that enforces the budget; at the end the
+//! queue gets a bounded time to drain ([`StderrQueue::settle`]).
 
 use std::io::{self, IsTerminal as _, Write as _};
-use std::sync::OnceLock;
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Mutex, OnceLock};
+use std::time::Instant;
 
 use clap::ColorChoice;
 
@@ -105,16 +112,100 @@ pub(crate) fn json(value: &impl serde::Serialize) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Where stderr writes go while a run's queue is open (see [`queue_stderr`]).
+static STDERR_QUEUE: Mutex<Option<Sender<Vec<u8>>>> = Mutex::new(None);
+
+/// The open stderr queue; [`StderrQueue::settle`] closes it.
+pub(crate) struct StderrQueue {
+    done: Receiver<()>,
+}
+
+/// From now on, stderr is written by a thread of its own: every write of this module and of
+/// the log is queued and never waits for the terminal. `None` when the thread cannot start
+/// (writes stay direct).
+pub(crate) fn queue_stderr() -> Option<StderrQueue> {
+    let (tx, rx) = mpsc::channel::<Vec<u8>>();
+    let (done_tx, done) = mpsc::channel();
+    std::thread::Builder::new()
+        .name("stepguard-stderr".into())
+        .spawn(move || {
+            let mut err = io::stderr();
+            for bytes in rx {
+                // A closed stderr leaves nowhere to report to; ignoring is the only option.
+                let _ = err.write_all(&bytes);
+            }
+            let _ = done_tx.send(());
+        })
+        .ok()?;
+    *STDERR_QUEUE.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
+    Some(StderrQueue { done })
+}
+
+impl StderrQueue {
+    /// Closes the queue (later writes are direct) and waits until `until` for what is queued to
+    /// be written; false when the terminal did not take it in time (it is left behind).
+    pub(crate) fn settle(self, until: Instant) -> bool {
+        drop(
+            STDERR_QUEUE
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take(),
+        );
+        self.done
+            .recv_timeout(until.saturating_duration_since(Instant::now()))
+            .is_ok()
+    }
+}
+
+/// Writes `bytes` on stderr: queued while a run's queue is open, else directly.
+fn write_err(bytes: Vec<u8>) {
+    let bytes = {
+        let queue = STDERR_QUEUE.lock().unwrap_or_else(|p| p.into_inner());
+        match queue.as_ref() {
+            Some(tx) => match tx.send(bytes) {
+                Ok(()) => return,
+                Err(mpsc::SendError(bytes)) => bytes,
+            },
+            None => bytes,
+        }
+    };
+    // A closed stderr leaves nowhere to report to; ignoring is the only option.
+    let _ = io::stderr().write_all(&bytes);
+}
+
+/// One event of the log, written on stderr as a whole when dropped (queued while a run's queue
+/// is open): the log's writer (`tracing_subscriber`'s `MakeWriter`).
+#[derive(Default)]
+pub(crate) struct LogEvent(Vec<u8>);
+
+impl io::Write for LogEvent {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for LogEvent {
+    fn drop(&mut self) {
+        if !self.0.is_empty() {
+            write_err(std::mem::take(&mut self.0));
+        }
+    }
+}
+
 /// Writes a diagnostic line on stderr, e.g. `stepguard: warning: …`.
 pub(crate) fn diag(level: &str, text: impl AsRef<str>) {
-    // A closed stderr leaves nowhere to report to; ignoring is the only option.
     let level = match (stderr_color(), level) {
         (true, "error") => format!("{BOLD_RED}error:{RESET}"),
         (true, "warning") => format!("{BOLD_YELLOW}warning:{RESET}"),
         _ => format!("{level}:"),
     };
     let text = printable(text.as_ref());
-    let _ = writeln!(io::stderr().lock(), "stepguard: {level} {text}");
+    write_err(format!("stepguard: {level} {text}\n").into_bytes());
 }
 
 /// Writes an informational line on stderr, e.g. the run's summary: `stepguard: …`. With colour,
@@ -127,8 +218,7 @@ pub(crate) fn note(text: impl AsRef<str>) {
     } else {
         text.to_owned()
     };
-    // A closed stderr leaves nowhere to report to; ignoring is the only option.
-    let _ = writeln!(io::stderr().lock(), "stepguard: {text}");
+    write_err(format!("stepguard: {text}\n").into_bytes());
 }
 
 /// Colours the outcome field of a run summary (`Steps: 6 | failed: max_steps | 194ms`): green for

@@ -27,8 +27,9 @@ enum Write {
 /// (a lock another process holds, a slow disk) never sits on the enforcement path: a `running`
 /// row at the start, the live step count at most once a second, the whole record at the end.
 /// A history problem never stops the run; it is reported, and the end of a run waits for the
-/// database at most `FINISH_WAIT` (the row is then left `running`, and the next stepguard
-/// that opens the database marks it `interrupted`).
+/// database at most `FINISH_WAIT`, and never past the run's exit bound (`RunReport::exit_by`;
+/// the row is then left `running`, and the next stepguard that opens the database marks it
+/// `interrupted`).
 pub(crate) struct HistoryRecorder {
     path: Option<PathBuf>,
     writer: Option<(Sender<Write>, Receiver<Finished>)>,
@@ -158,14 +159,19 @@ impl RunObserver for HistoryRecorder {
             return;
         };
         let _ = writer.send(Write::Finish(Box::new(report.record.clone())));
-        match done.recv_timeout(FINISH_WAIT) {
+        // Within the run's one exit bound, and never more than FINISH_WAIT.
+        let wait = report
+            .exit_by
+            .saturating_duration_since(Instant::now())
+            .min(FINISH_WAIT);
+        match done.recv_timeout(wait) {
             Ok(Ok(id)) => report.record.id = id,
             Ok(Err(why)) => output::diag("warning", why),
             Err(_) => output::diag(
                 "warning",
                 format!(
-                    "the history database did not answer within {}s; this run's row is left unfinished (the next stepguard to open it marks it interrupted)",
-                    FINISH_WAIT.as_secs()
+                    "the history database did not answer within {}; this run's row is left unfinished (the next stepguard to open it marks it interrupted)",
+                    humantime::format_duration(Duration::from_millis(wait.as_millis() as u64))
                 ),
             ),
         }

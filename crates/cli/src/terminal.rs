@@ -1,8 +1,12 @@
 //! The terminal side of `stepguard run`: the live status line, the agent's passthrough that
 //! keeps clear of it, and the prompt at the limit (`--on-limit ask`).
+//!
+//! The status line is drawn by a thread of its own: a progress tick (on the engine's thread)
+//! only leaves the latest progress for it, so a paused terminal never holds up the engine.
 
 use std::io::{self, IsTerminal as _, Write as _};
-use std::sync::{Arc, Mutex};
+use std::sync::mpsc::{self, Receiver};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use stepguard_core::budget;
@@ -10,12 +14,32 @@ use stepguard_runner::{
     Breach, LimitDecision, LimitPolicy, Progress, Question, RunObserver, RunReport,
 };
 
+/// How long the end of a run waits for the status line to be erased before the summary.
+const ERASE_WAIT: Duration = Duration::from_millis(200);
+
 /// The live status line on stderr (drawn only when stderr is a terminal).
 #[derive(Clone)]
 pub(crate) struct StatusLine {
     enabled: bool,
     label: String,
     state: Arc<Mutex<LineState>>,
+    /// The drawing thread's mailbox: the latest progress, or the end.
+    mailbox: Arc<Mailbox>,
+}
+
+/// What the engine leaves for the drawing thread; never locked across a write.
+#[derive(Default)]
+struct Mailbox {
+    slot: Mutex<Slot>,
+    posted: Condvar,
+}
+
+#[derive(Default)]
+struct Slot {
+    latest: Option<Progress>,
+    ended: bool,
+    /// Told when the drawing thread has erased the line and ended.
+    erased: Option<mpsc::Sender<()>>,
 }
 
 /// What is on the status line's terminal row right now.
@@ -32,11 +56,79 @@ struct LineState {
 impl StatusLine {
     /// Creates the status line for `provider (unit)`; `wanted` is false under `--quiet`.
     pub(crate) fn new(wanted: bool, provider: &str, unit: &str) -> Self {
-        StatusLine {
+        let mut line = StatusLine {
             enabled: wanted && io::stderr().is_terminal(),
             label: format!("{provider} ({unit})"),
             state: Arc::default(),
+            mailbox: Arc::default(),
+        };
+        if line.enabled {
+            let drawer = line.clone();
+            let spawned = std::thread::Builder::new()
+                .name("stepguard-status".into())
+                .spawn(move || drawer.draw_until_the_end());
+            // No thread, no line: drawing on the engine's thread could block it.
+            line.enabled = spawned.is_ok();
         }
+        line
+    }
+
+    /// The drawing thread: draws the latest progress until the run ends, then erases the line.
+    fn draw_until_the_end(&self) {
+        loop {
+            let (progress, erased) = {
+                let mut slot = self.mailbox.slot.lock().unwrap_or_else(|p| p.into_inner());
+                while slot.latest.is_none() && !slot.ended {
+                    slot = self
+                        .mailbox
+                        .posted
+                        .wait(slot)
+                        .unwrap_or_else(|p| p.into_inner());
+                }
+                (slot.latest.take(), slot.ended.then(|| slot.erased.take()))
+            };
+            if let Some(erased) = erased {
+                self.clear();
+                if let Some(tx) = erased {
+                    let _ = tx.send(());
+                }
+                return;
+            }
+            if let Some(p) = progress {
+                self.draw(&p);
+            }
+        }
+    }
+
+    /// Draws one progress line, unless the agent's stderr is mid-line or the prompt is up.
+    fn draw(&self, p: &Progress) {
+        let mut state = self.state();
+        if state.agent_mid_line || state.asking {
+            return;
+        }
+        let _ = write!(
+            io::stderr(),
+            "\r\x1b[2Kstepguard: {}/{} steps | {} | {}",
+            p.steps,
+            p.limit,
+            self.label,
+            stepguard_core::stats::format_duration_ms(p.elapsed.as_millis() as u64)
+        );
+        state.drawn = true;
+    }
+
+    /// Ends the drawing thread and waits, at most [`ERASE_WAIT`], for the line to be erased.
+    fn end(&self) -> Option<Receiver<()>> {
+        let (tx, rx) = mpsc::channel();
+        let mut slot = self.mailbox.slot.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.ended {
+            return None;
+        }
+        slot.ended = true;
+        slot.erased = Some(tx);
+        drop(slot);
+        self.mailbox.posted.notify_one();
+        Some(rx)
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, LineState> {
@@ -74,27 +166,27 @@ fn erase(state: &mut LineState) {
 }
 
 impl RunObserver for StatusLine {
+    /// Leaves the progress for the drawing thread; never waits for the terminal.
     fn tick(&mut self, p: &Progress) {
         if !self.enabled {
             return;
         }
-        let mut state = self.state();
-        if state.agent_mid_line || state.asking {
-            return;
-        }
-        let _ = write!(
-            io::stderr(),
-            "\r\x1b[2Kstepguard: {}/{} steps | {} | {}",
-            p.steps,
-            p.limit,
-            self.label,
-            stepguard_core::stats::format_duration_ms(p.elapsed.as_millis() as u64)
-        );
-        state.drawn = true;
+        let mut slot = self.mailbox.slot.lock().unwrap_or_else(|p| p.into_inner());
+        slot.latest = Some(*p);
+        drop(slot);
+        self.mailbox.posted.notify_one();
     }
 
-    fn finished(&mut self, _report: &mut RunReport) {
-        self.clear();
+    /// Erases the line before the summary, waiting for the terminal at most [`ERASE_WAIT`]
+    /// (and never past the run's exit bound).
+    fn finished(&mut self, report: &mut RunReport) {
+        if !self.enabled {
+            return;
+        }
+        if let Some(erased) = self.end() {
+            let left = report.exit_by.saturating_duration_since(Instant::now());
+            let _ = erased.recv_timeout(left.min(ERASE_WAIT));
+        }
     }
 }
 

@@ -9,7 +9,9 @@
 //! * [`scan`]: a structural scanner that validates a line's top-level object and returns the raw
 //!   values of the keys asked for (the last one wins for duplicate keys, like `serde_json::Value`),
 //!   skipping everything else with `memchr`. Text inside strings can never be mistaken for a key,
-//!   because JSON escapes every quote inside a string.
+//!   because JSON escapes every quote inside a string;
+//! * [`framing`]: tells a line framed to hide events (packed, `\r`-split, BOM/NUL-prefixed,
+//!   escaped or duplicate top-level keys) from one JSON object per line.
 //!
 //! ```
 //! let line = br#"{"type":"item.completed","item":{"id":"item_1","type":"command_execution","aggregated_output":"{\"type\":\"item.completed\"}"}}"#;
@@ -23,5 +25,5 @@
 mod scan;
 mod split;
 
-pub use scan::{RawValue, scan, scan_prefix};
+pub use scan::{Framing, HostileFraming, RawValue, framing, scan, scan_prefix};
 pub use split::{LineSplitter, MAX_LINE_BYTES, SplitChunk, SplitLine};

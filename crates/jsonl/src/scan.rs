@@ -332,8 +332,154 @@ impl<'a> RawValue<'a> {
     }
 }
 
+/// How a line is framed, judged before a provider reads it: one JSON object per line is the
+/// only framing a stream's events may have.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Framing {
+    /// One JSON object (or not an object at all: text, or a cut line, which is noise).
+    Plain,
+    /// A framing that could hide an event from a provider's reading of the line, which a
+    /// stream written by its CLI never has; says which.
+    Hostile(HostileFraming),
+}
+
+/// A line framed to hide events.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HostileFraming {
+    /// More than one JSON value on one line (events packed together, or split by `\r`).
+    Packed,
+    /// A byte-order mark, NUL or another control byte before the event.
+    Prefixed,
+    /// A top-level key written with an escape (`"typ\u0065"`): readers disagree on it.
+    EscapedKey,
+    /// A top-level key given twice: readers disagree on which one counts.
+    DuplicateKey,
+}
+
+impl HostileFraming {
+    /// Says what the line does, e.g. in a refusal.
+    pub fn describe(self) -> &'static str {
+        match self {
+            HostileFraming::Packed => {
+                "more than one JSON value on one line (packed, or split by \\r)"
+            }
+            HostileFraming::Prefixed => "a byte-order mark or control bytes before the event",
+            HostileFraming::EscapedKey => "a top-level key written with an escape",
+            HostileFraming::DuplicateKey => "a top-level key given twice",
+        }
+    }
+}
+
+/// Judges how `line` (without its `\n`) is framed; see [`Framing`]. Structural, like [`scan`]:
+/// nested values are skipped, not validated (nested duplicate keys occur in real streams).
+pub fn framing(line: &[u8]) -> Framing {
+    let b = line;
+    let start = skip_ws(b, 0);
+    if b.get(start) != Some(&b'{') {
+        return prefixed(&b[start..]);
+    }
+    let Some((end, hostile)) = top_level_keys(b, start) else {
+        // Not well-formed JSON: noise, which the whole run's recognition counts.
+        return Framing::Plain;
+    };
+    if let Some(h) = hostile {
+        return Framing::Hostile(h);
+    }
+    if skip_ws(b, end) != b.len() {
+        return Framing::Hostile(HostileFraming::Packed);
+    }
+    Framing::Plain
+}
+
+/// A line that does not start with `{`: hostile when control bytes or a BOM hide one.
+fn prefixed(rest: &[u8]) -> Framing {
+    let rest_after_bom = rest.strip_prefix(b"\xEF\xBB\xBF");
+    let hidden = rest_after_bom.is_some() || rest.first().is_some_and(|c| c.is_ascii_control());
+    let after = rest_after_bom
+        .unwrap_or(rest)
+        .iter()
+        .position(|c| !(c.is_ascii_control() || *c == b' '));
+    match after {
+        Some(i) if hidden && rest_after_bom.unwrap_or(rest)[i] == b'{' => {
+            Framing::Hostile(HostileFraming::Prefixed)
+        }
+        _ => Framing::Plain,
+    }
+}
+
+/// Walks the top-level members of the object at `b[i] == '{'`: the index past its `}` and the
+/// first hostile key found; `None` when it is not well-formed.
+fn top_level_keys(b: &[u8], i: usize) -> Option<(usize, Option<HostileFraming>)> {
+    let mut keys: Vec<&[u8]> = Vec::new();
+    let mut hostile = None;
+    let mut i = skip_ws(b, i + 1);
+    if b.get(i) == Some(&b'}') {
+        return Some((i + 1, None));
+    }
+    loop {
+        if b.get(i) != Some(&b'"') {
+            return None;
+        }
+        let key_end = skip_string(b, i)?;
+        let key = &b[i + 1..key_end - 1];
+        if memchr::memchr(b'\\', key).is_some() {
+            hostile.get_or_insert(HostileFraming::EscapedKey);
+        } else if keys.contains(&key) {
+            hostile.get_or_insert(HostileFraming::DuplicateKey);
+        }
+        keys.push(key);
+        i = skip_ws(b, key_end);
+        if b.get(i) != Some(&b':') {
+            return None;
+        }
+        i = skip_value(b, skip_ws(b, i + 1))?;
+        i = skip_ws(b, i);
+        match b.get(i) {
+            Some(b',') => i = skip_ws(b, i + 1),
+            Some(b'}') => return Some((i + 1, hostile)),
+            _ => return None,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn hostile_framings_are_told_from_plain_lines() {
+        use super::{Framing::*, HostileFraming::*, framing};
+        let ok = br#"{"type":"item.started","item":{"id":"c1","id":"c1"}}"#;
+        assert_eq!(
+            framing(ok),
+            Plain,
+            "nested duplicates occur in real streams"
+        );
+        assert_eq!(framing(b"plain text"), Plain);
+        assert_eq!(
+            framing(br#"{"type":"item.st"#),
+            Plain,
+            "a cut line is noise"
+        );
+        assert_eq!(framing(b"{\"a\":1}  \r"), Plain);
+        let packed = br#"{"type":"item.started"}{"type":"item.started"}"#;
+        assert_eq!(framing(packed), Hostile(Packed));
+        assert_eq!(framing(b"{\"a\":1}\r{\"a\":2}"), Hostile(Packed));
+        assert_eq!(
+            framing(br#"{"typ\u0065":"item.started"}"#),
+            Hostile(EscapedKey)
+        );
+        assert_eq!(
+            framing(br#"{"type":"x","type":"item.started"}"#),
+            Hostile(DuplicateKey)
+        );
+        assert_eq!(framing(b"\xEF\xBB\xBF{\"a\":1}"), Hostile(Prefixed));
+        assert_eq!(framing(b"\0{\"a\":1}"), Hostile(Prefixed));
+        assert_eq!(
+            framing(b"\x1b[2J"),
+            Plain,
+            "control bytes before text are noise"
+        );
+    }
+
     use proptest::prelude::*;
 
     use super::*;

@@ -178,6 +178,8 @@ impl ProviderPlugin for CodexPlugin {
 pub struct CodexCounter {
     unit: Unit,
     begun: HashSet<Vec<u8>>,
+    /// Items whose id came back after the item had completed: new items, counted.
+    reused: u64,
     completed: HashSet<Vec<u8>>,
     turns: u64,
     terminal: Option<Terminal>,
@@ -220,6 +222,7 @@ impl CodexCounter {
         CodexCounter {
             unit,
             begun: HashSet::default(),
+            reused: 0,
             completed: HashSet::default(),
             turns: 0,
             terminal: None,
@@ -311,6 +314,13 @@ impl CodexCounter {
     }
 
     fn begin(&mut self, id: &[u8], report: &mut LineReport) {
+        // Codex never reuses an item's id: one that comes back after its item completed is a
+        // new item, so a stream cannot hide steps behind an old id.
+        if !self.completed.is_empty() && self.completed.remove(id) {
+            self.reused += 1;
+            report.steps_begun += 1;
+            return;
+        }
         // Look before inserting: most ids are seen twice (started, then completed).
         if !self.begun.contains(id) {
             self.begun.insert(id.to_vec());
@@ -618,7 +628,7 @@ impl StepCounter for CodexCounter {
 
     fn finish(&mut self) -> CounterStats {
         let mut stats = CounterStats::default();
-        stats.num_steps_computed = self.begun.len() as u64;
+        stats.num_steps_computed = self.begun.len() as u64 + self.reused;
         stats.num_turns_computed = Some(self.turns);
         stats.terminal = self.terminal.clone();
         stats.tokens = self.tokens;

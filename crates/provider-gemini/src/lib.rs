@@ -108,6 +108,8 @@ pub struct GeminiCounter {
     by_turn: bool,
     tool_ids: HashSet<Vec<u8>>,
     tool_results: HashSet<Vec<u8>>,
+    /// Tool calls whose id came back after its result: new calls, counted.
+    reused: u64,
     turns: u64,
     turn_state: TurnState,
     turn_limit_event: bool,
@@ -239,7 +241,11 @@ impl StepCounter for GeminiCounter {
                 let id = tool_id
                     .map(|t| t.0.to_vec())
                     .unwrap_or_else(|| format!("anon_{}", self.tool_ids.len()).into_bytes());
-                if self.tool_ids.insert(id) {
+                // Gemini never reuses a call's id: one that comes back after its result is a
+                // new call, so a stream cannot hide steps behind an old id.
+                let reused = self.tool_results.remove(&id);
+                self.reused += u64::from(reused);
+                if self.tool_ids.insert(id) || reused {
                     if !self.by_turn {
                         report.steps_begun += 1;
                     }
@@ -276,7 +282,10 @@ impl StepCounter for GeminiCounter {
         let (computed, reported) = if self.by_turn {
             (self.turns, None)
         } else {
-            (self.tool_ids.len() as u64, self.reported_tool_calls)
+            (
+                self.tool_ids.len() as u64 + self.reused,
+                self.reported_tool_calls,
+            )
         };
         let mut stats = CounterStats::default();
         stats.num_steps_computed = computed;

@@ -13,9 +13,19 @@ use stepguard_supervisor::guard::Guardian;
 
 use crate::event::Event;
 use crate::observe::RunObserver;
+use crate::passthrough::Passthrough;
 use crate::report::{Ending, GatewayEnd, RunReport};
 use crate::spec::{Labels, OnUnrecognized};
 use crate::supervise::{DRAIN, Engine};
+
+/// Kept after the drain's bound for writing the record (history, summary file, telemetry,
+/// the summary line): the exit after a stop is bounded by the drain (2 s) plus this, whatever
+/// the terminal, the database, the collector or a stuck plugin do.
+pub(crate) const RECORD_RESERVE: Duration = Duration::from_millis(500);
+
+/// However late, the passthrough and the agent's stderr get this long (within the exit bound)
+/// to pass on what is already queued.
+const LAST_WORDS: Duration = Duration::from_millis(100);
 
 /// The run's helpers that outlive supervision and are wound down at its end.
 pub(crate) struct Leftovers<'e> {
@@ -25,6 +35,7 @@ pub(crate) struct Leftovers<'e> {
     pub signals: Option<signal_hook::iterator::Handle>,
     pub reader: Option<JoinHandle<()>>,
     pub stderr_done: Option<Receiver<()>>,
+    pub passthrough: Option<Passthrough>,
 }
 
 /// Winds the run down and gathers how it went.
@@ -35,7 +46,11 @@ pub(crate) fn wind_down(
     start: Instant,
     started_at: SystemTime,
 ) -> Ending {
-    release(&engine, leftovers);
+    // One bound for every wait from here on: the drain's (set at the stop, or at the agent's
+    // exit) for the wind-down, and the reserve after it for the record.
+    let drained_by = engine.drain_until.unwrap_or_else(|| Instant::now() + DRAIN);
+    let exit_by = drained_by + RECORD_RESERVE;
+    release(&engine, leftovers, drained_by, exit_by);
     judge_unrecognised_end(&mut engine);
     let gateway = engine.gateway.take().map(|gw| account(&mut engine, gw));
     let steps_seen = engine.steps();
@@ -60,15 +75,16 @@ pub(crate) fn wind_down(
         gateway,
         spend: engine.spend,
         stream_cost_usd,
+        exit_by,
     }
 }
 
 /// Lets every helper thread go: the prompt, the reaper, the guardian, the signal listener,
-/// the reader and the stderr copier, each within the drain's bound.
-fn release(engine: &Engine<'_>, leftovers: Leftovers<'_>) {
+/// the reader, the passthrough and the stderr copier, each within the drain's bound.
+fn release(engine: &Engine<'_>, leftovers: Leftovers<'_>, drained_by: Instant, exit_by: Instant) {
     // A withdrawn question: give the prompt a moment to leave the terminal tidy.
     if engine.control.asks() && engine.control.policy_away() {
-        let until = Instant::now() + Duration::from_millis(500);
+        let until = drained_by.min(Instant::now() + Duration::from_millis(500));
         while let Ok(event) = leftovers
             .events
             .recv_timeout(until.saturating_duration_since(Instant::now()))
@@ -91,18 +107,22 @@ fn release(engine: &Engine<'_>, leftovers: Leftovers<'_>) {
     if let Some(reader) = leftovers.reader.filter(|_| engine.reader_end.is_some()) {
         let _ = reader.join();
     }
+    let last_words = || drained_by.max(Instant::now() + LAST_WORDS).min(exit_by);
+    // What was counted reaches the output before the summary, unless its reader stopped
+    // reading (then it is left behind at the drain's bound, with a warning).
+    if let Some(passthrough) = leftovers.passthrough {
+        passthrough.finish(last_words());
+    }
     // The agent's last words on stderr come before the summary (bounded like the drain).
     if let Some(done) = leftovers.stderr_done {
-        let _ = done.recv_timeout(
-            engine
-                .drain_until
-                .map_or(DRAIN, |d| d.saturating_duration_since(Instant::now())),
-        );
+        let _ = done.recv_timeout(last_words().saturating_duration_since(Instant::now()));
     }
 }
 
-/// Output that ended before the recognition window closed, none of it recognised; or no
-/// output at all from an agent that exited 0 (silence is no stream).
+/// Output that ended before the recognition window closed, none of it recognised; a
+/// recognised stream whose output was mostly not the provider's, which the reader could not
+/// see (unknown events after the start are only in the counter's totals); or no output at
+/// all from an agent that exited 0 (silence is no stream).
 fn judge_unrecognised_end(engine: &mut Engine<'_>) {
     let Some(end) = engine.reader_end.as_ref() else {
         return;
@@ -110,7 +130,19 @@ fn judge_unrecognised_end(engine: &mut Engine<'_>) {
     if engine.control.terminated_by.is_some() {
         return;
     }
-    let why = if end.recognition.failed() {
+    let why = if end.recognition.recognised {
+        let mut settled = end.recognition;
+        if let Some(stats) = &end.stats {
+            let mut stats = stats.clone();
+            stats.noise_lines += end.oversized_lines;
+            settled.settle(&stats);
+        }
+        // Told while it ran (the reader saw it): said once.
+        if !settled.mostly_unrecognised() || end.recognition.mostly_unrecognised() {
+            return;
+        }
+        Some(settled.mostly_unrecognised_message())
+    } else if end.recognition.failed() {
         engine.dogs.unrecognised_at_end(end.recognition.lines)
     } else if end.recognition.silent()
         && engine.child_exit == Some(stepguard_supervisor::ExitStatus::Code(0))

@@ -14,11 +14,12 @@ use stepguard_gateway::{Gateway, Pace};
 use stepguard_plugin_api::host::Counter;
 use stepguard_supervisor::Reaper;
 
-use crate::end::{Leftovers, finish, wind_down};
+use crate::end::{Leftovers, RECORD_RESERVE, finish, wind_down};
 use crate::event::{Event, Interrupter, Resume};
 use crate::launch::{self, Agent, Env, Launch};
 use crate::limit::{AtLimit, Supervision};
 use crate::observe::{RunObserver, RunStarted};
+use crate::passthrough::Passthrough;
 use crate::reader::StreamReader;
 use crate::report::{Ending, RunReport};
 use crate::spec::{
@@ -80,7 +81,8 @@ impl Runner {
         let (agent, gateway) = match launched {
             Ok(started) => started,
             Err(e) => {
-                let ending = Ending::not_started(e, start, started_at);
+                let ending =
+                    Ending::not_started(e, start, started_at, Instant::now() + RECORD_RESERVE);
                 return finish(labels, ending, observers);
             }
         };
@@ -258,6 +260,8 @@ struct Watchers {
     stderr_done: Option<Receiver<()>>,
     /// Where the engine tells the reader how to go on after a breach.
     resume: Sender<Resume>,
+    /// The passthrough's writer, closed and waited for (bounded) at the end.
+    passthrough: Option<Passthrough>,
 }
 
 impl Run {
@@ -327,6 +331,7 @@ impl Run {
             signals: watchers.signals,
             reader: watchers.reader,
             stderr_done: watchers.stderr_done,
+            passthrough: watchers.passthrough,
         };
         let ending = wind_down(
             engine,
@@ -356,6 +361,7 @@ impl Run {
             _ => None,
         };
         let (resume, resume_rx) = mpsc::channel();
+        let (feed, passthrough) = Passthrough::start(reading.output).unzip();
         let reaper = Reaper::start(self.agent.pgid, events_tx.clone(), Event::ChildExited);
         let signals = forward_signals
             .then(|| launch::listen_for_signals(events_tx.clone()))
@@ -363,7 +369,7 @@ impl Run {
         let reader = StreamReader {
             counter: reading.counter,
             ledger: StepLedger::new(self.labels.budget),
-            output: reading.output,
+            output: feed,
             events: events_tx.clone(),
             resume: resume_rx,
             steps: Arc::clone(&self.shared.steps),
@@ -386,6 +392,7 @@ impl Run {
             reader,
             stderr_done,
             resume,
+            passthrough,
         }
     }
 }

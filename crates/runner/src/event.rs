@@ -27,6 +27,9 @@ pub(crate) enum Event {
     Interrupt(i32),
     /// This many lines came and none was recognised as the provider's stream.
     Unrecognized { lines: u64 },
+    /// Output after a recognised start cannot be counted: most of it is not the provider's, or a
+    /// line is framed to hide events (the message says which).
+    Uncountable(String),
     /// The policy that asks has answered (and is handed back for the next breach).
     Decided(LimitDecision, Box<dyn LimitPolicy>),
     /// The agent's tool calls went round a loop.

@@ -8,8 +8,11 @@
 //! owns the threads, the signals and the process tree:
 //!
 //! * a reader thread counts the agent's stdout a run of whole lines at a time through the
-//!   provider plugin, passes through exactly what was counted, and stops right after the line
-//!   whose step exceeds the budget (SIGTERMing the group at once when nobody is to be asked);
+//!   provider plugin, queues exactly what was counted for the passthrough, and stops right after
+//!   the line whose step exceeds the budget (SIGTERMing the group at once when nobody is to be
+//!   asked);
+//! * a passthrough thread writes what was counted to the spec's output from a bounded queue
+//!   that spills to a temporary file, so a consumer that stops reading never stalls counting;
 //! * a reaper collects exits (stepguard is a child subreaper, so orphans come back to it);
 //! * a signal listener turns SIGINT, SIGTERM and SIGHUP into a stop of the tree;
 //! * the calling thread owns every decision: stop the tree, ask the [`LimitPolicy`], time out;
@@ -60,6 +63,7 @@ mod launch;
 mod limit;
 mod observe;
 mod program;
+mod passthrough;
 mod reader;
 mod report;
 mod spec;
@@ -78,6 +82,6 @@ pub use spec::{
 };
 pub use stepguard_supervisor::{ExitStatus, Mechanism, StopReport};
 pub use stream::{
-    CountError, Recognition, StreamCount, count_stream, count_stream_with_loops, run_stats,
-    stream_record,
+    CountError, MOSTLY_UNRECOGNISED_MIN, Recognition, Refusal, StreamCount, count_stream,
+    count_stream_with_loops, run_stats, stream_record,
 };

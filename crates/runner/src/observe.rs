@@ -36,7 +36,10 @@ pub struct Progress {
 }
 
 /// Sees a run's start, progress and end; called on the thread that runs the engine, in
-/// registration order. Observers must be quick: they share the thread that enforces the budget.
+/// registration order. Observers must be quick and must never wait for a terminal, a database
+/// or the network: they share the thread that enforces the budget and keeps the deadlines.
+/// Write from a thread of your own (the CLI's status line and history recorder do) and bound
+/// any wait in [`RunObserver::finished`].
 pub trait RunObserver {
     /// The agent started (not called when it could not be started).
     fn started(&mut self, _run: &RunStarted<'_>) {}

@@ -1,7 +1,7 @@
-//! The reader thread: counts the agent's stdout, passes through what was counted, and stops
-//! right after the line whose step exceeds the budget.
+//! The reader thread: counts the agent's stdout, queues what was counted for the passthrough
+//! (which never makes it wait), and stops right after the line whose step exceeds the budget.
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
@@ -12,13 +12,15 @@ use stepguard_plugin_api::host::{CallError, Counter};
 use stepguard_plugin_api::{ChunkReport, LineReport};
 
 use crate::event::{Event, ReaderEnd, Resume, StreamWatch};
+use crate::passthrough::Feed;
 use crate::stream::{LoopWatch, Recognition, reconcile};
 
 /// The reader thread's inputs.
 pub(crate) struct StreamReader {
     pub counter: Counter,
     pub ledger: StepLedger,
-    pub output: Box<dyn Write + Send>,
+    /// Where counted bytes go (the passthrough's queue); `None` passes nothing through.
+    pub output: Option<Feed>,
     pub events: Sender<Event>,
     pub resume: Receiver<Resume>,
     /// Steps begun so far, for progress ticks.
@@ -84,11 +86,11 @@ impl StreamReader {
         let mut lines = LineSplitter::new(pipe);
         let mut reading = Reading {
             reader: self,
-            passthrough: true,
             oversized_lines: 0,
             plugin_error: None,
             recognition: Recognition::default(),
             told_unrecognised: false,
+            told_mostly: false,
             totals: LineReport::empty(),
         };
         loop {
@@ -148,12 +150,13 @@ enum Chunk {
 /// The reader's state while it reads.
 struct Reading {
     reader: StreamReader,
-    /// False once the downstream closed: counting goes on, passing through does not.
-    passthrough: bool,
     oversized_lines: u64,
     plugin_error: Option<CallError>,
     recognition: Recognition,
     told_unrecognised: bool,
+    /// True once the engine was told that a recognised stream cannot be counted (mostly not
+    /// the provider's, or framed to hide events).
+    told_mostly: bool,
     /// The per-line reports, summed: the counts that win over `finish()`'s.
     totals: LineReport,
 }
@@ -173,6 +176,7 @@ impl Reading {
     fn oversized(&mut self, len: u64) {
         self.oversized_lines += 1;
         self.recognition.lines += 1;
+        self.recognition.unrecognised += 1;
         tracing::warn!(
             bytes = len,
             "a line over the length cap was counted as noise and not passed through"
@@ -224,11 +228,23 @@ impl Reading {
         })
     }
 
-    /// Recognised at last, or too many lines without: the engine is told once.
+    /// Recognised at last, or too many lines without, or mostly not the provider's after a
+    /// recognised start: the engine is told once of each.
     fn judge_recognition(&mut self) {
         let r = &self.reader;
         if self.recognition.recognised {
             r.watch.recognised.store(true, Ordering::Relaxed);
+            let why = match self.recognition.refused {
+                Some(refusal) => Some(refusal.message()),
+                None if self.recognition.mostly_unrecognised() => {
+                    Some(self.recognition.mostly_unrecognised_message())
+                }
+                None => None,
+            };
+            if let Some(why) = why.filter(|_| !self.told_mostly) {
+                self.told_mostly = true;
+                let _ = r.events.send(Event::Uncountable(why));
+            }
         } else if self.recognition.lines >= r.recognition_lines && !self.told_unrecognised {
             self.told_unrecognised = true;
             let _ = r.events.send(Event::Unrecognized {
@@ -271,15 +287,11 @@ impl Reading {
         Ok(())
     }
 
-    /// Writes what was counted to the output, until the downstream closes.
+    /// Queues what was counted for the output: a consumer that stops reading never stalls
+    /// counting (see [`crate::passthrough`]).
     fn pass_through(&mut self, counted: &[u8]) {
-        let output = &mut self.reader.output;
-        if self.passthrough
-            && let Err(e) = output.write_all(counted).and_then(|()| output.flush())
-        {
-            // A closed downstream (e.g. `| head`) does not stop the agent; counting goes on.
-            tracing::debug!("passthrough stopped: {e}");
-            self.passthrough = false;
+        if let Some(feed) = &self.reader.output {
+            feed.send(counted);
         }
     }
 

@@ -41,6 +41,8 @@ pub(crate) struct Ending {
     pub spend: crate::spec::SpendLimits,
     /// What the stream's usage cost as stepguard priced it (no gateway, a cost budget).
     pub stream_cost_usd: Option<f64>,
+    /// When stepguard should be gone (see [`RunReport::exit_by`]).
+    pub exit_by: std::time::Instant,
 }
 
 /// The model gateway's account of a run.
@@ -66,6 +68,7 @@ impl Ending {
         error: std::io::Error,
         start: std::time::Instant,
         started_at: SystemTime,
+        exit_by: std::time::Instant,
     ) -> Self {
         Ending {
             started_at,
@@ -85,6 +88,7 @@ impl Ending {
             spend: crate::spec::SpendLimits::default(),
             unrecognized: OnUnrecognized::Stop,
             stream_cost_usd: None,
+            exit_by,
         }
     }
 }
@@ -121,6 +125,11 @@ pub struct RunReport {
     pub plugin_error: Option<CallError>,
     /// Why the agent could not be started, if it could not.
     pub spawn_error: Option<std::io::Error>,
+    /// When stepguard should be gone: the one bound that every wait after the run's end shares
+    /// (at most 2.5 s after the stop; see the crate docs). Observers that write the record
+    /// elsewhere (a database, a collector) wait until then at most, and so does the caller's
+    /// last output.
+    pub exit_by: std::time::Instant,
 }
 
 impl RunReport {
@@ -158,6 +167,7 @@ impl RunReport {
             stop: ending.stop,
             plugin_error: counted.plugin_error,
             spawn_error: ending.spawn_error,
+            exit_by: ending.exit_by,
         }
     }
 
@@ -250,6 +260,8 @@ impl Counted {
             ),
         };
         count.stats.noise_lines += count.oversized_lines;
+        // Unknown events after the first recognised line are only known from the totals.
+        count.recognition.settle(&count.stats);
         // Counting model calls: the gateway's count is the step count.
         let steps = match &ending.gateway {
             Some(g) if g.counts_steps => Some(g.model_calls),

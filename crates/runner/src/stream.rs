@@ -6,7 +6,7 @@ use std::io::Read;
 use stepguard_core::loops::{LoopDetector, LoopFound, LoopSettings};
 use stepguard_core::verdict::{RunFacts, StreamVerdict, classify};
 use stepguard_core::{FailureSlug, RunRecord, RunStats, TokenUsage};
-use stepguard_jsonl::{LineSplitter, SplitChunk};
+use stepguard_jsonl::{Framing, HostileFraming, LineSplitter, SplitChunk};
 use stepguard_plugin_api::host::{CallError, Counter};
 use stepguard_plugin_api::{ChunkReport, CounterStats, LineReport};
 
@@ -84,20 +84,77 @@ impl LoopWatch {
     }
 }
 
-/// Whether a stream has shown itself to be the provider's: at least one line was an event the
-/// provider's mapping knows (not noise, not an unknown event type).
+/// Unrecognised lines a recognised stream may hold before the whole-run rule applies: the
+/// same 50 lines the start's window allows.
+pub const MOSTLY_UNRECOGNISED_MIN: u64 = 50;
+
+/// Whether a stream has shown itself to be the provider's, judged over the whole run: at least
+/// one line was an event the provider's mapping knows (not noise, not an unknown event type),
+/// and the lines that were not are no more than half of its output (or fewer than
+/// [`MOSTLY_UNRECOGNISED_MIN`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Recognition {
     /// Lines seen so far (oversized ones included).
     pub lines: u64,
     /// True once a line was recognised.
     pub recognised: bool,
+    /// Lines that were not the provider's events: noise, oversized lines, and unknown events
+    /// (seen line by line until the first recognised one; after it, from the counter's totals).
+    pub unrecognised: u64,
+    /// The first line framed to hide events, when one came: such output is refused.
+    pub refused: Option<Refusal>,
+}
+
+/// A line refused for its framing ([`stepguard_jsonl::framing`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    /// The line's number in the stream (from 1).
+    pub line: u64,
+    /// How it was framed.
+    pub framing: HostileFraming,
+}
+
+impl Refusal {
+    /// Says why the output was refused (the record's message).
+    pub fn message(&self) -> String {
+        format!(
+            "line {} of the agent's output has {}: a stream framed to hide events cannot be counted",
+            self.line,
+            self.framing.describe()
+        )
+    }
 }
 
 impl Recognition {
-    /// Returns true when lines were seen and none of them was recognised.
+    /// Returns true when lines were seen and none of them was recognised, or when most of a
+    /// recognised stream was not: either way the run was not counted and is not a success.
     pub fn failed(&self) -> bool {
-        self.lines > 0 && !self.recognised
+        (self.lines > 0 && !self.recognised) || self.mostly_unrecognised() || self.refused.is_some()
+    }
+
+    /// Returns true when a recognised stream holds at least [`MOSTLY_UNRECOGNISED_MIN`]
+    /// unrecognised lines and they are more than half of its lines: text after a valid start
+    /// (tool calls written as plain text) is output stepguard cannot count.
+    pub fn mostly_unrecognised(&self) -> bool {
+        self.recognised
+            && self.unrecognised >= MOSTLY_UNRECOGNISED_MIN
+            && self.unrecognised.saturating_mul(2) > self.lines
+    }
+
+    /// Takes the counter's final totals into account: unknown events after the first
+    /// recognised line are only known from them (a chunk reports its noise lines, not its
+    /// unknown events). `stats.noise_lines` must include the oversized lines.
+    pub fn settle(&mut self, stats: &CounterStats) {
+        let total = stats.noise_lines.saturating_add(stats.unknown_events);
+        self.unrecognised = self.unrecognised.max(total.min(self.lines));
+    }
+
+    /// Says why a mostly unrecognised stream is not counted (the record's message).
+    pub fn mostly_unrecognised_message(&self) -> String {
+        format!(
+            "{} of the agent's {} lines of output were not the provider's events (noise or unknown events): output stepguard cannot count is not a success",
+            self.unrecognised, self.lines
+        )
     }
 
     /// Returns true when not one line was seen: silence, which is no stream either.
@@ -116,7 +173,7 @@ impl Recognition {
     }
 
     /// Feeds a run of whole lines as [`Counter::feed_chunk`] does, stopping after the line whose
-    /// steps exceed `allowance`. Until a line is recognised, lines cross the boundary one at a
+    /// steps exceed `allowance`, and judges the framing of every line it consumed. Until a line is recognised, lines cross the boundary one at a
     /// time (a chunk's summed report cannot say which line was which); then the rest of the
     /// run crosses at once.
     pub fn feed(
@@ -125,9 +182,29 @@ impl Recognition {
         bytes: &[u8],
         allowance: u64,
     ) -> Result<ChunkReport, CallError> {
+        let first_line = self.lines;
+        let report = self.feed_lines(counter, bytes, allowance)?;
+        if self.refused.is_none() {
+            let consumed =
+                usize::try_from(report.consumed).map_or(bytes, |n| &bytes[..n.min(bytes.len())]);
+            self.refused = first_hostile(consumed).map(|(i, framing)| Refusal {
+                line: first_line + i + 1,
+                framing,
+            });
+        }
+        Ok(report)
+    }
+
+    fn feed_lines(
+        &mut self,
+        counter: &mut Counter,
+        bytes: &[u8],
+        allowance: u64,
+    ) -> Result<ChunkReport, CallError> {
         if self.recognised {
             let report = counter.feed_chunk(bytes, allowance)?;
             self.lines += report.lines;
+            self.unrecognised += report.noise_lines;
             return Ok(report);
         }
         let mut out = ChunkReport::default();
@@ -142,6 +219,7 @@ impl Recognition {
             let line = line.strip_suffix(b"\r").unwrap_or(line);
             let r = counter.feed(line)?;
             self.lines += 1;
+            self.unrecognised += u64::from(!Self::recognises(&r));
             out.consumed += taken as u64;
             out.lines += 1;
             out.noise_lines += u64::from(r.has(LineReport::NOISE));
@@ -156,6 +234,7 @@ impl Recognition {
                 if !rest.is_empty() {
                     let more = counter.feed_chunk(rest, allowance - begun)?;
                     self.lines += more.lines;
+                    self.unrecognised += more.noise_lines;
                     out.consumed += more.consumed;
                     out.lines += more.lines;
                     out.noise_lines += more.noise_lines;
@@ -167,6 +246,20 @@ impl Recognition {
         }
         Ok(out)
     }
+}
+
+/// The first line of `bytes` (whole lines) framed to hide events: its index and framing.
+fn first_hostile(bytes: &[u8]) -> Option<(u64, HostileFraming)> {
+    bytes
+        .split_inclusive(|b| *b == b'\n')
+        .zip(0u64..)
+        .find_map(|(line, index)| {
+            let line = line.strip_suffix(b"\n").unwrap_or(line);
+            match stepguard_jsonl::framing(line) {
+                Framing::Hostile(h) => Some((index, h)),
+                Framing::Plain => None,
+            }
+        })
 }
 
 /// Feeds a whole stream through a counter, a run of whole lines per boundary crossing; `name`
@@ -217,6 +310,7 @@ pub fn count_stream_with_loops(
             Some(SplitChunk::Oversized(len)) => {
                 oversized_lines += 1;
                 recognition.lines += 1;
+                recognition.unrecognised += 1;
                 tracing::warn!(
                     bytes = len,
                     "skipped a line longer than the {} MiB cap",
@@ -228,6 +322,7 @@ pub fn count_stream_with_loops(
     let mut stats = counter.finish()?;
     reconcile(&mut stats, &totals);
     stats.noise_lines += oversized_lines;
+    recognition.settle(&stats);
     Ok(StreamCount {
         stats,
         oversized_lines,
@@ -398,6 +493,43 @@ mod tests {
             (stats.num_steps_computed, stats.num_turns_computed),
             (4, Some(3))
         );
+    }
+
+    #[test]
+    #[allow(clippy::field_reassign_with_default)]
+    fn a_recognised_stream_that_is_mostly_not_the_providers_has_failed() {
+        let seen = |lines, unrecognised| Recognition {
+            lines,
+            recognised: true,
+            unrecognised,
+            refused: None,
+        };
+        // Under 50, or not more than half: counted.
+        assert!(!seen(60, 49).failed());
+        assert!(!seen(100, 50).failed());
+        // 50 and more than half: not the provider's stream.
+        assert!(seen(99, 50).failed() && seen(99, 50).mostly_unrecognised());
+        // Nothing recognised is failed as before; nothing seen is not.
+        assert!(
+            Recognition {
+                lines: 3,
+                recognised: false,
+                unrecognised: 3,
+                refused: None,
+            }
+            .failed()
+        );
+        assert!(!Recognition::default().failed());
+        // Unknown events after the start come from the counter's totals, never beyond the lines.
+        let mut r = seen(123, 0);
+        let mut stats = CounterStats::default();
+        stats.unknown_events = 120;
+        stats.noise_lines = 1;
+        r.settle(&stats);
+        assert_eq!(r.unrecognised, 121);
+        stats.unknown_events = 1000;
+        r.settle(&stats);
+        assert_eq!(r.unrecognised, 123);
     }
 
     #[test]

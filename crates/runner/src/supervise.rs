@@ -208,6 +208,7 @@ impl<'t> Engine<'t> {
             Event::Loop(found) => self.on_loop(&found),
             Event::StreamUsage(delta) => self.on_stream_usage(&delta),
             Event::Gateway(event) => self.on_gateway(event),
+            Event::Uncountable(why) => self.control.unrecognised(self.on_unrecognized, why),
             Event::Unrecognized { lines } => {
                 if let Some(why) = self.dogs.unrecognised_lines(lines) {
                     self.control.unrecognised(self.on_unrecognized, why);

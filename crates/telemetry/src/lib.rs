@@ -29,7 +29,8 @@
 //! # Never in the way
 //!
 //! Nothing is sent while the budget is being enforced. The export at the end runs on threads
-//! of its own and is waited for at most [`TelemetryConfig::flush_timeout`] (2 s by default);
+//! of its own and is waited for at most [`TelemetryConfig::flush_timeout`] (2 s by default),
+//! and, as an observer, never past the run's exit bound (`RunReport::exit_by`);
 //! then it is abandoned, and a dead or slow collector costs one `tracing` warning
 //! (`telemetry: could not export to URL within 2s: …; the run is unaffected`), never a change to
 //! the run's outcome or exit code. The crate never prints.

@@ -1,6 +1,6 @@
 //! The run observer: remembers a run's steps in memory, exports the run once it has ended.
 
-use std::time::SystemTime;
+use std::time::{Duration, Instant, SystemTime};
 
 use opentelemetry_otlp::RetryPolicy;
 use stepguard_core::RunRecord;
@@ -111,6 +111,12 @@ impl TelemetryObserver {
     ///
     /// [`TelemetryError::Export`] when a signal was refused, failed, or not sent in time.
     pub fn export_run(&mut self, record: &RunRecord) -> Result<(), TelemetryError> {
+        self.export_within(record, self.config.flush_timeout)
+    }
+
+    /// [`TelemetryObserver::export_run`] within `bound` (the run's exit bound, when shorter
+    /// than the flush timeout).
+    fn export_within(&mut self, record: &RunRecord, bound: Duration) -> Result<(), TelemetryError> {
         if std::mem::replace(&mut self.exported, true) {
             return Ok(());
         }
@@ -129,13 +135,7 @@ impl TelemetryObserver {
         // One retry at most: a collector that is down at the end of one run stays down for the
         // rest of the bound, and every retry delays the exit.
         let retry = RetryPolicy::recommended().with_max_retries(1);
-        export(
-            &self.config,
-            spans,
-            points,
-            self.config.flush_timeout,
-            &retry,
-        )
+        export(&self.config, spans, points, bound, &retry)
     }
 
     /// Whether a span is exported: there is somewhere to send it, and the parent (if any) did
@@ -157,7 +157,12 @@ impl RunObserver for TelemetryObserver {
         self.record_steps(progress.steps, at);
     }
 
+    /// Exports within the flush timeout, and never past the run's exit bound.
     fn finished(&mut self, report: &mut RunReport) {
-        self.finish(&report.record);
+        let left = report.exit_by.saturating_duration_since(Instant::now());
+        let bound = self.config.flush_timeout.min(left);
+        if let Err(e) = self.export_within(&report.record, bound) {
+            tracing::warn!("telemetry: {e}; the run is unaffected");
+        }
     }
 }

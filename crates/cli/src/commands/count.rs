@@ -45,7 +45,21 @@ pub(crate) fn run(cli: &Cli, args: &CountArgs) -> anyhow::Result<ExitCode> {
         match count_file(&selection, path, settings.clone()) {
             Ok(count) => {
                 let record = record(&selection, path, &count);
-                if count.recognition.failed() {
+                if let Some(refusal) = count.recognition.refused {
+                    output::diag(
+                        "warning",
+                        format!("{}: {}", path.display(), refusal.message()),
+                    );
+                } else if count.recognition.mostly_unrecognised() {
+                    output::diag(
+                        "warning",
+                        format!(
+                            "{}: {}",
+                            path.display(),
+                            count.recognition.mostly_unrecognised_message()
+                        ),
+                    );
+                } else if count.recognition.failed() {
                     let manifest = selection.provider.manifest();
                     let lines = count.recognition.lines;
                     output::diag(

@@ -4,6 +4,7 @@
 //! tree) lives in the runner crate.
 
 use std::io::{self, IsTerminal as _};
+use std::time::{Duration, Instant};
 
 use stepguard_core::ExitCode;
 use stepguard_runner::{
@@ -17,6 +18,10 @@ use crate::recording::{HistoryRecorder, SummaryFile};
 use crate::session::Session;
 use crate::terminal::{AskOnTerminal, StatusLine};
 use crate::{output, settings};
+
+/// However late in the run's exit bound, the summary line gets this long to reach the
+/// terminal; a terminal paused with Ctrl-S does not hold stepguard's exit longer.
+const SUMMARY_WAIT: Duration = Duration::from_millis(100);
 
 /// Runs `stepguard run`.
 pub(crate) fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
@@ -48,8 +53,14 @@ pub(crate) fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
     if let Some(t) = telemetry.as_mut() {
         observers.push(t);
     }
+    // From here on stderr is written by a thread of its own: the engine never waits for it.
+    let stderr = output::queue_stderr();
     let report = Runner::new(spec).run(&mut observers);
-    Ok(report_outcome(&report))
+    let code = report_outcome(&report);
+    if let Some(queue) = stderr {
+        queue.settle(report.exit_by.max(Instant::now() + SUMMARY_WAIT));
+    }
+    Ok(code)
 }
 
 /// Turns the plan into the runner's spec: the terminal's policy at the limit, the status line
