@@ -143,6 +143,35 @@ pub fn normalise_output(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
+/// Returns the text of a tool's output as providers send it: a string as it is; a list of
+/// content blocks (`[{"type": "text", "text": …}]`) as their texts, one per line; anything else
+/// as its JSON.
+///
+/// ```
+/// use stepguard_plugin_api::fingerprint::output_text;
+/// use stepguard_plugin_api::serde_json::json;
+///
+/// assert_eq!(output_text(&json!("ok")), "ok");
+/// assert_eq!(output_text(&json!([{"type": "text", "text": "a"}, "b"])), "a\nb");
+/// assert_eq!(output_text(&json!({"exit": 1})), r#"{"exit":1}"#);
+/// ```
+pub fn output_text(value: &serde_json::Value) -> String {
+    use serde_json::Value;
+    match value {
+        Value::String(text) => text.clone(),
+        Value::Null => String::new(),
+        Value::Array(items) => items
+            .iter()
+            .map(|item| match item.get("text") {
+                Some(Value::String(text)) => text.clone(),
+                _ => output_text(item),
+            })
+            .collect::<Vec<_>>()
+            .join("\n"),
+        other => other.to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

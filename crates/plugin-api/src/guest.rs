@@ -526,6 +526,42 @@ pub mod testing {
         Ok(out)
     }
 
+    /// Feeds `stream` line by line to a counter for `unit` and returns the tool results it
+    /// reports (protocol 1.6), each with the call it answers. Fails on the line where the
+    /// [`LineReport::TOOL_RESULT`] flag and the reported results disagree, and on a result
+    /// that names no call reported before it.
+    pub fn tool_results(
+        plugin: &dyn super::ProviderPlugin,
+        unit: &str,
+        stream: &[u8],
+    ) -> Result<Vec<(crate::model::ToolCall, crate::model::ToolResult)>, String> {
+        let mut counter = plugin.open_counter(&crate::model::CounterRequest::new(unit))?;
+        let mut calls = Vec::new();
+        let mut out = Vec::new();
+        for line in stream.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+            let report = counter.feed(line)?;
+            calls.extend(counter.take_tool_calls());
+            let taken = counter.take_tool_results();
+            if report.has(LineReport::TOOL_RESULT) == taken.is_empty() {
+                return Err(format!(
+                    "the TOOL_RESULT flag and the {} reported result(s) disagree on: {}",
+                    taken.len(),
+                    String::from_utf8_lossy(line)
+                ));
+            }
+            for result in taken {
+                let call = calls
+                    .iter()
+                    .find(|c: &&crate::model::ToolCall| {
+                        c.id.as_deref() == Some(result.call_id.as_str())
+                    })
+                    .ok_or_else(|| format!("result of no reported call: {result:?}"))?;
+                out.push((call.clone(), result));
+            }
+        }
+        Ok(out)
+    }
+
     /// Feeds `stream` line by line to a counter for `unit` and returns the token usage it
     /// reports (protocol 1.5): each delta with its line number (from 1). Fails on the line
     /// where the [`LineReport::USAGE`] flag and the reported usage disagree (the host asks for
