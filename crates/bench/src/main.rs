@@ -9,7 +9,10 @@
 //!   ignore SIGTERM, under `--containment cgroup` and `--containment process-walk`;
 //! * `gateway`: the model gateway's added latency to first byte on loopback (p50/p99, goal p99
 //!   under 1 ms added), for a ~20 KB streamed Anthropic main request sent directly to an upstream
-//!   and through a gateway in front of it, alternately, on keep-alive connections.
+//!   and through a gateway in front of it, alternately, on keep-alive connections;
+//! * `loops`: precision and recall of three loop rules (identical calls, Gemini CLI's five in a
+//!   row, by progress) on the labelled corpus in `tests/fixtures/loops/`, and of the rule of
+//!   progress over other limits and windows.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 use std::io::{BufRead as _, Write as _};
@@ -22,6 +25,7 @@ use clap::{Parser, Subcommand};
 use stepguard_plugin_api::{CounterRequest, ProviderPlugin};
 
 mod gateway;
+mod loops;
 
 #[derive(Parser)]
 #[command(about = "stepguard benchmarks")]
@@ -89,6 +93,8 @@ enum Bench {
         #[arg(long, default_value_t = 2000)]
         requests: usize,
     },
+    /// Loop rules: precision and recall on the labelled corpus in tests/fixtures/loops.
+    Loops,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -111,6 +117,7 @@ fn main() -> anyhow::Result<()> {
             stepguard,
         } => contain(runs, descendants, &stepguard),
         Bench::Gateway { requests } => gateway::run(requests),
+        Bench::Loops => loops::run(),
     }
 }
 
