@@ -548,7 +548,7 @@ mod tests {
         let mut script = Vec::new();
         for (i, edit) in ["a", "b", "c", "d", "e"].iter().enumerate() {
             script.push(C("Edit", edit, None));
-            script.push(R(&["x1", "x2", "x3", "x4", "x5"][i], false));
+            script.push(R(["x1", "x2", "x3", "x4", "x5"][i], false));
             script.push(C(
                 "Bash",
                 [
