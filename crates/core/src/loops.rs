@@ -12,7 +12,7 @@
 //!   failing with the same error `limit` times within the last `window` calls, whatever the
 //!   agent did in between and whatever its arguments.
 //!
-//! With results, a repeat or a cycle is judged by progress ([`progress`]): a recurrence counts
+//! With results, a repeat or a cycle is judged by progress: a recurrence counts
 //! only when nothing new happened since the call's last occurrence, that is it returned the same
 //! result as then, and no call in between returned a result not seen before. Re-running the
 //! tests after each edit, with fewer failures each time, is therefore no loop; re-running them

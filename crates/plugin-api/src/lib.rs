@@ -169,8 +169,8 @@
 //! ([`Manifest::min_protocol`]): 1.0, raised to 1.1 by a `native_limit`, to 1.2 by `expects` or
 //! `preflight`, to 1.3 by `tool_calls`, to 1.4 by a `model_endpoint` or a unit's `reply_cost`,
 //! to 1.5 by `reports_usage`, a `native_token_limit` or `native_cost_limit`, or a native limit
-//! placed after the program, to 1.6 by `tool_results`, whichever way those fields were set. What the manifest cannot show, raise
-//! yourself with [`Manifest::requires_protocol`], e.g. `.requires_protocol("1.1")` for a
+//! placed after the program, to 1.6 by `tool_results`, whichever way those fields were set.
+//! What the manifest cannot show, raise yourself with [`Manifest::requires_protocol`], e.g. `.requires_protocol("1.1")` for a
 //! counter that fills [`CounterStats::sub_agent_steps`]. A host refuses a plugin only when the
 //! declared protocol is newer than the one it speaks; an older host ignores fields newer than
 //! the declared protocol.
