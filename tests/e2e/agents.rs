@@ -689,9 +689,10 @@ pub mod scenarios {
     /// The server asks for the same shell call every round (30 offered) under `--loop-limit 3
     /// --max-steps 30`: stepguard ends the run as a loop long before the budget (exit 3, slug
     /// `loop_detected`, `terminated_by` `loop`), and the summary file and the history record
-    /// name `tool` (the CLI's name for its shell tool) as repeated 3 times. The third call is
-    /// seen before it runs (after, for OpenCode, which prints calls when they have run), so the
-    /// server served at most 3 + 1 rounds.
+    /// name `tool` (the CLI's name for its shell tool) as repeated 3 times. Judged by progress,
+    /// the third call's result (the same as the first two, nothing new in between) completes the
+    /// loop before the CLI's next model call is answered, so the server served at most 3 + 1
+    /// rounds.
     pub fn repeated_call_is_a_loop(cli: Cli, tool: &str) {
         let agent = Agent::start(cli, Script::same_call(30, "cat status.txt"));
         std::fs::write(agent.work().join("status.txt"), "still running\n").unwrap();

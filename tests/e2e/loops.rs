@@ -32,6 +32,42 @@ fn codex_call(id: usize, command: &str) -> String {
     )
 }
 
+/// One `command_execution` of `command` that printed `output` and exited with `exit`.
+fn codex_run(id: usize, command: &str, output: &str, exit: i64) -> String {
+    let item = |status: &str, output: &str, exit: Value| {
+        json!({
+            "type": format!("item.{status}"),
+            "item": {
+                "id": format!("item_{id}"),
+                "type": "command_execution",
+                "command": format!("/bin/bash -lc '{command}'"),
+                "aggregated_output": output,
+                "exit_code": exit,
+                "status": if status == "started" { "in_progress" } else if exit == json!(0) { "completed" } else { "failed" },
+            }
+        })
+        .to_string()
+    };
+    format!(
+        "{}\n{}\n",
+        item("started", "", Value::Null),
+        item("completed", output, json!(exit))
+    )
+}
+
+/// A Codex thread of `runs`, then an answer and the end of its turn.
+fn codex_stream(runs: &[String]) -> String {
+    let mut s = String::from(
+        "{\"type\":\"thread.started\",\"thread_id\":\"01a2029f\"}\n{\"type\":\"turn.started\"}\n",
+    );
+    s.extend(runs.iter().cloned());
+    s.push_str(
+        "{\"type\":\"item.completed\",\"item\":{\"id\":\"item_99\",\"type\":\"agent_message\",\"text\":\"done\"}}\n\
+         {\"type\":\"turn.completed\",\"usage\":{\"input_tokens\":400,\"cached_input_tokens\":0,\"output_tokens\":80}}\n",
+    );
+    s
+}
+
 /// A Codex stream that runs `cargo test` `repeats` times, then answers and ends its turn.
 fn looping_stream(repeats: usize) -> String {
     let mut s = String::from(
@@ -524,10 +560,151 @@ fn plugins_say_whether_each_provider_reports_tool_calls() {
     }
     let text = sb.run(&["plugins"]).stdout;
     assert!(
-        text.contains("codex 0.1.0 (protocol 1.5.0) from builtin\n")
+        text.contains("codex 0.1.0 (protocol 1.6.0) from builtin\n")
             && text.matches("  loop detection: yes\n").count() >= 3
             && text.contains("  wrap-up: yes (openai-responses model calls, via the gateway)\n")
             && text.contains("  unit request: model calls that offer tools"),
         "{text}"
     );
+}
+
+/// Test-driven work: an edit, then the tests, six times, each run with one failure fewer.
+fn tdd_stream() -> String {
+    let mut runs = Vec::new();
+    for i in 0..6 {
+        runs.push(codex_run(
+            2 * i,
+            &format!("apply_patch fix_{i}.diff"),
+            "Done!\n",
+            0,
+        ));
+        let failed = 5 - i;
+        let output =
+            format!("test result: FAILED. {i} passed; {failed} failed; finished in 0.{i}4s\n");
+        runs.push(codex_run(
+            2 * i + 1,
+            "cargo test",
+            &output,
+            i64::from(failed > 0) * 101,
+        ));
+    }
+    codex_stream(&runs)
+}
+
+#[test]
+fn tests_rerun_after_each_edit_with_fewer_failures_are_no_loop() {
+    let sb = Sandbox::new();
+    let agent = replaying_agent(&sb, "tdd.sh", &tdd_stream());
+    // Six runs of `cargo test` within 12 calls: identical calls, but each with a new result.
+    let (run, record) = run_with_summary(&sb, &["-p", "codex", "--", &agent]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert_eq!(
+        (&record["outcome"], &record["loops"]),
+        (&json!("success"), &json!([]))
+    );
+    // The same tests failing the same way each time, whatever was edited, are a loop.
+    let mut runs = Vec::new();
+    for i in 0..6 {
+        runs.push(codex_run(
+            2 * i,
+            &format!("apply_patch try_{i}.diff"),
+            &format!("Done {i}\n"),
+            0,
+        ));
+        runs.push(codex_run(
+            2 * i + 1,
+            "cargo test",
+            "test result: FAILED. 3 passed; 1 failed; finished in 0.31s\n",
+            101,
+        ));
+    }
+    let stuck = replaying_agent(&sb, "stuck.sh", &codex_stream(&runs));
+    let (run, record) = run_with_summary(&sb, &["-p", "codex", "--", &stuck]);
+    assert_eq!(run.code, Some(3), "{}", run.stderr);
+    let found = &record["loops"][0];
+    assert_eq!(
+        (
+            &found["tool"],
+            &found["count"],
+            &found["kind"],
+            &found["first_step"]
+        ),
+        (&json!("cargo"), &json!(5), &json!("no_progress"), &json!(2)),
+        "{record}"
+    );
+    assert!(
+        run.stderr
+            .contains("`cargo` failed with the same error 5 times (since step 2)"),
+        "{}",
+        run.stderr
+    );
+}
+
+#[test]
+fn the_same_program_failing_alike_under_other_arguments_is_no_progress() {
+    let sb = Sandbox::new();
+    // The agent varies the build's arguments and spacing; the error stays the same.
+    let commands = [
+        "cargo build",
+        "RUST_LOG=debug cargo build",
+        "cargo  build -q",
+        "cd . && cargo build --all-targets",
+        "cargo build # once more",
+    ];
+    let runs: Vec<String> = commands
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            codex_run(
+                i,
+                c,
+                "error[E0432]: unresolved import `crate::lexer::Token`\n",
+                101,
+            )
+        })
+        .collect();
+    let file = sb.write("varied.jsonl", codex_stream(&runs));
+    let v = sb
+        .run(&["count", "-p", "codex", "--json", file.to_str().unwrap()])
+        .json();
+    assert_eq!(
+        v["loops"],
+        json!([{"tool": "cargo", "count": 5, "kind": "no_progress", "first_step": 1}])
+    );
+    let text = sb.run(&["count", "-p", "codex", file.to_str().unwrap()]);
+    assert!(
+        text.stdout.contains(", loop: cargo ×5 at step 1"),
+        "{}",
+        text.stdout
+    );
+}
+
+#[test]
+fn a_loops_first_step_does_not_depend_on_how_the_stream_was_read() {
+    let sb = Sandbox::new();
+    // Two other calls, then the same failing call five times.
+    let mut runs = vec![
+        codex_run(0, "ls", "a\n", 0),
+        codex_run(1, "cat README", "hello\n", 0),
+    ];
+    runs.extend((2..7).map(|i| codex_run(i, "make", "make: *** [all] Error 1\n", 2)));
+    let stream = codex_stream(&runs);
+    let file = sb.write("stuck.jsonl", &stream);
+    let trickle = replaying_agent(&sb, "trickle.sh", &stream);
+    let whole = script(&sb, "whole.sh", &format!("cat {}", file.display()));
+    for agent in [&trickle, &whole] {
+        let (run, record) = run_with_summary(&sb, &["-p", "codex", "--", agent]);
+        assert_eq!(run.code, Some(3), "{agent}: {}", run.stderr);
+        let found = &record["loops"][0];
+        assert_eq!(
+            (
+                &found["tool"],
+                &found["count"],
+                &found["kind"],
+                &found["first_step"]
+            ),
+            (&json!("shell"), &json!(5), &json!("repeat"), &json!(3)),
+            "{agent}: {record}"
+        );
+    }
 }

@@ -12,6 +12,9 @@
 //!   and through a gateway in front of it, alternately, on keep-alive connections;
 //! * `prices`: the first decode of genai-prices' bundled data, and the time to price one model
 //!   call (p50/p99) for the pinned CLIs' default models and an unpriced one.
+//! * `loops`: precision and recall of three loop rules (identical calls, Gemini CLI's five in a
+//!   row, by progress) on the labelled corpus in `tests/fixtures/loops/`, and of the rule of
+//!   progress over other limits and windows.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 use std::io::{BufRead as _, Write as _};
@@ -25,6 +28,7 @@ use stepguard_plugin_api::{CounterRequest, ProviderPlugin};
 
 mod gateway;
 mod prices;
+mod loops;
 
 #[derive(Parser)]
 #[command(about = "stepguard benchmarks")]
@@ -98,6 +102,8 @@ enum Bench {
         #[arg(long, default_value_t = 10_000)]
         calls: usize,
     },
+    /// Loop rules: precision and recall on the labelled corpus in tests/fixtures/loops.
+    Loops,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -121,6 +127,7 @@ fn main() -> anyhow::Result<()> {
         } => contain(runs, descendants, &stepguard),
         Bench::Gateway { requests } => gateway::run(requests),
         Bench::Prices { calls } => prices::run(calls),
+        Bench::Loops => loops::run(),
     }
 }
 

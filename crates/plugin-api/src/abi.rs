@@ -70,7 +70,7 @@ pub struct LineReport {
     /// Steps of sub-agents seen on this line (never counted against the budget).
     pub sub_agent_steps: u32,
     /// Bit flags: [`LineReport::NOISE`], [`LineReport::TERMINAL`], [`LineReport::UNKNOWN_EVENT`],
-    /// [`LineReport::TOOL_CALL`], [`LineReport::USAGE`].
+    /// [`LineReport::TOOL_CALL`], [`LineReport::USAGE`], [`LineReport::TOOL_RESULT`].
     pub flags: u32,
     /// Reserved for future use; always zero.
     pub reserved: [u32; 3],
@@ -89,6 +89,9 @@ impl LineReport {
     /// The line carried token usage: the host asks the counter for it
     /// ([`crate::StepCounter::take_usage`], protocol 1.5) after the chunk, once.
     pub const USAGE: u32 = 1 << 4;
+    /// The line carried a tool result: the host asks the counter for it
+    /// ([`crate::StepCounter::take_tool_results`], protocol 1.6) after the chunk, once.
+    pub const TOOL_RESULT: u32 = 1 << 5;
 
     /// A report for a noise line.
     pub const fn noise() -> Self {

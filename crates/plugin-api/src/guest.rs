@@ -67,6 +67,14 @@ pub trait StepCounter: Send {
         Vec::new()
     }
 
+    /// Returns the tool results seen since the last call, in stream order, and forgets them
+    /// (protocol 1.6; declare [`Manifest::reports_tool_results`]). Each names the call it
+    /// answers, so report calls [with their id](crate::ToolCall::with_id). The host asks only
+    /// after a chunk whose lines set [`LineReport::TOOL_RESULT`], so mark those lines.
+    fn take_tool_results(&mut self) -> Vec<crate::model::ToolResult> {
+        Vec::new()
+    }
+
     /// Returns the token usage seen since the last call, as a delta (what it added to the
     /// run's totals), and forgets it; `None` when there was none (protocol 1.5; declare
     /// [`Manifest::reports_usage`]). The host asks only after a chunk whose lines set
@@ -182,10 +190,7 @@ impl<P: ProviderPlugin> ProviderObj for ProviderAdapter<P> {
             self.0.validate_options(&request.options)?;
             let counter = self.0.open_counter(&request)?;
             Ok(CounterObj_TO::from_value(
-                CounterAdapter {
-                    inner: counter,
-                    poisoned: false,
-                },
+                CounterAdapter::new(counter),
                 TD_Opaque,
             ))
         })
@@ -195,9 +200,53 @@ impl<P: ProviderPlugin> ProviderObj for ProviderAdapter<P> {
 struct CounterAdapter {
     inner: Box<dyn StepCounter>,
     poisoned: bool,
+    /// Steps begun by the lines fed so far, which stamps each tool call with its step.
+    steps_begun: u64,
+    /// Tool calls taken from the counter line by line, not yet taken by the host.
+    calls: Vec<crate::model::ToolCall>,
+    /// Tool results taken from the counter line by line, not yet taken by the host.
+    results: Vec<crate::model::ToolResult>,
+}
+
+/// The adapter's view of one line fed: takes the line's tool calls (stamped with the step
+/// they were made in) and results at once, so that the host learns each call's step however
+/// many lines a chunk held.
+struct LineTaker<'a> {
+    steps_begun: &'a mut u64,
+    calls: &'a mut Vec<crate::model::ToolCall>,
+    results: &'a mut Vec<crate::model::ToolResult>,
+}
+
+impl LineTaker<'_> {
+    fn after_line(&mut self, counter: &mut dyn StepCounter, report: &LineReport) {
+        *self.steps_begun = self
+            .steps_begun
+            .saturating_add(u64::from(report.steps_begun));
+        if report.has(LineReport::TOOL_CALL) {
+            let step = *self.steps_begun;
+            self.calls
+                .extend(counter.take_tool_calls().into_iter().map(|mut call| {
+                    call.step.get_or_insert(step);
+                    call
+                }));
+        }
+        if report.has(LineReport::TOOL_RESULT) {
+            self.results.extend(counter.take_tool_results());
+        }
+    }
 }
 
 impl CounterAdapter {
+    fn new(inner: Box<dyn StepCounter>) -> Self {
+        CounterAdapter {
+            inner,
+            poisoned: false,
+            steps_begun: 0,
+            calls: Vec::new(),
+            results: Vec::new(),
+        }
+    }
+
     fn run<T>(
         &mut self,
         f: impl FnOnce(&mut dyn StepCounter) -> Result<T, String>,
@@ -214,9 +263,36 @@ impl CounterAdapter {
     }
 }
 
+impl CounterAdapter {
+    /// [`CounterAdapter::run`], with what takes each line's tool calls and results.
+    fn run_taking<T>(
+        &mut self,
+        f: impl FnOnce(&mut dyn StepCounter, &mut LineTaker<'_>) -> Result<T, String>,
+    ) -> RResult<T, RString> {
+        if self.poisoned {
+            return RResult::RErr(RString::from("counter unusable after an earlier panic"));
+        }
+        let mut taker = LineTaker {
+            steps_begun: &mut self.steps_begun,
+            calls: &mut self.calls,
+            results: &mut self.results,
+        };
+        let inner = &mut *self.inner;
+        let result = guarded(|| f(inner, &mut taker));
+        if let RResult::RErr(e) = &result {
+            self.poisoned = e.as_str().starts_with("plugin panicked");
+        }
+        result
+    }
+}
+
 impl CounterObj for CounterAdapter {
     fn feed(&mut self, line: RSlice<'_, u8>) -> RResult<LineReport, RString> {
-        self.run(|c| c.feed(line.as_slice()))
+        self.run_taking(|c, taker| {
+            let report = c.feed(line.as_slice())?;
+            taker.after_line(c, &report);
+            Ok(report)
+        })
     }
 
     fn feed_chunk(
@@ -224,7 +300,11 @@ impl CounterObj for CounterAdapter {
         chunk: RSlice<'_, u8>,
         step_allowance: u64,
     ) -> RResult<ChunkReport, RString> {
-        self.run(|c| feed_chunk(c, chunk.as_slice(), step_allowance))
+        self.run_taking(|c, taker| {
+            feed_chunk_with(c, chunk.as_slice(), step_allowance, &mut |c, r| {
+                taker.after_line(c, r)
+            })
+        })
     }
 
     fn finish(&mut self) -> RResult<RString, RString> {
@@ -237,11 +317,22 @@ impl CounterObj for CounterAdapter {
 
     fn call(&mut self, method: RStr<'_>, _payload: RStr<'_>) -> RResult<RString, RString> {
         match method.as_str() {
-            "tool_calls" => self.run(|c| {
-                serde_json::to_string(&c.take_tool_calls())
-                    .map(RString::from)
-                    .map_err(|e| e.to_string())
-            }),
+            "tool_calls" => {
+                let calls = std::mem::take(&mut self.calls);
+                self.run(|_| {
+                    serde_json::to_string(&calls)
+                        .map(RString::from)
+                        .map_err(|e| e.to_string())
+                })
+            }
+            "tool_results" => {
+                let results = std::mem::take(&mut self.results);
+                self.run(|_| {
+                    serde_json::to_string(&results)
+                        .map(RString::from)
+                        .map_err(|e| e.to_string())
+                })
+            }
             "usage" => self.run(|c| {
                 serde_json::to_string(&c.take_usage())
                     .map(RString::from)
@@ -258,6 +349,16 @@ pub(crate) fn feed_chunk(
     chunk: &[u8],
     step_allowance: u64,
 ) -> Result<ChunkReport, String> {
+    feed_chunk_with(counter, chunk, step_allowance, &mut |_, _| {})
+}
+
+/// [`feed_chunk`], calling `after_line` with each line's report.
+fn feed_chunk_with(
+    counter: &mut dyn StepCounter,
+    chunk: &[u8],
+    step_allowance: u64,
+    after_line: &mut dyn FnMut(&mut dyn StepCounter, &LineReport),
+) -> Result<ChunkReport, String> {
     let mut out = ChunkReport::default();
     let mut begun: u64 = 0;
     let mut rest = chunk;
@@ -269,6 +370,7 @@ pub(crate) fn feed_chunk(
         rest = &rest[taken..];
         let line = line.strip_suffix(b"\r").unwrap_or(line);
         let r = counter.feed(line)?;
+        after_line(counter, &r);
         out.consumed += taken as u64;
         out.lines += 1;
         out.noise_lines += u64::from(r.has(LineReport::NOISE));
@@ -420,6 +522,42 @@ pub mod testing {
                 ));
             }
             out.extend(taken.into_iter().map(|c| (c, step)));
+        }
+        Ok(out)
+    }
+
+    /// Feeds `stream` line by line to a counter for `unit` and returns the tool results it
+    /// reports (protocol 1.6), each with the call it answers. Fails on the line where the
+    /// [`LineReport::TOOL_RESULT`] flag and the reported results disagree, and on a result
+    /// that names no call reported before it.
+    pub fn tool_results(
+        plugin: &dyn super::ProviderPlugin,
+        unit: &str,
+        stream: &[u8],
+    ) -> Result<Vec<(crate::model::ToolCall, crate::model::ToolResult)>, String> {
+        let mut counter = plugin.open_counter(&crate::model::CounterRequest::new(unit))?;
+        let mut calls = Vec::new();
+        let mut out = Vec::new();
+        for line in stream.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+            let report = counter.feed(line)?;
+            calls.extend(counter.take_tool_calls());
+            let taken = counter.take_tool_results();
+            if report.has(LineReport::TOOL_RESULT) == taken.is_empty() {
+                return Err(format!(
+                    "the TOOL_RESULT flag and the {} reported result(s) disagree on: {}",
+                    taken.len(),
+                    String::from_utf8_lossy(line)
+                ));
+            }
+            for result in taken {
+                let call = calls
+                    .iter()
+                    .find(|c: &&crate::model::ToolCall| {
+                        c.id.as_deref() == Some(result.call_id.as_str())
+                    })
+                    .ok_or_else(|| format!("result of no reported call: {result:?}"))?;
+                out.push((call.clone(), result));
+            }
         }
         Ok(out)
     }
@@ -701,13 +839,8 @@ mod tests {
     #[test]
     fn usage_crosses_the_boundary_as_json_and_is_taken_once() {
         use crate::model::Tokens;
-        let mut counter = CounterObj_TO::from_value(
-            CounterAdapter {
-                inner: Box::new(Calls::default()),
-                poisoned: false,
-            },
-            TD_Opaque,
-        );
+        let mut counter =
+            CounterObj_TO::from_value(CounterAdapter::new(Box::new(Calls::default())), TD_Opaque);
         let chunk = counter.feed_chunk(RSlice::from_slice(b"100 20\n50 5\n"), u64::MAX);
         let RResult::ROk(chunk) = chunk else {
             panic!("feed_chunk failed")
@@ -720,14 +853,102 @@ mod tests {
         assert_eq!(take(&mut counter), Some(Tokens::new(150, 25)));
         assert_eq!(take(&mut counter), None);
         // A counter that does not report usage answers `null`.
-        let mut quiet = CounterObj_TO::from_value(
-            CounterAdapter {
-                inner: Box::new(Quiet),
-                poisoned: false,
-            },
-            TD_Opaque,
-        );
+        let mut quiet = CounterObj_TO::from_value(CounterAdapter::new(Box::new(Quiet)), TD_Opaque);
         assert_eq!(take(&mut quiet), None);
+    }
+
+    /// `step` begins a step; `call X` is a call of X (id X); `done X` is X's result.
+    #[derive(Default)]
+    struct Stepper {
+        calls: Vec<crate::model::ToolCall>,
+        results: Vec<crate::model::ToolResult>,
+    }
+
+    impl StepCounter for Stepper {
+        fn feed(&mut self, line: &[u8]) -> Result<LineReport, String> {
+            let line = String::from_utf8_lossy(line);
+            Ok(match line.split_once(' ') {
+                Some(("call", id)) => {
+                    let call = crate::model::ToolCall::new("t", &serde_json::json!(id));
+                    self.calls.push(call.with_id(id));
+                    LineReport::empty().with_flags(LineReport::TOOL_CALL)
+                }
+                Some(("done", id)) => {
+                    self.results
+                        .push(crate::model::ToolResult::new(id, "out", false));
+                    LineReport::empty().with_flags(LineReport::TOOL_RESULT)
+                }
+                _ => LineReport::step(),
+            })
+        }
+
+        fn finish(&mut self) -> CounterStats {
+            CounterStats::default()
+        }
+
+        fn take_tool_calls(&mut self) -> Vec<crate::model::ToolCall> {
+            std::mem::take(&mut self.calls)
+        }
+
+        fn take_tool_results(&mut self) -> Vec<crate::model::ToolResult> {
+            std::mem::take(&mut self.results)
+        }
+    }
+
+    #[test]
+    fn tool_calls_carry_their_step_however_the_stream_is_chunked() {
+        let stream = b"step\nstep\ncall a\ndone a\nstep\ncall b\ncall c\ndone b\n";
+        let take = |counter: &mut CounterBox, method: &str| match counter
+            .call(method.into(), "".into())
+        {
+            RResult::ROk(json) => serde_json::from_str::<serde_json::Value>(json.as_str()).unwrap(),
+            RResult::RErr(e) => panic!("{e}"),
+        };
+        let steps = |calls: &serde_json::Value| -> Vec<(String, u64)> {
+            calls
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| {
+                    (
+                        c["id"].as_str().unwrap().to_owned(),
+                        c["step"].as_u64().unwrap(),
+                    )
+                })
+                .collect()
+        };
+        let want = vec![
+            ("a".to_owned(), 2),
+            ("b".to_owned(), 3),
+            ("c".to_owned(), 3),
+        ];
+        // One chunk.
+        let mut whole =
+            CounterObj_TO::from_value(CounterAdapter::new(Box::new(Stepper::default())), TD_Opaque);
+        let RResult::ROk(_) = whole.feed_chunk(RSlice::from_slice(stream), u64::MAX) else {
+            panic!("feed_chunk failed")
+        };
+        assert_eq!(steps(&take(&mut whole, "tool_calls")), want);
+        let results = take(&mut whole, "tool_results");
+        let ids: Vec<&str> = results
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["call_id"].as_str().unwrap())
+            .collect();
+        assert_eq!(ids, ["a", "b"]);
+        assert_eq!(take(&mut whole, "tool_calls"), serde_json::json!([]));
+        // Line by line.
+        let mut lines =
+            CounterObj_TO::from_value(CounterAdapter::new(Box::new(Stepper::default())), TD_Opaque);
+        let mut calls = Vec::new();
+        for line in stream.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+            let RResult::ROk(_) = lines.feed(RSlice::from_slice(line)) else {
+                panic!("feed failed")
+            };
+            calls.extend(steps(&take(&mut lines, "tool_calls")));
+        }
+        assert_eq!(calls, want);
     }
 
     struct Quiet;

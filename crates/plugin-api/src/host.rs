@@ -278,9 +278,37 @@ impl Counter {
             provider: self.provider.clone(),
             message,
         };
-        match self.object.call("tool_calls".into(), "".into()) {
+        let calls: Vec<crate::model::ToolCall> =
+            match self.object.call("tool_calls".into(), "".into()) {
+                RResult::ROk(json) => serde_json::from_str(json.as_str())
+                    .map_err(|e| err(format!("invalid tool calls: {e}")))?,
+                RResult::RErr(e) => return Err(err(e.into_string())),
+            };
+        // Counting model calls, the stream's steps are not the run's: its stamps mean nothing.
+        Ok(if self.model_calls {
+            calls
+                .into_iter()
+                .map(|mut c| {
+                    c.step = None;
+                    c
+                })
+                .collect()
+        } else {
+            calls
+        })
+    }
+
+    /// Returns the tool results the counter saw since the last call (protocol 1.6; ask only
+    /// plugins whose manifest says `tool_results`, after a chunk that set
+    /// [`crate::LineReport::TOOL_RESULT`]).
+    pub fn tool_results(&mut self) -> Result<Vec<crate::model::ToolResult>, CallError> {
+        let err = |message: String| CallError {
+            provider: self.provider.clone(),
+            message,
+        };
+        match self.object.call("tool_results".into(), "".into()) {
             RResult::ROk(json) => serde_json::from_str(json.as_str())
-                .map_err(|e| err(format!("invalid tool calls: {e}"))),
+                .map_err(|e| err(format!("invalid tool results: {e}"))),
             RResult::RErr(e) => Err(err(e.into_string())),
         }
     }
@@ -457,13 +485,13 @@ mod tests {
         assert_eq!(check_protocol(PROTOCOL_VERSION), Ok(()));
         assert_eq!(
             check_protocol("2.0.0").unwrap_err().to_string(),
-            "protocol 2.0 required, this host speaks 1.5"
+            "protocol 2.0 required, this host speaks 1.6"
         );
         assert_eq!(
             check_protocol("1.7.0").unwrap_err().to_string(),
-            "protocol 1.7 required, this host speaks 1.5"
+            "protocol 1.7 required, this host speaks 1.6"
         );
-        assert_eq!(check_protocol("1.5.0"), Ok(()));
+        assert_eq!(check_protocol("1.6.0"), Ok(()));
         assert!(matches!(check_protocol("one"), Err(LoadError::Manifest(_))));
     }
 

@@ -129,7 +129,14 @@
 //! ([`StepCounter::take_usage`]: token usage as the stream shows it, for token and cost
 //! budgets), stats `sub_agent_tokens`, manifest `native_token_limit` and `native_cost_limit`
 //! (the CLI's own token and cost budgets, `{max_tokens}` and `{max_cost_usd}`) and a
-//! [`NativeLimit`] placed [after the program](NativeLimit::after_program). New fields get
+//! [`NativeLimit`] placed [after the program](NativeLimit::after_program); 1.6 manifest
+//! `tool_results`, the line flag [`LineReport::TOOL_RESULT`] and the counter method
+//! `tool_results` ([`ToolResult`]: a fingerprint of each tool result and the id of the call it
+//! answers, so that loop detection judges a repeat by progress), and three optional fields of
+//! [`ToolCall`]: `id`, `program` (of a shell tool, [`ToolCall::shell`]) and `step` (stamped by
+//! the adapter with the steps begun up to the call's line, so that a loop's first step does not
+//! depend on how the stream was chunked). A plugin that reports no results keeps the rule of
+//! identical calls. New fields get
 //! `#[serde(default)]`, nothing uses `deny_unknown_fields`, and fields are never removed or
 //! retyped within a protocol major version, so an older host reads a newer plugin's payloads
 //! and ignores what it does not know.
@@ -162,8 +169,8 @@
 //! ([`Manifest::min_protocol`]): 1.0, raised to 1.1 by a `native_limit`, to 1.2 by `expects` or
 //! `preflight`, to 1.3 by `tool_calls`, to 1.4 by a `model_endpoint` or a unit's `reply_cost`,
 //! to 1.5 by `reports_usage`, a `native_token_limit` or `native_cost_limit`, or a native limit
-//! placed after the program, whichever way those fields were set. What the manifest cannot show, raise
-//! yourself with [`Manifest::requires_protocol`], e.g. `.requires_protocol("1.1")` for a
+//! placed after the program, to 1.6 by `tool_results`, whichever way those fields were set.
+//! What the manifest cannot show, raise yourself with [`Manifest::requires_protocol`], e.g. `.requires_protocol("1.1")` for a
 //! counter that fills [`CounterStats::sub_agent_steps`]. A host refuses a plugin only when the
 //! declared protocol is newer than the one it speaks; an older host ignores fields newer than
 //! the declared protocol.
@@ -189,6 +196,7 @@
 #![allow(non_local_definitions)]
 
 pub mod abi;
+pub mod fingerprint;
 pub mod guest;
 #[cfg(feature = "host")]
 pub mod host;
@@ -199,7 +207,7 @@ pub use guest::{ProviderPlugin, StepCounter, provider_box, testing};
 pub use model::{
     BaseUrlRule, CounterRequest, CounterStats, DEFAULT_FIRST_EVENT_MS, Manifest, ModelEndpoint,
     NativeLimit, OptionInfo, PreflightRule, RESERVED_OPTIONS, TERMINAL_SLUGS, Terminal, Tokens,
-    ToolCall, UnitInfo, is_terminal_slug, program_name, slug_for_error_text,
+    ToolCall, ToolResult, UnitInfo, is_terminal_slug, program_name, slug_for_error_text,
 };
 
 /// abi_stable's borrowed string, which appears in [`HostCallbacks`]' signature.
@@ -218,7 +226,7 @@ pub const REPOSITORY: &str = env!("CARGO_PKG_REPOSITORY");
 
 /// The newest version of the JSON protocol this API crate speaks: what a host built with it
 /// accepts. A plugin declares the oldest it needs instead ([`Manifest::min_protocol`]).
-pub const PROTOCOL_VERSION: &str = "1.5.0";
+pub const PROTOCOL_VERSION: &str = "1.6.0";
 
 /// The name of the plain `extern "C" fn() -> u32` symbol carrying the ABI generation.
 pub const ABI_GENERATION_SYMBOL: &str = "stepguard_plugin_abi_generation";

@@ -56,6 +56,11 @@ pub struct Manifest {
     /// detection (protocol 1.3); hosts before 1.3 ignore it.
     #[serde(default)]
     pub tool_calls: bool,
+    /// Whether the counters report tool results ([`crate::StepCounter::take_tool_results`]),
+    /// so that loop detection judges repeats by progress (protocol 1.6); hosts before 1.6
+    /// ignore it, and a plugin without it keeps the rule of identical calls.
+    #[serde(default)]
+    pub tool_results: bool,
     /// How the provider's CLI reaches its model, so that stepguard's model gateway can sit in
     /// between (`--wrap-up`; protocol 1.4); hosts before 1.4 ignore it.
     #[serde(default)]
@@ -131,6 +136,7 @@ impl Manifest {
             expects: String::new(),
             preflight: Vec::new(),
             tool_calls: false,
+            tool_results: false,
             model_endpoint: None,
             reports_usage: false,
             native_token_limit: None,
@@ -237,6 +243,15 @@ impl Manifest {
         self
     }
 
+    /// Declares that the plugin's counters report tool results, each naming the call it answers
+    /// ([`crate::StepCounter::take_tool_results`]), for loop detection by progress
+    /// (protocol 1.6); it implies [`Manifest::reports_tool_calls`].
+    pub fn reports_tool_results(mut self) -> Self {
+        self.tool_calls = true;
+        self.tool_results = true;
+        self
+    }
+
     /// Declares that the plugin needs at least protocol `version` (`"1.1"` or `"1.1.0"`), for
     /// what the manifest cannot show, such as a counter that fills
     /// [`CounterStats::sub_agent_steps`] (protocol 1.1).
@@ -256,7 +271,7 @@ impl Manifest {
     /// what its fields need (1.0; `native_limit` 1.1; `expects` or `preflight` 1.2;
     /// `tool_calls` 1.3; `model_endpoint` or a unit's `reply_cost` 1.4; `reports_usage`,
     /// `native_token_limit`, `native_cost_limit` or a native limit placed
-    /// [after the program](NativeLimit::after_program) 1.5).
+    /// [after the program](NativeLimit::after_program) 1.5; `tool_results` 1.6).
     ///
     /// This is the `protocol` the plugin sends to the host (the adapter fills it in when it
     /// serialises the manifest), so setting a field directly cannot understate it.
@@ -282,7 +297,9 @@ impl Manifest {
         ]
         .into_iter()
         .any(|l| l.as_ref().is_some_and(|l| l.after_program));
-        let minor = if self.reports_usage
+        let minor = if self.tool_results {
+            6
+        } else if self.reports_usage
             || self.native_token_limit.is_some()
             || self.native_cost_limit.is_some()
             || after_program
@@ -1054,6 +1071,10 @@ pub fn slug_for_error_text(text: &str) -> &'static str {
 /// One tool call seen in the stream, identified for loop detection (protocol 1.3): the tool's
 /// name and a fingerprint of the name and its arguments, so that the same call with its
 /// arguments written in another key order or spacing is the same call.
+///
+/// Protocol 1.6 adds the provider's tool-use `id` (which [`ToolResult`]s answer), the `program`
+/// a shell tool ran ([`ToolCall::shell`]) and the `step` it was made in (filled in by the
+/// adapter, [`crate::provider_box`] and [`crate::export_plugin!`], not by the plugin).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct ToolCall {
@@ -1061,6 +1082,17 @@ pub struct ToolCall {
     pub tool: String,
     /// 16 hex digits: the 64-bit FNV-1a hash of the name and the arguments' canonical JSON.
     pub fingerprint: String,
+    /// The provider's id of the call, which its result names (protocol 1.6).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// For a shell tool, the program the command runs (`cargo` in `FOO=1 cargo test`), which
+    /// loop detection takes for the tool when it looks for `no_progress` (protocol 1.6).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub program: Option<String>,
+    /// The counter's steps begun up to and including the call's line (protocol 1.6; set by
+    /// the adapter, so that the host knows the call's step however the stream was chunked).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<u64>,
 }
 
 impl ToolCall {
@@ -1092,14 +1124,88 @@ impl ToolCall {
         };
         let mut text = String::new();
         canonical_json(arguments, &mut text);
-        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-        for byte in tool.bytes().chain([0]).chain(text.bytes()) {
-            hash ^= u64::from(byte);
-            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-        }
         ToolCall {
+            fingerprint: crate::fingerprint::fnv(&[tool.as_bytes(), text.as_bytes()]),
             tool,
-            fingerprint: format!("{hash:016x}"),
+            id: None,
+            program: None,
+            step: None,
+        }
+    }
+
+    /// Identifies a shell tool's call running `command`, its other arguments (working
+    /// directory, timeout …) in `arguments`: the command is normalised
+    /// ([`crate::fingerprint::normalise_command`]: a comment, spacing, quoting or an
+    /// environment prefix make no different call) and its program is kept (protocol 1.6).
+    ///
+    /// ```
+    /// use stepguard_plugin_api::ToolCall;
+    /// use stepguard_plugin_api::serde_json::json;
+    ///
+    /// let a = ToolCall::shell("Bash", "FOO=1 cargo test  # again", &json!({}));
+    /// let b = ToolCall::shell("Bash", "cargo test", &json!({}));
+    /// assert_eq!(a.fingerprint, b.fingerprint);
+    /// assert_eq!(a.program.as_deref(), Some("cargo"));
+    /// assert_ne!(a.fingerprint, ToolCall::shell("Bash", "cargo build", &json!({})).fingerprint);
+    /// ```
+    pub fn shell(tool: impl Into<String>, command: &str, arguments: &serde_json::Value) -> Self {
+        let tool = tool.into();
+        let mut text = String::new();
+        canonical_json(arguments, &mut text);
+        let command_text = crate::fingerprint::normalise_command(command);
+        ToolCall {
+            fingerprint: crate::fingerprint::fnv(&[
+                tool.as_bytes(),
+                command_text.as_bytes(),
+                text.as_bytes(),
+            ]),
+            program: crate::fingerprint::program_of(command),
+            tool,
+            id: None,
+            step: None,
+        }
+    }
+
+    /// Names the provider's id of the call, which its [`ToolResult`] names (protocol 1.6).
+    pub fn with_id(mut self, id: impl Into<String>) -> Self {
+        self.id = Some(id.into());
+        self
+    }
+}
+
+/// The result of one tool call, identified for loop detection (protocol 1.6): which call it
+/// answers, whether it failed, and a fingerprint of its normalised output, so that the same
+/// failing test run twice gives the same fingerprint and a run with one failure fewer does not.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct ToolResult {
+    /// The id of the [`ToolCall`] it answers.
+    pub call_id: String,
+    /// 16 hex digits: the 64-bit FNV-1a hash of the status and the normalised output.
+    pub fingerprint: String,
+    /// Whether the call failed (a non-zero exit status, an error result).
+    pub failed: bool,
+}
+
+impl ToolResult {
+    /// Identifies the result of call `call_id`: its `output` (normalised,
+    /// [`crate::fingerprint::normalise_output`]) and whether it `failed`.
+    ///
+    /// ```
+    /// use stepguard_plugin_api::ToolResult;
+    ///
+    /// let a = ToolResult::new("c1", "1 failed; finished in 0.4s", true);
+    /// let b = ToolResult::new("c9", "1 failed;  finished in 2.1s\n", true);
+    /// assert_eq!(a.fingerprint, b.fingerprint);
+    /// assert_ne!(a.fingerprint, ToolResult::new("c1", "0 failed; finished in 0.4s", false).fingerprint);
+    /// ```
+    pub fn new(call_id: impl Into<String>, output: &str, failed: bool) -> Self {
+        let status: &[u8] = if failed { b"failed" } else { b"ok" };
+        let text = crate::fingerprint::normalise_output(output);
+        ToolResult {
+            call_id: call_id.into(),
+            fingerprint: crate::fingerprint::fnv(&[status, text.as_bytes()]),
+            failed,
         }
     }
 }
@@ -1276,7 +1382,8 @@ mod tests {
             .model_endpoint(ModelEndpoint::new("gemini", "https://example.invalid"))
             .reports_usage()
             .native_token_limit(NativeLimit::new(&[], &[]).after_program())
-            .native_cost_limit(NativeLimit::new(&[], &[]));
+            .native_cost_limit(NativeLimit::new(&[], &[]))
+            .reports_tool_results();
         assert_eq!(everything.min_protocol(), crate::PROTOCOL_VERSION);
     }
 

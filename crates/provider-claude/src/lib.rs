@@ -34,7 +34,10 @@
 //!
 //! Tool calls (for loop detection, protocol 1.3) are the top-level `tool_use` blocks, each
 //! reported once by block id, on the line that first carries it, as its `name` and `input`
-//! (`Bash`'s `description` left out: it annotates the command and does not change what runs).
+//! (`Bash`'s `description` left out: it annotates the command and does not change what runs;
+//! its `command` normalised, with its program, by `ToolCall::shell`), with the block id.
+//! Their results (protocol 1.6) are the `tool_result` blocks of top-level `user` lines that
+//! answer a reported call: `content` (a string or text blocks) and `is_error`.
 //! Sub-agents' calls are not reported: the loop the host can act on is the parent's, whose
 //! steps the budget counts, and parallel sub-agents making the same exploratory calls (`ls`,
 //! the same `Grep`) would look like one agent repeating itself.
@@ -57,7 +60,7 @@ use stepguard_jsonl::{RawValue, scan};
 use stepguard_plugin_api::{
     BaseUrlRule, CounterRequest, CounterStats, LineReport, Manifest, ModelEndpoint, NativeLimit,
     PreflightRule, ProviderBox, ProviderPlugin, StepCounter, Terminal, Tokens, ToolCall,
-    slug_for_error_text,
+    ToolResult, fingerprint::output_text, slug_for_error_text,
 };
 
 /// The Claude Code provider plugin.
@@ -128,7 +131,7 @@ impl ProviderPlugin for ClaudePlugin {
                 &["--max-budget-usd", "{max_cost_usd}"],
                 &["--max-budget-usd"],
             ))
-            .reports_tool_calls()
+            .reports_tool_results()
             .reports_usage()
             // Its counters fill `CounterStats::sub_agent_steps` (protocol 1.1); its other
             // fields already need more, so this only says so.
@@ -162,6 +165,8 @@ pub struct ClaudeCounter {
     calls_seen: HashSet<Vec<u8>>,
     /// Tool calls not yet taken by the host.
     tool_calls: Vec<ToolCall>,
+    /// Tool results not yet taken by the host.
+    tool_results: Vec<ToolResult>,
     tool_result_lines: u64,
     saw_events: bool,
     rate_limit_rejected: bool,
@@ -329,14 +334,24 @@ impl ClaudeCounter {
         let mut arguments = input
             .and_then(|i| i.to_json())
             .unwrap_or(serde_json::Value::Null);
+        let mut command = None;
         if name == "Bash"
             && let Some(object) = arguments.as_object_mut()
         {
             // Annotates the command for the user and does not change what runs; a looping
             // model rewords it.
             object.remove("description");
+            command = match object.remove("command") {
+                Some(serde_json::Value::String(c)) => Some(c),
+                _ => None,
+            };
         }
-        self.tool_calls.push(ToolCall::new(name, &arguments));
+        let call = match command {
+            Some(command) => ToolCall::shell(name, &command, &arguments),
+            None => ToolCall::new(name, &arguments),
+        };
+        let id = String::from_utf8_lossy(block_id);
+        self.tool_calls.push(call.with_id(id.trim_matches('"')));
         report.flags |= LineReport::TOOL_CALL;
     }
 
@@ -456,16 +471,22 @@ impl ClaudeCounter {
         };
         let mut has_result = false;
         let mut finished: Vec<Vec<u8>> = Vec::new();
+        let mut results = Vec::new();
         content.for_each_element(|block| {
-            if let Some([Some(kind), tool_use_id]) = block.fields(["type", "tool_use_id"])
+            if let Some([Some(kind), tool_use_id, output, is_error]) =
+                block.fields(["type", "tool_use_id", "content", "is_error"])
                 && kind.is_str("tool_result")
             {
                 has_result = true;
                 if let Some(id) = tool_use_id {
                     finished.push(id.0.to_vec());
+                    results.push((id, output, is_error));
                 }
             }
         });
+        for (id, output, is_error) in results {
+            self.tool_result(id, output, is_error, report);
+        }
         if has_result {
             self.tool_result_lines += 1;
             self.saw_events = true;
@@ -479,6 +500,31 @@ impl ClaudeCounter {
                 }
             }
         }
+    }
+
+    /// Queues the result of a top-level call reported before (`content` is a string or a
+    /// list of text blocks; `is_error` marks a failure, e.g. a non-zero exit status).
+    fn tool_result(
+        &mut self,
+        id: RawValue<'_>,
+        output: Option<RawValue<'_>>,
+        is_error: Option<RawValue<'_>>,
+        report: &mut LineReport,
+    ) {
+        if !self.calls_seen.contains(id.0) {
+            return;
+        }
+        let Some(id) = id.as_str() else {
+            return;
+        };
+        let text = output
+            .and_then(|o| o.to_json())
+            .map(|o| output_text(&o))
+            .unwrap_or_default();
+        let failed = is_error.and_then(|e| e.as_bool()).unwrap_or(false);
+        self.tool_results
+            .push(ToolResult::new(id.into_owned(), &text, failed));
+        report.flags |= LineReport::TOOL_RESULT;
     }
 
     fn result(&mut self, line: &[u8], report: &mut LineReport) {
@@ -582,6 +628,10 @@ impl StepCounter for ClaudeCounter {
         std::mem::take(&mut self.tool_calls)
     }
 
+    fn take_tool_results(&mut self) -> Vec<ToolResult> {
+        std::mem::take(&mut self.tool_results)
+    }
+
     fn take_usage(&mut self) -> Option<Tokens> {
         self.pending_usage.take()
     }
@@ -592,7 +642,7 @@ mod tests {
     use std::path::PathBuf;
 
     use stepguard_core::loops::{
-        DEFAULT_LOOP_LIMIT, LoopDetector, LoopFound, LoopKind, LoopSettings,
+        Call, DEFAULT_LOOP_LIMIT, LoopDetector, LoopFound, LoopKind, LoopSettings, Outcome,
     };
     use stepguard_plugin_api::testing::outcome;
 
@@ -761,7 +811,16 @@ mod tests {
 
     /// The tool calls of `bytes` counted by `unit`, each with the step it was made in.
     fn calls(bytes: &[u8], unit: &str) -> Vec<(ToolCall, u64)> {
-        stepguard_plugin_api::testing::tool_calls(&ClaudePlugin, unit, bytes).unwrap()
+        // Without their ids, which every call has its own of: what identifies a call is
+        // compared.
+        stepguard_plugin_api::testing::tool_calls(&ClaudePlugin, unit, bytes)
+            .unwrap()
+            .into_iter()
+            .map(|(mut call, step)| {
+                call.id = None;
+                (call, step)
+            })
+            .collect()
     }
 
     fn names(calls: &[(ToolCall, u64)]) -> Vec<&str> {
@@ -971,7 +1030,8 @@ mod tests {
     fn tool_calls_are_declared_and_taken_once() {
         let m = ClaudePlugin.manifest();
         assert!(m.tool_calls);
-        assert_eq!(m.min_protocol(), "1.5.0");
+        assert_eq!(m.min_protocol(), "1.6.0");
+        assert!(m.tool_results);
         let mut counter = ClaudePlugin
             .open_counter(&CounterRequest::new("message"))
             .unwrap();
@@ -1197,5 +1257,57 @@ mod tests {
         );
         // Without a result, the final numbers are what the stream showed.
         assert_eq!(stats.terminal, None);
+    }
+
+    #[test]
+    fn tool_results_answer_their_calls_and_the_same_output_is_one_fingerprint() {
+        let pairs = stepguard_plugin_api::testing::tool_results(
+            &ClaudePlugin,
+            "message",
+            &fixture("streams/claude/loop_repeat.jsonl"),
+        )
+        .unwrap();
+        let builds: Vec<_> = pairs
+            .iter()
+            .filter(|(call, _)| call.program.as_deref() == Some("cargo"))
+            .collect();
+        assert_eq!(builds.len(), 6);
+        let build = &builds[0].1;
+        for (call, result) in &builds {
+            assert_eq!(call.tool, "Bash");
+            assert_eq!(
+                (result.failed, &result.fingerprint),
+                (true, &build.fingerprint)
+            );
+        }
+        // The other calls returned other things.
+        assert!(
+            pairs
+                .iter()
+                .filter(|(call, _)| call.program.is_none())
+                .all(|(_, r)| r.fingerprint != build.fingerprint && !r.failed)
+        );
+        // By progress, the build that keeps giving the same error is a loop at the limit.
+        let mut detector = LoopDetector::new(LoopSettings::with_limit(DEFAULT_LOOP_LIMIT));
+        detector.judge_by_progress();
+        let found = pairs.iter().enumerate().find_map(|(i, (call, result))| {
+            let seen = Call {
+                program: call.program.clone(),
+                id: call.id.clone(),
+                ..Call::new(&call.tool, &call.fingerprint, i as u64 + 1)
+            };
+            assert_eq!(detector.call(seen), None, "only results complete a loop");
+            detector.result(&Outcome {
+                call_id: result.call_id.clone(),
+                fingerprint: result.fingerprint.clone(),
+                failed: result.failed,
+            })
+        });
+        let found = found.expect("a loop");
+        assert!(
+            matches!(found.kind, LoopKind::Repeat | LoopKind::NoProgress),
+            "{found:?}"
+        );
+        assert_eq!(found.count, DEFAULT_LOOP_LIMIT);
     }
 }

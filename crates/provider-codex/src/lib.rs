@@ -35,7 +35,13 @@
 //! then; a `collab_tool_call` is its tool (`spawn_agent`, `wait` …) with its prompt and
 //! receivers. A `file_change` names the files but not the patch, so each one is a call of its
 //! own: editing one file several times is normal work, not a loop. Archived logs report their
-//! `*_begin` events (where a patch's diff is known) and `web_search_end`.
+//! `*_begin` events (where a patch's diff is known) and `web_search_end`. A command's call is
+//! its normalised command with its program (`cargo` in `/bin/bash -lc 'cargo build'`).
+//!
+//! Tool results (protocol 1.6) are the `item.completed` lines of items reported as calls: a
+//! command's `exit_code` and `aggregated_output` (failed: a non-zero exit code or status
+//! `failed`), an MCP call's `result` or `error`, another item's `status`. Archived logs report
+//! no results, so their loops are judged by identical calls.
 //!
 //! ```
 //! use stepguard_plugin_api::{CounterRequest, ProviderPlugin};
@@ -52,7 +58,7 @@ use stepguard_jsonl::{RawValue, scan, scan_prefix};
 use stepguard_plugin_api::{
     BaseUrlRule, CounterRequest, CounterStats, LineReport, Manifest, ModelEndpoint, NativeLimit,
     PreflightRule, ProviderBox, ProviderPlugin, StepCounter, Terminal, Tokens, ToolCall,
-    slug_for_error_text,
+    ToolResult, fingerprint::output_text, slug_for_error_text,
 };
 
 /// The Codex provider plugin.
@@ -134,7 +140,7 @@ impl ProviderPlugin for CodexPlugin {
                 )
                 .when_any(&["exec", "e"]),
             )
-            .reports_tool_calls()
+            .reports_tool_results()
             .reports_usage()
             // `thread.started` comes before the first model call: silence past this is a text
             // mode (a forgotten `--json` behind a wrapper), which prints nothing until it ends.
@@ -191,6 +197,8 @@ pub struct CodexCounter {
     calls_seen: HashSet<Vec<u8>>,
     /// Tool calls not yet taken by the host.
     tool_calls: Vec<ToolCall>,
+    /// Tool results not yet taken by the host.
+    tool_results: Vec<ToolResult>,
     /// Usage not yet taken by the host.
     pending_usage: Option<Tokens>,
 }
@@ -232,6 +240,7 @@ impl CodexCounter {
             unknown: 0,
             calls_seen: HashSet::default(),
             tool_calls: Vec::new(),
+            tool_results: Vec::new(),
             pending_usage: None,
         }
     }
@@ -273,8 +282,25 @@ impl CodexCounter {
             return;
         };
         self.calls_seen.insert(id.to_vec());
-        self.tool_calls.push(call);
+        self.tool_calls.push(call.with_id(item_id(id)));
         report.flags |= LineReport::TOOL_CALL;
+    }
+
+    /// Reports the result of a tool item reported as a call, at its `item.completed`: what it
+    /// printed or returned, and whether it failed.
+    fn item_result(&mut self, line: &[u8], id: &[u8], kind: &[u8], report: &mut LineReport) {
+        if !Unit::Tool.counts(kind) || !self.calls_seen.contains(id) {
+            return;
+        }
+        let Some((text, failed)) = scan(line, ["item"])
+            .and_then(|[item]| item)
+            .and_then(|item| item_outcome(item, kind))
+        else {
+            return;
+        };
+        self.tool_results
+            .push(ToolResult::new(item_id(id), &text, failed));
+        report.flags |= LineReport::TOOL_RESULT;
     }
 
     /// Reports the tool call of an archived `*_begin` event (or of `web_search_end`, which
@@ -358,6 +384,9 @@ impl CodexCounter {
             }
         }
         self.item_call(line, started, id.0, kind, report);
+        if !started {
+            self.item_result(line, id.0, kind, report);
+        }
     }
 
     fn legacy_event(&mut self, msg: RawValue<'_>, report: &mut LineReport) {
@@ -480,7 +509,10 @@ fn item_tool_call(item: RawValue<'_>, id: &[u8], kind: &[u8]) -> Option<ToolCall
     Some(match kind {
         b"command_execution" => {
             let [command] = item.fields(["command"])?;
-            ToolCall::new("shell", &json!({"command": json(command)}))
+            match text(command) {
+                Some(command) => ToolCall::shell("shell", &command, &json!({})),
+                None => ToolCall::new("shell", &json!({"command": json(command)})),
+            }
         }
         b"mcp_tool_call" => {
             let [server, tool, arguments] = item.fields(["server", "tool", "arguments"])?;
@@ -511,6 +543,50 @@ fn item_tool_call(item: RawValue<'_>, id: &[u8], kind: &[u8]) -> Option<ToolCall
                 &json!({"prompt": json(prompt), "receiver_thread_ids": json(receivers)}),
             )
         }
+    })
+}
+
+/// An item's id as text, whichever way it was read (with or without its quotes).
+fn item_id(id: &[u8]) -> String {
+    String::from_utf8_lossy(id).trim_matches('"').to_owned()
+}
+
+/// What a completed tool item returned, as text, and whether it failed: a command's output
+/// and exit code; an MCP call's result or error; otherwise its `status` (and a file change's
+/// paths), `failed` meaning failure.
+fn item_outcome(item: RawValue<'_>, kind: &[u8]) -> Option<(String, bool)> {
+    let json = |v: Option<RawValue<'_>>| v.and_then(|v| v.to_json()).unwrap_or(Value::Null);
+    let [status, output, exit_code, result, error, changes] = item.fields([
+        "status",
+        "aggregated_output",
+        "exit_code",
+        "result",
+        "error",
+        "changes",
+    ])?;
+    let failed_status = status.is_some_and(|s| s.is_str("failed"));
+    Some(match kind {
+        b"command_execution" => {
+            let code = exit_code.and_then(|c| c.as_u64());
+            let text = format!(
+                "exit {}\n{}",
+                code.map_or("?".to_owned(), |c| c.to_string()),
+                output_text(&json(output))
+            );
+            (text, failed_status || code.is_some_and(|c| c != 0))
+        }
+        b"mcp_tool_call" => {
+            let error = json(error);
+            let failed = failed_status || !error.is_null();
+            let text = if error.is_null() {
+                output_text(&json(result))
+            } else {
+                output_text(&error)
+            };
+            (text, failed)
+        }
+        b"file_change" => (json(changes).to_string(), failed_status),
+        _ => (json(status).to_string(), failed_status),
     })
 }
 
@@ -588,6 +664,9 @@ impl StepCounter for CodexCounter {
                 }
             }
             self.item_call(line, started, id, kind, &mut report);
+            if !started {
+                self.item_result(line, id, kind, &mut report);
+            }
             return Ok(report);
         }
         // Codex writes `type` first, so reading it stops early; each kind of line then reads
@@ -641,6 +720,10 @@ impl StepCounter for CodexCounter {
         std::mem::take(&mut self.tool_calls)
     }
 
+    fn take_tool_results(&mut self) -> Vec<ToolResult> {
+        std::mem::take(&mut self.tool_results)
+    }
+
     fn take_usage(&mut self) -> Option<Tokens> {
         self.pending_usage.take()
     }
@@ -651,7 +734,7 @@ mod tests {
     use std::path::PathBuf;
 
     use stepguard_core::loops::{
-        DEFAULT_LOOP_LIMIT, LoopDetector, LoopFound, LoopKind, LoopSettings,
+        Call, DEFAULT_LOOP_LIMIT, LoopDetector, LoopFound, LoopKind, LoopSettings, Outcome,
     };
     use stepguard_plugin_api::testing::{feed_all, outcome};
 
@@ -876,7 +959,16 @@ mod tests {
 
     /// The tool calls of `bytes` counted by `unit`, each with the step it was made in.
     fn calls(bytes: &[u8], unit: &str) -> Vec<(ToolCall, u64)> {
-        stepguard_plugin_api::testing::tool_calls(&CodexPlugin, unit, bytes).unwrap()
+        // Without their ids, which every call has its own of: what identifies a call is
+        // compared.
+        stepguard_plugin_api::testing::tool_calls(&CodexPlugin, unit, bytes)
+            .unwrap()
+            .into_iter()
+            .map(|(mut call, step)| {
+                call.id = None;
+                (call, step)
+            })
+            .collect()
     }
 
     fn names(calls: &[(ToolCall, u64)]) -> Vec<&str> {
@@ -1065,7 +1157,8 @@ mod tests {
     fn tool_calls_are_declared() {
         let m = CodexPlugin.manifest();
         assert!(m.tool_calls);
-        assert_eq!(m.min_protocol(), "1.5.0");
+        assert_eq!(m.min_protocol(), "1.6.0");
+        assert!(m.tool_results);
     }
 
     fn words(v: &[&str]) -> Vec<String> {
@@ -1220,5 +1313,57 @@ mod tests {
             failed("monthly budget reached for this workspace"),
             "provider_error"
         );
+    }
+
+    #[test]
+    fn tool_results_answer_their_calls_and_the_same_output_is_one_fingerprint() {
+        let pairs = stepguard_plugin_api::testing::tool_results(
+            &CodexPlugin,
+            "item",
+            &fixture("streams/codex/loop_repeat.jsonl"),
+        )
+        .unwrap();
+        let builds: Vec<_> = pairs
+            .iter()
+            .filter(|(call, _)| call.program.as_deref() == Some("cargo"))
+            .collect();
+        assert_eq!(builds.len(), 5);
+        let build = &builds[0].1;
+        for (call, result) in &builds {
+            assert_eq!(call.tool, "shell");
+            assert_eq!(
+                (result.failed, &result.fingerprint),
+                (true, &build.fingerprint)
+            );
+        }
+        // The other calls returned other things.
+        assert!(
+            pairs
+                .iter()
+                .filter(|(call, _)| call.program.is_none())
+                .all(|(_, r)| r.fingerprint != build.fingerprint && !r.failed)
+        );
+        // By progress, the build that keeps giving the same error is a loop at the limit.
+        let mut detector = LoopDetector::new(LoopSettings::with_limit(DEFAULT_LOOP_LIMIT));
+        detector.judge_by_progress();
+        let found = pairs.iter().enumerate().find_map(|(i, (call, result))| {
+            let seen = Call {
+                program: call.program.clone(),
+                id: call.id.clone(),
+                ..Call::new(&call.tool, &call.fingerprint, i as u64 + 1)
+            };
+            assert_eq!(detector.call(seen), None, "only results complete a loop");
+            detector.result(&Outcome {
+                call_id: result.call_id.clone(),
+                fingerprint: result.fingerprint.clone(),
+                failed: result.failed,
+            })
+        });
+        let found = found.expect("a loop");
+        assert!(
+            matches!(found.kind, LoopKind::Repeat | LoopKind::NoProgress),
+            "{found:?}"
+        );
+        assert_eq!(found.count, DEFAULT_LOOP_LIMIT);
     }
 }

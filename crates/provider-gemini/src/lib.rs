@@ -14,7 +14,10 @@
 //!
 //! Tool calls (for loop detection, protocol 1.3) are the `tool_use` events, each reported once
 //! by `tool_id`, as `tool_name` and `parameters` (`run_shell_command`'s `description` left out:
-//! it annotates the command and does not change what runs).
+//! it annotates the command and does not change what runs; its `command` normalised, with its
+//! program). Their results (protocol 1.6) are the `tool_result` events of reported calls: the
+//! `output` or `error`, failed when `status` is `error` or the output says `Exit Code: N`, N
+//! not 0.
 //!
 //! Token usage (protocol 1.5) is `result.stats` (`input_tokens`, cached ones included, `cached`,
 //! `output_tokens`), the session's totals over every model, side requests included: stream-json
@@ -35,7 +38,8 @@ use rustc_hash::FxHashSet as HashSet;
 use stepguard_jsonl::{RawValue, scan};
 use stepguard_plugin_api::{
     BaseUrlRule, CounterRequest, CounterStats, LineReport, Manifest, ModelEndpoint, PreflightRule,
-    ProviderBox, ProviderPlugin, StepCounter, Terminal, Tokens, ToolCall, slug_for_error_text,
+    ProviderBox, ProviderPlugin, StepCounter, Terminal, Tokens, ToolCall, ToolResult,
+    fingerprint::output_text, slug_for_error_text,
 };
 
 /// The Gemini CLI provider plugin.
@@ -74,7 +78,7 @@ impl ProviderPlugin for GeminiPlugin {
                 &["--output-format=stream-json", "-o=stream-json"],
                 "add `--output-format stream-json`: stepguard counts its JSONL events",
             ))
-            .reports_tool_calls()
+            .reports_tool_results()
             .reports_usage()
     }
 
@@ -121,6 +125,8 @@ pub struct GeminiCounter {
     unknown: u64,
     /// Tool calls not yet taken by the host.
     tool_calls: Vec<ToolCall>,
+    /// Tool results not yet taken by the host.
+    pending_results: Vec<ToolResult>,
     /// Usage not yet taken by the host.
     pending_usage: Option<Tokens>,
 }
@@ -128,7 +134,7 @@ pub struct GeminiCounter {
 impl GeminiCounter {
     /// Queues the call of a new `tool_use` line; only these lines are scanned for the name and
     /// parameters.
-    fn tool_call(&mut self, line: &[u8], report: &mut LineReport) {
+    fn tool_call(&mut self, line: &[u8], id: &[u8], report: &mut LineReport) {
         let Some([name, parameters]) = scan(line, ["tool_name", "parameters"]) else {
             return;
         };
@@ -139,15 +145,50 @@ impl GeminiCounter {
         let mut arguments = parameters
             .and_then(|p| p.to_json())
             .unwrap_or(serde_json::Value::Null);
+        let mut command = None;
         if name == "run_shell_command"
             && let Some(object) = arguments.as_object_mut()
         {
             // Annotates the command for the user and does not change what runs; a looping
             // model rewords it.
             object.remove("description");
+            command = match object.remove("command") {
+                Some(serde_json::Value::String(c)) => Some(c),
+                _ => None,
+            };
         }
-        self.tool_calls.push(ToolCall::new(name, &arguments));
+        let call = match command {
+            Some(command) => ToolCall::shell(name, &command, &arguments),
+            None => ToolCall::new(name, &arguments),
+        };
+        let id = String::from_utf8_lossy(id);
+        self.tool_calls.push(call.with_id(id.trim_matches('"')));
         report.flags |= LineReport::TOOL_CALL;
+    }
+
+    /// Queues the result of a reported call: its `output` or `error`, failed when its status
+    /// is `error` or a shell command says it exited non-zero (`Exit Code: 1`).
+    fn tool_result(&mut self, line: &[u8], id: &[u8], report: &mut LineReport) {
+        let Some([status, output, error]) = scan(line, ["status", "output", "error"]) else {
+            return;
+        };
+        let json = |v: Option<RawValue<'_>>| v.and_then(|v| v.to_json()).unwrap_or_default();
+        let error = json(error);
+        let text = if error.is_null() {
+            output_text(&json(output))
+        } else {
+            output_text(&error)
+        };
+        let exited_non_zero = text.lines().any(|l| {
+            l.trim()
+                .strip_prefix("Exit Code:")
+                .is_some_and(|code| code.trim() != "0")
+        });
+        let failed = status.is_some_and(|s| s.is_str("error")) || exited_non_zero;
+        let id = String::from_utf8_lossy(id).trim_matches('"').to_owned();
+        self.pending_results
+            .push(ToolResult::new(id, &text, failed));
+        report.flags |= LineReport::TOOL_RESULT;
     }
 
     fn model_output(&mut self, report: &mut LineReport) {
@@ -245,11 +286,11 @@ impl StepCounter for GeminiCounter {
                 // new call, so a stream cannot hide steps behind an old id.
                 let reused = self.tool_results.remove(&id);
                 self.reused += u64::from(reused);
-                if self.tool_ids.insert(id) || reused {
+                if self.tool_ids.insert(id.clone()) || reused {
                     if !self.by_turn {
                         report.steps_begun += 1;
                     }
-                    self.tool_call(line, &mut report);
+                    self.tool_call(line, &id, &mut report);
                 }
             }
             "tool_result" => {
@@ -257,9 +298,11 @@ impl StepCounter for GeminiCounter {
                 if let Some(id) = tool_id
                     && self.tool_ids.contains(id.0)
                     && self.tool_results.insert(id.0.to_vec())
-                    && !self.by_turn
                 {
-                    report.steps_completed += 1;
+                    if !self.by_turn {
+                        report.steps_completed += 1;
+                    }
+                    self.tool_result(line, id.0, &mut report);
                 }
             }
             "message" => match role.and_then(|r| r.as_str()).as_deref() {
@@ -302,6 +345,10 @@ impl StepCounter for GeminiCounter {
         std::mem::take(&mut self.tool_calls)
     }
 
+    fn take_tool_results(&mut self) -> Vec<ToolResult> {
+        std::mem::take(&mut self.pending_results)
+    }
+
     fn take_usage(&mut self) -> Option<Tokens> {
         self.pending_usage.take()
     }
@@ -312,7 +359,7 @@ mod tests {
     use std::path::PathBuf;
 
     use stepguard_core::loops::{
-        DEFAULT_LOOP_LIMIT, LoopDetector, LoopFound, LoopKind, LoopSettings,
+        Call, DEFAULT_LOOP_LIMIT, LoopDetector, LoopFound, LoopKind, LoopSettings, Outcome,
     };
     use stepguard_plugin_api::testing::outcome;
 
@@ -417,7 +464,16 @@ mod tests {
 
     /// The tool calls of `bytes` counted by `unit`, each with the step it was made in.
     fn calls(bytes: &[u8], unit: &str) -> Vec<(ToolCall, u64)> {
-        stepguard_plugin_api::testing::tool_calls(&GeminiPlugin, unit, bytes).unwrap()
+        // Without their ids, which every call has its own of: what identifies a call is
+        // compared.
+        stepguard_plugin_api::testing::tool_calls(&GeminiPlugin, unit, bytes)
+            .unwrap()
+            .into_iter()
+            .map(|(mut call, step)| {
+                call.id = None;
+                (call, step)
+            })
+            .collect()
     }
 
     fn names(calls: &[(ToolCall, u64)]) -> Vec<&str> {
@@ -596,7 +652,8 @@ mod tests {
     fn tool_calls_are_declared() {
         let m = GeminiPlugin.manifest();
         assert!(m.tool_calls);
-        assert_eq!(m.min_protocol(), "1.5.0");
+        assert_eq!(m.min_protocol(), "1.6.0");
+        assert!(m.tool_results);
     }
 
     /// A run's token counts with unknown ones as zero.
@@ -644,5 +701,73 @@ mod tests {
         }
         let (_, stats) = count_bytes(&fixture("real/gemini/tools3.jsonl"), "tool_use");
         assert_eq!(counts(stats.tokens.unwrap()), (500, 100, 0, 0));
+    }
+
+    #[test]
+    fn tool_results_answer_their_calls_and_the_same_output_is_one_fingerprint() {
+        let pairs = stepguard_plugin_api::testing::tool_results(
+            &GeminiPlugin,
+            "tool_use",
+            &fixture("streams/gemini/loop_repeat.jsonl"),
+        )
+        .unwrap();
+        let builds: Vec<_> = pairs
+            .iter()
+            .filter(|(call, _)| call.program.as_deref() == Some("npm"))
+            .collect();
+        assert_eq!(builds.len(), 6);
+        let build = &builds[0].1;
+        for (call, result) in &builds {
+            assert_eq!(call.tool, "run_shell_command");
+            assert_eq!(
+                (result.failed, &result.fingerprint),
+                (false, &build.fingerprint)
+            );
+        }
+        // The other calls returned other things.
+        assert!(
+            pairs
+                .iter()
+                .filter(|(call, _)| call.program.is_none())
+                .all(|(_, r)| r.fingerprint != build.fingerprint && !r.failed)
+        );
+        // Gemini's stream does not say that a command exited non-zero (`status` is `success`):
+        // the builds are no `no_progress`, and the read and the grep between them returned
+        // something new, so by progress the repeat is the last three builds.
+        let mut detector = LoopDetector::new(LoopSettings::with_limit(3));
+        detector.judge_by_progress();
+        let found = pairs.iter().enumerate().find_map(|(i, (call, result))| {
+            let seen = Call {
+                program: call.program.clone(),
+                id: call.id.clone(),
+                ..Call::new(&call.tool, &call.fingerprint, i as u64 + 1)
+            };
+            assert_eq!(detector.call(seen), None, "only results complete a loop");
+            detector.result(&Outcome {
+                call_id: result.call_id.clone(),
+                fingerprint: result.fingerprint.clone(),
+                failed: result.failed,
+            })
+        });
+        let found = found.expect("a loop");
+        assert!(
+            matches!(found.kind, LoopKind::Repeat | LoopKind::NoProgress),
+            "{found:?}"
+        );
+        assert_eq!((found.kind, found.count), (LoopKind::Repeat, 3));
+        let mut detector = LoopDetector::new(LoopSettings::with_limit(DEFAULT_LOOP_LIMIT));
+        detector.judge_by_progress();
+        let late = pairs.iter().find_map(|(call, result)| {
+            detector.call(Call {
+                id: call.id.clone(),
+                ..Call::new(&call.tool, &call.fingerprint, 1)
+            });
+            detector.result(&Outcome {
+                call_id: result.call_id.clone(),
+                fingerprint: result.fingerprint.clone(),
+                failed: result.failed,
+            })
+        });
+        assert_eq!(late, None);
     }
 }

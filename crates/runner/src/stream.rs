@@ -3,7 +3,7 @@
 
 use std::io::Read;
 
-use stepguard_core::loops::{LoopDetector, LoopFound, LoopSettings};
+use stepguard_core::loops::{Call, LoopDetector, LoopFound, LoopSettings, Outcome};
 use stepguard_core::verdict::{RunFacts, StreamVerdict, classify};
 use stepguard_core::{FailureSlug, RunRecord, RunStats, TokenUsage};
 use stepguard_jsonl::{Framing, HostileFraming, LineSplitter, SplitChunk};
@@ -60,27 +60,62 @@ impl LoopWatch {
         }
     }
 
-    /// After a chunk whose lines carried tool calls, asks the counter for them (one call per
-    /// chunk, never per line) and returns the first loop they complete. The detector then
-    /// starts afresh, so a later loop is found on its own.
+    /// After a chunk whose lines carried tool calls or results, asks the counter for them (one
+    /// call each per chunk, never per line) and returns the first loop they complete. The
+    /// detector then starts afresh, so a later loop is found on its own.
+    ///
+    /// Each call is taken to be made in the step the plugin stamped it with, else in `step`.
+    /// Within a chunk, calls are seen before results; by progress only results complete a
+    /// loop, so how the stream was chunked changes nothing.
     pub fn after_chunk(
         &mut self,
         counter: &mut Counter,
         chunk: &ChunkReport,
         step: u64,
     ) -> Result<Option<LoopFound>, CallError> {
-        if !chunk.sum.has(LineReport::TOOL_CALL) {
-            return Ok(None);
+        let calls = if chunk.sum.has(LineReport::TOOL_CALL) {
+            counter.tool_calls()?
+        } else {
+            Vec::new()
+        };
+        let results = if chunk.sum.has(LineReport::TOOL_RESULT) {
+            counter.tool_results()?
+        } else {
+            Vec::new()
+        };
+        if !results.is_empty() {
+            self.detector.judge_by_progress();
         }
         let mut first = None;
-        for call in counter.tool_calls()? {
-            if let Some(found) = self.detector.observe(&call.tool, &call.fingerprint, step) {
-                self.detector.reset();
-                self.found.push(found.clone());
-                first.get_or_insert(found);
-            }
+        for call in calls {
+            let call = Call {
+                tool: call.tool,
+                fingerprint: call.fingerprint,
+                program: call.program,
+                id: call.id,
+                step: call.step.unwrap_or(step),
+            };
+            let found = self.detector.call(call);
+            self.keep(found, &mut first);
+        }
+        for result in results {
+            let found = self.detector.result(&Outcome {
+                call_id: result.call_id,
+                fingerprint: result.fingerprint,
+                failed: result.failed,
+            });
+            self.keep(found, &mut first);
         }
         Ok(first)
+    }
+
+    /// Keeps a loop found, and looks afresh for the next.
+    fn keep(&mut self, found: Option<LoopFound>, first: &mut Option<LoopFound>) {
+        if let Some(found) = found {
+            self.detector.reset();
+            self.found.push(found.clone());
+            first.get_or_insert(found);
+        }
     }
 }
 

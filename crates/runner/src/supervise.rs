@@ -469,5 +469,9 @@ fn loop_message(found: &LoopFound) -> String {
             "the agent went round the same calls `{}` {} times (since step {}); stopped as a loop",
             found.tool, found.count, found.first_step
         ),
+        LoopKind::NoProgress => format!(
+            "`{}` failed with the same error {} times (since step {}), whatever the agent did in between; stopped as a loop",
+            found.tool, found.count, found.first_step
+        ),
     }
 }

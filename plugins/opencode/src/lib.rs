@@ -22,7 +22,9 @@
 //!
 //! Tool calls (for loop detection, protocol 1.3) are the `tool_use` events, each reported once
 //! by `callID`, as `part.tool` and `part.state.input`. OpenCode prints a call when it has run,
-//! so the host sees it after its result, not before.
+//! so the host sees it after its result, not before: the same line carries the result (protocol
+//! 1.6), `state.output` or `state.error`, failed when `state.status` is `error` or a command's
+//! `state.metadata.exit` is not 0. A `bash` call is its normalised `command` with its program.
 //!
 //! It is built only against `stepguard-plugin-api`, exactly as a third party would build theirs.
 #![deny(unsafe_code)] // not `forbid`: export_plugin! allows it on its own generated items
@@ -31,7 +33,8 @@ use std::collections::HashSet;
 
 use stepguard_plugin_api::{
     BaseUrlRule, CounterRequest, CounterStats, LineReport, Manifest, ModelEndpoint, PreflightRule,
-    ProviderPlugin, StepCounter, Terminal, Tokens, ToolCall, slug_for_error_text,
+    ProviderPlugin, StepCounter, Terminal, Tokens, ToolCall, ToolResult, fingerprint::output_text,
+    slug_for_error_text,
 };
 
 /// The OpenCode provider plugin.
@@ -74,7 +77,7 @@ impl ProviderPlugin for OpenCodePlugin {
                 )
                 .when_any(&["run"]),
             )
-            .reports_tool_calls()
+            .reports_tool_results()
             .reports_usage()
     }
 
@@ -101,6 +104,8 @@ pub struct OpenCodeCounter {
     unknown: u64,
     /// Tool calls not yet taken by the host.
     tool_calls: Vec<ToolCall>,
+    /// Tool results not yet taken by the host.
+    tool_results: Vec<ToolResult>,
     /// Usage not yet taken by the host.
     pending_usage: Option<Tokens>,
 }
@@ -174,13 +179,17 @@ impl StepCounter for OpenCodeCounter {
                 let id = part["callID"]
                     .as_str()
                     .map_or_else(|| format!("call_{}", self.tools.len()), str::to_owned);
-                if self.tools.insert(id) {
+                if self.tools.insert(id.clone()) {
                     if !self.by_step {
                         report.steps_begun += 1;
                         report.steps_completed += 1;
                     }
-                    self.tool_calls.push(tool_call(part));
+                    self.tool_calls.push(tool_call(part).with_id(id.clone()));
                     report.flags |= LineReport::TOOL_CALL;
+                    if let Some(result) = tool_result(part, id) {
+                        self.tool_results.push(result);
+                        report.flags |= LineReport::TOOL_RESULT;
+                    }
                 }
             }
             "text" | "reasoning" => {}
@@ -228,6 +237,10 @@ impl StepCounter for OpenCodeCounter {
         std::mem::take(&mut self.tool_calls)
     }
 
+    fn take_tool_results(&mut self) -> Vec<ToolResult> {
+        std::mem::take(&mut self.tool_results)
+    }
+
     fn take_usage(&mut self) -> Option<Tokens> {
         self.pending_usage.take()
     }
@@ -243,8 +256,31 @@ fn tool_call(part: &serde_json::Value) -> ToolCall {
         && let Some(object) = input.as_object_mut()
     {
         object.remove("description");
+        if let Some(serde_json::Value::String(command)) = object.remove("command") {
+            return ToolCall::shell(tool, &command, &input);
+        }
     }
     ToolCall::new(tool, &input)
+}
+
+/// The result a `tool_use` part carries (OpenCode prints a call once it has run): its
+/// `state.output` (or `state.error`), failed when `state.status` is `error` or a command's
+/// `state.metadata.exit` is not 0; `None` while the call is still running.
+fn tool_result(part: &serde_json::Value, id: String) -> Option<ToolResult> {
+    let state = &part["state"];
+    let status = state["status"].as_str()?;
+    if !matches!(status, "completed" | "error") {
+        return None;
+    }
+    let exit = state["metadata"]["exit"].as_i64();
+    let failed = status == "error" || exit.is_some_and(|code| code != 0);
+    let output = if state["error"].is_null() {
+        &state["output"]
+    } else {
+        &state["error"]
+    };
+    let text = format!("exit {}\n{}", exit.unwrap_or(0), output_text(output));
+    Some(ToolResult::new(id, &text, failed))
 }
 
 #[cfg(test)]
@@ -426,7 +462,8 @@ mod tests {
     fn tool_calls_are_declared() {
         let m = OpenCodePlugin.manifest();
         assert!(m.tool_calls);
-        assert_eq!(m.min_protocol(), "1.5.0");
+        assert_eq!(m.min_protocol(), "1.6.0");
+        assert!(m.tool_results);
     }
 
     /// A run's token counts with unknown ones as zero.
@@ -496,5 +533,51 @@ mod tests {
         assert_eq!(step.total(), 1880);
         assert_eq!(c.take_usage(), None);
         assert_eq!(c.finish().tokens, Some(step));
+    }
+
+    #[test]
+    fn a_tool_use_line_carries_its_result_too() {
+        let pairs = stepguard_plugin_api::testing::tool_results(
+            &OpenCodePlugin,
+            "step",
+            &stream("loop_repeat.jsonl"),
+        )
+        .unwrap();
+        assert_eq!(pairs.len(), calls(&stream("loop_repeat.jsonl")).len());
+        let builds: Vec<_> = pairs
+            .iter()
+            .filter(|(call, _)| call.program.as_deref() == Some("cargo"))
+            .collect();
+        assert_eq!(builds.len(), 6);
+        // `| tail` exits 0: the same output, not a failure.
+        assert!(
+            builds
+                .iter()
+                .all(|(_, r)| !r.failed && r.fingerprint == builds[0].1.fingerprint)
+        );
+        let other = pairs.iter().find(|(c, _)| c.program.is_none()).unwrap();
+        assert_ne!(other.1.fingerprint, builds[0].1.fingerprint);
+        // A command that exits non-zero, or a tool error, failed; a running call has no result.
+        let line = |state: &str| {
+            format!(
+                r#"{{"type":"tool_use","part":{{"type":"tool","tool":"bash","callID":"c1","state":{state}}}}}"#
+            )
+        };
+        let failed = |state: &str| {
+            stepguard_plugin_api::testing::tool_results(
+                &OpenCodePlugin,
+                "step",
+                line(state).as_bytes(),
+            )
+            .unwrap()
+            .first()
+            .map(|(_, r)| r.failed)
+        };
+        let exit1 = r#"{"status":"completed","input":{"command":"make"},"output":"boom","metadata":{"exit":1}}"#;
+        let error = r#"{"status":"error","input":{"command":"make"},"error":"denied"}"#;
+        let running = r#"{"status":"running","input":{"command":"make"}}"#;
+        assert_eq!(failed(exit1), Some(true));
+        assert_eq!(failed(error), Some(true));
+        assert_eq!(failed(running), None);
     }
 }

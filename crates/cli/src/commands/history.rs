@@ -115,6 +115,10 @@ fn loop_detail(l: &LoopFound) -> String {
             "cycle of {period} calls {} repeated {} times (since step {})",
             l.tool, l.count, l.first_step
         ),
+        LoopKind::NoProgress => format!(
+            "{} failed alike {} times, no progress (since step {})",
+            l.tool, l.count, l.first_step
+        ),
     }
 }
 
