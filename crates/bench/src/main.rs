@@ -27,8 +27,8 @@ use clap::{Parser, Subcommand};
 use stepguard_plugin_api::{CounterRequest, ProviderPlugin};
 
 mod gateway;
-mod prices;
 mod loops;
+mod prices;
 
 #[derive(Parser)]
 #[command(about = "stepguard benchmarks")]

@@ -250,7 +250,9 @@ fn config_flag(
     let mut upstream = None;
     for (_, k, v) in &pairs {
         if *k == full_key {
-            upstream = v.as_str().map(|url| (url.to_owned(), format!("{flag} {full_key}")));
+            upstream = v
+                .as_str()
+                .map(|url| (url.to_owned(), format!("{flag} {full_key}")));
         } else if *k == table_key
             && let Some(url) = v.get(leaf).and_then(toml::Value::as_str)
         {
@@ -628,9 +630,17 @@ mod tests {
         let c = cmd(&["codex", "exec", "hi"]);
         let p = point(&codex(), &c, &only_home, Path::new("."), GW).unwrap();
         assert_eq!(p.upstream, "http://127.0.0.1:8/v1");
-        assert!(p.upstream_source.ends_with(".codex/config.toml openai_base_url"));
+        assert!(
+            p.upstream_source
+                .ends_with(".codex/config.toml openai_base_url")
+        );
         // The command's own value wins over the file.
-        let c = cmd(&["codex", "-c", "openai_base_url=http://127.0.0.1:9/v1", "exec"]);
+        let c = cmd(&[
+            "codex",
+            "-c",
+            "openai_base_url=http://127.0.0.1:9/v1",
+            "exec",
+        ]);
         let p = point(&codex(), &c, &only_home, Path::new("."), GW).unwrap();
         assert_eq!(p.upstream, "http://127.0.0.1:9/v1");
         // CODEX_HOME set: its config is the only one, and a missing one sets nothing.

@@ -264,12 +264,18 @@ fn refuse_pointing_a_wrapper(
         &manifest.native_cost_limit,
     ];
     let names_any = !manifest.preflight.is_empty()
-        || limits.iter().any(|l| l.as_ref().is_some_and(|l| l.program.is_some()));
+        || limits
+            .iter()
+            .any(|l| l.as_ref().is_some_and(|l| l.program.is_some()));
     if pointed == command || !names_any || manifest.names_program(program) {
         return Ok(());
     }
     // What pointing added: the run of arguments from the first difference on.
-    let at = command.iter().zip(pointed).take_while(|(a, b)| a == b).count();
+    let at = command
+        .iter()
+        .zip(pointed)
+        .take_while(|(a, b)| a == b)
+        .count();
     let added = pointed[at..at + (pointed.len() - command.len())].join(" ");
     Err(UsageError(format!(
         "--wrap-up points provider {}'s CLI at the gateway by adding `{added}` to its command \
