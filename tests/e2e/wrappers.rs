@@ -283,3 +283,35 @@ fn a_codex_that_stays_silent_past_its_first_event_time_is_stopped() {
         run.stderr
     );
 }
+
+#[test]
+fn wrap_up_never_points_a_wrapper_and_reads_the_clis_own_config() {
+    let sb = Sandbox::new();
+    let (codex, argv) = recording_cli(&sb, "codex", "real/codex/tools3.jsonl");
+    // Pointing Codex means adding `-c openai_base_url=…`: behind `env` that would be env's
+    // option, so the run is refused before anything starts, naming the fix.
+    let run = sb.run(&[
+        "run", "-p", "codex", "--wrap-up", "--", "env", "SG_WRAPPED=1", &codex, "exec", "--json",
+        "hi",
+    ]);
+    assert_eq!(run.code, Some(2), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("runs `env`, not the CLI")
+            && run.stderr.contains("-c openai_base_url="),
+        "{}",
+        run.stderr
+    );
+    assert!(!argv.exists(), "the agent never started");
+    // A Codex config file that is not TOML is named before the agent starts; the gateway
+    // would otherwise forward to a place the user never chose.
+    let home = sb.root().join("codex-home");
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::write(home.join("config.toml"), "openai_base_url = [").unwrap();
+    let run = sb.run_env(
+        &["run", "-p", "codex", "--wrap-up", "--", &codex, "exec", "--json", "hi"],
+        &[("CODEX_HOME", home.to_str().unwrap())],
+    );
+    assert_eq!(run.code, Some(2), "{}", run.stderr);
+    assert!(run.stderr.contains("config.toml"), "{}", run.stderr);
+    assert!(!argv.exists(), "the agent never started");
+}
