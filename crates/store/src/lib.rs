@@ -57,6 +57,11 @@ pub use stepguard_core::RunRecord;
 
 pub use stats::{CostSpread, GroupStats, Spread, StatsReport, compute_stats, percentile};
 
+/// The query `mark_dead_runs` makes at every open: this host's `running` rows (index
+/// `runs_running`, which holds only them).
+const RUNNING_ROWS: &str = "SELECT id, supervisor_boot_id, supervisor_pid, supervisor_start_ticks
+    FROM runs WHERE outcome = 'running' AND supervisor_host = ?1";
+
 /// The SQL migrations to schema version 7 (one column per record field), in order; index + 1
 /// is the version each one brings the database to. Frozen: version 8 ([`to_v8`]) turns the
 /// columns into one JSON record.
@@ -143,8 +148,18 @@ const V8_TABLE: &str = "CREATE TABLE runs_v8 (
         record TEXT NOT NULL
     );";
 
+/// Version 9: an index for every query the commands make, so that no command reads the whole
+/// table to answer about a few rows: the `running` rows of a host (read by every open), the
+/// `--provider` and `--task-type` filters in id order, and the (provider, task type) groups of
+/// `stats`. No row is touched.
+const V9_INDEXES: &str = "DROP INDEX IF EXISTS runs_by_provider;
+    CREATE INDEX runs_by_provider ON runs (provider);
+    CREATE INDEX runs_by_group ON runs (provider, task_type);
+    CREATE INDEX runs_by_task_type ON runs (task_type);
+    CREATE INDEX runs_running ON runs (supervisor_host) WHERE outcome = 'running';";
+
 /// The newest schema version this stepguard knows.
-pub const SCHEMA_VERSION: i64 = MIGRATIONS_TO_V7.len() as i64 + 1;
+pub const SCHEMA_VERSION: i64 = 9;
 
 /// How long a writer waits for another one before giving up.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -418,13 +433,7 @@ impl Store {
     pub fn mark_dead_runs(&self) -> Result<usize, StoreError> {
         let me = Supervisor::of(std::process::id());
         let Some(me) = me else { return Ok(0) };
-        let mut stmt = self
-            .conn
-            .prepare(
-                "SELECT id, supervisor_boot_id, supervisor_pid, supervisor_start_ticks FROM runs
-                 WHERE outcome = 'running' AND supervisor_host = ?1",
-            )
-            .map_err(|e| self.err(e))?;
+        let mut stmt = self.conn.prepare(RUNNING_ROWS).map_err(|e| self.err(e))?;
         let rows: Vec<SupervisorRow> = stmt
             .query_map([&me.host], |r| {
                 Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
@@ -464,28 +473,119 @@ impl Store {
 
     /// Returns runs matching `filter`, newest first.
     pub fn list(&self, filter: &Filter) -> Result<Vec<RunRecord>, StoreError> {
-        let mut sql = "SELECT id, record FROM runs WHERE 1=1".to_owned();
-        let mut args: Vec<String> = Vec::new();
-        if let Some(p) = &filter.provider {
-            args.push(p.clone());
-            sql.push_str(&format!(" AND provider = ?{}", args.len()));
-        }
-        if let Some(t) = &filter.task_type {
-            args.push(t.clone());
-            sql.push_str(&format!(" AND task_type = ?{}", args.len()));
-        }
-        if filter.failed {
-            sql.push_str(" AND outcome NOT IN ('success', 'running')");
-        }
-        sql.push_str(" ORDER BY id DESC");
-        if let Some(n) = filter.last {
-            sql.push_str(&format!(" LIMIT {n}"));
-        }
-        let mut stmt = self.conn.prepare(&sql).map_err(|e| self.err(e))?;
-        stmt.query_map(rusqlite::params_from_iter(args.iter()), record)
-            .and_then(Iterator::collect)
-            .map_err(|e| self.err(e))
+        let mut records = Vec::new();
+        self.each(filter, Order::NewestFirst, |r| {
+            records.push(r);
+            Ok::<(), std::convert::Infallible>(())
+        })?
+        .map_err(|never| match never {})?;
+        Ok(records)
     }
+
+    /// Calls `f` with each run matching `filter`, one row at a time (only one record is in
+    /// memory at once), in `order`; with [`Filter::last`], the newest ones. Stops at the first
+    /// error of `f` and returns it, inside.
+    pub fn each<E>(
+        &self,
+        filter: &Filter,
+        order: Order,
+        mut f: impl FnMut(RunRecord) -> Result<(), E>,
+    ) -> Result<Result<(), E>, StoreError> {
+        let (sql, args) = list_sql(filter, order);
+        let mut stmt = self.conn.prepare(&sql).map_err(|e| self.err(e))?;
+        let mut rows = stmt
+            .query(rusqlite::params_from_iter(args.iter()))
+            .map_err(|e| self.err(e))?;
+        while let Some(row) = rows.next().map_err(|e| self.err(e))? {
+            if let Err(e) = f(record(row).map_err(|e| self.err(e))?) {
+                return Ok(Err(e));
+            }
+        }
+        Ok(Ok(()))
+    }
+
+    /// Computes the figures of `stats` in the database (running rows are left out), in bounded
+    /// memory: counts by SQL, percentiles over sorted cursors. The same figures as
+    /// [`compute_stats`] over the same records.
+    pub fn stats(&self, provider: Option<&str>) -> Result<StatsReport, StoreError> {
+        stats::in_sql(&self.conn, provider).map_err(|e| self.err(e))
+    }
+
+    /// Inserts finished records as they are, in one transaction with one prepared statement
+    /// (bulk loads: imports, benchmarks); returns how many. The rows name no supervisor, so
+    /// a `running` record stays `running`.
+    pub fn insert_records(
+        &mut self,
+        records: impl IntoIterator<Item = RunRecord>,
+    ) -> Result<usize, StoreError> {
+        let path = self.path.clone();
+        let err = |source| StoreError::Sqlite {
+            path: path.clone(),
+            source,
+        };
+        let tx = self.conn.transaction().map_err(err)?;
+        let mut n = 0;
+        {
+            let mut insert = tx
+                .prepare(
+                    "INSERT INTO runs (started_at, provider, task_type, outcome, record)
+                     VALUES (?1, ?2, ?3, ?4, ?5)",
+                )
+                .map_err(err)?;
+            for mut r in records {
+                r.id = None;
+                r.file = None;
+                let started = r.invocation.started_at.clone().unwrap_or_else(now);
+                insert
+                    .execute(params![
+                        started,
+                        r.source.provider,
+                        r.source.task_type,
+                        r.verdict.outcome.as_str(),
+                        to_json(&r),
+                    ])
+                    .map_err(err)?;
+                n += 1;
+            }
+        }
+        tx.commit().map_err(err)?;
+        Ok(n)
+    }
+}
+
+/// The order [`Store::each`] gives runs in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Order {
+    /// Highest id first (`history`).
+    NewestFirst,
+    /// Lowest id first (`history export`).
+    OldestFirst,
+}
+
+/// The query of a list: the SQL and its arguments. Each filter has an index that keeps id
+/// order (`runs_by_provider`, `runs_by_group`, `runs_by_task_type`), so `--last N` reads N rows.
+fn list_sql(filter: &Filter, order: Order) -> (String, Vec<String>) {
+    let mut sql = "SELECT id, record FROM runs WHERE 1=1".to_owned();
+    let mut args: Vec<String> = Vec::new();
+    if let Some(p) = &filter.provider {
+        args.push(p.clone());
+        sql.push_str(&format!(" AND provider = ?{}", args.len()));
+    }
+    if let Some(t) = &filter.task_type {
+        args.push(t.clone());
+        sql.push_str(&format!(" AND task_type = ?{}", args.len()));
+    }
+    if filter.failed {
+        sql.push_str(" AND outcome NOT IN ('success', 'running')");
+    }
+    sql.push_str(" ORDER BY id DESC");
+    if let Some(n) = filter.last {
+        sql.push_str(&format!(" LIMIT {n}"));
+    }
+    if order == Order::OldestFirst {
+        sql = format!("SELECT id, record FROM ({sql}) ORDER BY id");
+    }
+    (sql, args)
 }
 
 /// The record as stored: its JSON.
@@ -574,9 +674,10 @@ fn migrate(conn: &mut Connection, target: i64) -> Result<(), Migrate> {
             return Ok(());
         }
         let index = usize::try_from(version).unwrap_or(0);
-        match MIGRATIONS_TO_V7.get(index) {
-            Some(sql) => tx.execute_batch(sql)?,
-            None => to_v8(&tx)?,
+        match (MIGRATIONS_TO_V7.get(index), version) {
+            (Some(sql), _) => tx.execute_batch(sql)?,
+            (None, 7) => to_v8(&tx)?,
+            (None, _) => tx.execute_batch(V9_INDEXES)?,
         }
         tx.pragma_update(None, "user_version", version + 1)?;
         tx.commit()?;
