@@ -9,7 +9,10 @@
 //!   ignore SIGTERM, under `--containment cgroup` and `--containment process-walk`;
 //! * `gateway`: the model gateway's added latency to first byte on loopback (p50/p99, goal p99
 //!   under 1 ms added), for a ~20 KB streamed Anthropic main request sent directly to an upstream
-//!   and through a gateway in front of it, alternately, on keep-alive connections.
+//!   and through a gateway in front of it, alternately, on keep-alive connections;
+//! * `history-db`: a history database of generated runs with real record shapes, and
+//!   `history`: `show`, `history --last 20`, `stats` and `history export` on it (wall time,
+//!   peak memory), against the equivalent sqlite3 query.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 use std::io::{BufRead as _, Write as _};
@@ -22,6 +25,7 @@ use clap::{Parser, Subcommand};
 use stepguard_plugin_api::{CounterRequest, ProviderPlugin};
 
 mod gateway;
+mod history;
 
 #[derive(Parser)]
 #[command(about = "stepguard benchmarks")]
@@ -89,6 +93,29 @@ enum Bench {
         #[arg(long, default_value_t = 2000)]
         requests: usize,
     },
+    /// Generates a history database of real record shapes (providers, outcomes, slugs, task
+    /// types, months of start times), in one transaction.
+    HistoryDb {
+        /// Runs to write.
+        #[arg(long, default_value_t = 1_000_000)]
+        runs: u64,
+        /// The database to create (must not exist).
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// History commands (`show`, `history --last 20`, `stats`, `history export`) on a database:
+    /// wall time and peak memory, against the equivalent sqlite3 query.
+    History {
+        /// The database (make one with `history-db`).
+        #[arg(long)]
+        db: PathBuf,
+        /// The stepguard binary (build it with `cargo build --release -p stepguard-cli`).
+        #[arg(long, default_value = "target/release/stepguard")]
+        stepguard: PathBuf,
+        /// Timed runs of each command (the median is reported).
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -111,6 +138,12 @@ fn main() -> anyhow::Result<()> {
             stepguard,
         } => contain(runs, descendants, &stepguard),
         Bench::Gateway { requests } => gateway::run(requests),
+        Bench::HistoryDb { runs, out } => history::generate(runs, &out),
+        Bench::History {
+            db,
+            stepguard,
+            runs,
+        } => history::read(&db, &stepguard, runs),
     }
 }
 
