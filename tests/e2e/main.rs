@@ -21,6 +21,7 @@ mod docs;
 mod fail_closed;
 mod gemini;
 mod history_cmd;
+mod history_spool;
 mod loops;
 mod opencode;
 mod options;

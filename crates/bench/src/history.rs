@@ -104,8 +104,7 @@ fn record(rng: &mut Rng, i: u64, runs: u64) -> RunRecord {
     // 1.77e9 s is 2026-02-01; runs go forward a few minutes apart to 2026-11-01.
     let start = 1_769_904_000 + i * (23_587_200 / runs.max(1)) + rng.below(60);
     let at = |s: u64| {
-        humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + Duration::from_secs(s))
-            .to_string()
+        humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + Duration::from_secs(s)).to_string()
     };
     r.invocation.started_at = Some(at(start));
     r.invocation.ended_at = Some(at(start + r.invocation.duration_ms.unwrap_or(0) / 1000));
@@ -238,15 +237,22 @@ pub(crate) fn read(db: &Path, stepguard: &Path, runs: usize) -> anyhow::Result<(
         } else {
             None
         };
-        let mib = |k: Option<u64>| k.map_or("-".into(), |k| format!("{:.1} MiB", k as f64 / 1024.0));
+        let mib =
+            |k: Option<u64>| k.map_or("-".into(), |k| format!("{:.1} MiB", k as f64 / 1024.0));
         let (bt, brss) = base.map_or((None, None), |(t, r)| (Some(t), r));
         println!(
             "| `{name}` | {:.1} ms | {} | {} | {} | {} |",
             t.as_secs_f64() * 1000.0,
             mib(rss),
-            bt.map_or("-".into(), |b| format!("{:.1} ms", b.as_secs_f64() * 1000.0)),
+            bt.map_or("-".into(), |b| format!(
+                "{:.1} ms",
+                b.as_secs_f64() * 1000.0
+            )),
             mib(brss),
-            bt.map_or("-".into(), |b| format!("{:.2}×", t.as_secs_f64() / b.as_secs_f64())),
+            bt.map_or("-".into(), |b| format!(
+                "{:.2}×",
+                t.as_secs_f64() / b.as_secs_f64()
+            )),
         );
     }
     Ok(())

@@ -27,10 +27,13 @@ enum Write {
 /// (a lock another process holds, a slow disk) never sits on the enforcement path: a `running`
 /// row at the start, the live step count at most once a second, the whole record at the end.
 /// A history problem never stops the run; it is reported, and the end of a run waits for the
-/// database at most `FINISH_WAIT` (the row is then left `running`, and the next stepguard
-/// that opens the database marks it `interrupted`).
+/// database at most `FINISH_WAIT`. A record the database did not take by then (or could not
+/// take) is written to the spool beside it, which the next stepguard to open the database
+/// imports (completing the `running` row, or adding the run when not even that was written).
 pub(crate) struct HistoryRecorder {
     path: Option<PathBuf>,
+    /// The database, for the spool beside it.
+    db: Option<PathBuf>,
     writer: Option<(Sender<Write>, Receiver<Finished>)>,
     last_write: Option<Instant>,
     last_steps: u64,
@@ -40,6 +43,7 @@ impl HistoryRecorder {
     /// Records into the database at `path`; `None` records nothing (`--no-record`).
     pub(crate) fn new(path: Option<PathBuf>) -> Self {
         HistoryRecorder {
+            db: path.clone(),
             path,
             writer: None,
             last_write: None,
@@ -158,17 +162,37 @@ impl RunObserver for HistoryRecorder {
             return;
         };
         let _ = writer.send(Write::Finish(Box::new(report.record.clone())));
-        match done.recv_timeout(FINISH_WAIT) {
-            Ok(Ok(id)) => report.record.id = id,
-            Ok(Err(why)) => output::diag("warning", why),
-            Err(_) => output::diag(
-                "warning",
-                format!(
-                    "the history database did not answer within {}s; this run's row is left unfinished (the next stepguard to open it marks it interrupted)",
-                    FINISH_WAIT.as_secs()
-                ),
+        let why = match done.recv_timeout(FINISH_WAIT) {
+            Ok(Ok(id)) => {
+                report.record.id = id;
+                return;
+            }
+            Ok(Err(why)) => why,
+            Err(_) => format!(
+                "the history database did not answer within {}s",
+                FINISH_WAIT.as_secs()
             ),
-        }
+        };
+        self.spool(why, &report.record);
+    }
+}
+
+impl HistoryRecorder {
+    /// Keeps the record of a run the database did not take in the spool beside it, which the
+    /// next stepguard to open the database imports; says where, or that the record is lost.
+    fn spool(&self, why: String, record: &RunRecord) {
+        let Some(db) = &self.db else { return };
+        let said = match stepguard_store::spool::write(db, record) {
+            Ok(file) => format!(
+                "{why}; this run's record is kept in {} and the next stepguard to open the database adds it",
+                file.display()
+            ),
+            Err(e) => format!(
+                "{why}; this run's record is lost: cannot write it to {}: {e}",
+                stepguard_store::spool::dir(db).display()
+            ),
+        };
+        output::diag("warning", said);
     }
 }
 

@@ -43,6 +43,7 @@
 //! ```
 #![forbid(unsafe_code)]
 
+pub mod spool;
 mod stats;
 mod v7;
 
@@ -151,12 +152,14 @@ const V8_TABLE: &str = "CREATE TABLE runs_v8 (
 /// Version 9: an index for every query the commands make, so that no command reads the whole
 /// table to answer about a few rows: the `running` rows of a host (read by every open), the
 /// `--provider` and `--task-type` filters in id order, and the (provider, task type) groups of
-/// `stats`. No row is touched.
+/// `stats`, and the supervisor identity a spooled run is imported by ([`spool`]). No row is
+/// touched.
 const V9_INDEXES: &str = "DROP INDEX IF EXISTS runs_by_provider;
     CREATE INDEX runs_by_provider ON runs (provider);
     CREATE INDEX runs_by_group ON runs (provider, task_type);
     CREATE INDEX runs_by_task_type ON runs (task_type);
-    CREATE INDEX runs_running ON runs (supervisor_host) WHERE outcome = 'running';";
+    CREATE INDEX runs_running ON runs (supervisor_host) WHERE outcome = 'running';
+    CREATE INDEX runs_by_supervisor ON runs (supervisor_pid, supervisor_start_ticks);";
 
 /// The newest schema version this stepguard knows.
 pub const SCHEMA_VERSION: i64 = 9;
@@ -284,8 +287,8 @@ fn now() -> String {
 }
 
 impl Store {
-    /// Opens (creating if needed) the database at `path`, migrates it, and marks runs whose
-    /// stepguard died as `interrupted`.
+    /// Opens (creating if needed) the database at `path`, migrates it, imports the runs spooled
+    /// beside it ([`spool`]), and marks runs whose stepguard died as `interrupted`.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
         let display = path.display().to_string();
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -326,6 +329,7 @@ impl Store {
                 source,
             },
         })?;
+        spool::import(&mut conn, path).map_err(sql)?;
         let store = Store {
             conn,
             path: display,

@@ -1559,6 +1559,7 @@ fn a_version_8_database_gains_the_indexes_with_every_row_intact() {
         [
             "runs_by_group: CREATE INDEX runs_by_group ON runs (provider, task_type)",
             "runs_by_provider: CREATE INDEX runs_by_provider ON runs (provider)",
+            "runs_by_supervisor: CREATE INDEX runs_by_supervisor ON runs (supervisor_pid, supervisor_start_ticks)",
             "runs_by_task_type: CREATE INDEX runs_by_task_type ON runs (task_type)",
             "runs_running: CREATE INDEX runs_running ON runs (supervisor_host) WHERE outcome = 'running'",
         ]
@@ -1572,4 +1573,79 @@ fn a_version_8_database_gains_the_indexes_with_every_row_intact() {
         store.stats(None).unwrap(),
         compute_stats(&store.list(&Filter::default()).unwrap())
     );
+}
+
+/// A run spooled because the database did not take it is imported by the next open, exactly
+/// once: into its `running` (or since `interrupted`) row when its begin got in, as a new row when
+/// not even that did; a second import of the same file (two stepguards at once) changes nothing,
+/// and a finished row is never overwritten. A file that is not a spooled run is set aside.
+#[test]
+fn spooled_runs_are_imported_once_into_their_row_or_a_new_one() {
+    let (_dir, path) = db();
+    let mut record = finished(Outcome::Success, None, Some(12), None);
+    record.source.provider = "codex".into();
+    record.invocation.started_at = Some("2026-11-25T10:00:00.000Z".into());
+    // Not even the begin got in: a new row, with this process as its supervisor.
+    let file = spool::write(&path, &record).unwrap();
+    assert!(file.starts_with(spool::dir(&path)), "{}", file.display());
+    let copy = std::fs::read(&file).unwrap();
+    let store = Store::open(&path).unwrap();
+    assert!(!file.exists(), "imported files are removed");
+    let rows = store.list(&Filter::default()).unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].verdict.outcome, Outcome::Success);
+    assert_eq!(rows[0].counts.num_steps_computed, Some(12));
+    assert!(rows[0].invocation.ended_at.is_some());
+    // The same file again (another stepguard read it before this one removed it): no new row.
+    std::fs::write(&file, &copy).unwrap();
+    drop(store);
+    let store = Store::open(&path).unwrap();
+    assert_eq!(store.list(&Filter::default()).unwrap().len(), 1);
+    assert!(!file.exists());
+    // The begin got in and the row was marked interrupted since: the record completes it.
+    let id = store
+        .begin_run(&NewRun {
+            provider: "claude".into(),
+            ..NewRun::default()
+        })
+        .unwrap();
+    store
+        .conn
+        .execute(
+            "UPDATE runs SET outcome = 'interrupted' WHERE id = ?1",
+            [id],
+        )
+        .unwrap();
+    // This process ran both: the spooled identity now names the first row (finished) and the
+    // second; aim the first away so that the second is the one found.
+    store
+        .conn
+        .execute("UPDATE runs SET supervisor_pid = -1 WHERE id = 1", [])
+        .unwrap();
+    let mut end = finished(Outcome::Failed, Some(FailureSlug::MaxSteps), Some(5), None);
+    end.source.provider = "claude".into();
+    spool::write(&path, &end).unwrap();
+    drop(store);
+    let store = Store::open(&path).unwrap();
+    let rows = store.list(&Filter::default()).unwrap();
+    assert_eq!(rows.len(), 2);
+    let got = store.get(id).unwrap().unwrap();
+    assert_eq!(got.verdict.outcome, Outcome::Failed);
+    assert_eq!(got.counts.num_steps_computed, Some(5));
+    // A finished row is never overwritten by a late spool file.
+    spool::write(&path, &finished(Outcome::Success, None, Some(99), None)).unwrap();
+    drop(store);
+    let store = Store::open(&path).unwrap();
+    assert_eq!(store.list(&Filter::default()).unwrap().len(), 2);
+    assert_eq!(
+        store.get(id).unwrap().unwrap().counts.num_steps_computed,
+        Some(5)
+    );
+    // Garbage is set aside, and the open goes on.
+    let bad = spool::dir(&path).join("1-2.json");
+    std::fs::write(&bad, "not json").unwrap();
+    drop(store);
+    Store::open(&path).unwrap();
+    assert!(!bad.exists());
+    assert!(bad.with_extension("unreadable").exists());
 }
