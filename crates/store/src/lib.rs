@@ -30,7 +30,13 @@
 //!   Every row of version 7 is read as version 7 read it and written as its record, so it reads
 //!   back the same. From here on a new record field is a new key of the JSON, not a migration;
 //!   a new value of one of the record's closed sets (`terminated_by`, `containment`, …) is a new
-//!   schema version, so that an older stepguard refuses the file rather than a row.
+//!   schema version, so that an older stepguard refuses the file rather than a row;
+//! * version 9: an index for every query the commands make (the `running` rows every open
+//!   reads, the filters in id order, the groups of `stats`, the supervisor identity the spool
+//!   imports by); no row is touched.
+//!
+//! A record the database does not take in time waits in the [`spool`] beside it; every open
+//! imports it.
 //!
 //! Rows are read back as [`RunRecord`], the same shape every stepguard command emits.
 //!
