@@ -1475,6 +1475,12 @@ fn every_query_of_the_commands_uses_an_index() {
             let sorts = p.matches("TEMP B-TREE").count();
             let allowed = usize::from(order == Order::OldestFirst);
             assert_eq!(sorts, allowed, "{filter:?} {order:?}: {p}");
+            // Without `--last` (an export), no sort at all: the index order is the output order.
+            let (sql, args) = list_sql(&filter, order);
+            let args: Vec<&dyn rusqlite::ToSql> =
+                args.iter().map(|a| a as &dyn rusqlite::ToSql).collect();
+            let p = plan(&store, &sql, &args);
+            assert!(p.contains(want) && !p.contains("TEMP B-TREE"), "{filter:?}: {p}");
         }
     }
     let p = plan(&store, &stats::groups_sql(false), &[]);
