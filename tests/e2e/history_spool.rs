@@ -86,6 +86,11 @@ fn a_run_against_a_database_locked_for_10s_is_spooled_and_imported_by_the_next_c
     assert_eq!(list[0]["outcome"], "success");
     assert_eq!(list[0]["num_steps_computed"], 4);
     assert_eq!(list[0]["provider"], "codex");
+    // The spooled record is the whole record: what the start knew is in it too.
+    assert!(list[0]["started_at"].is_string(), "{}", list[0]);
+    assert!(list[0]["ended_at"].is_string(), "{}", list[0]);
+    assert_eq!(list[0]["command"][0], ok.as_str(), "{}", list[0]);
+    assert_eq!(list[0]["max_steps_source"], "default", "{}", list[0]);
     assert!(spooled(&db).is_empty(), "{:?}", spooled(&db));
     // Imported once: the next command finds nothing more to add.
     let again = sb.run(&["--db", dbs, "history", "--json"]).json();

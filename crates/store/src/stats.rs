@@ -292,8 +292,8 @@ pub fn compute_stats(records: &[RunRecord]) -> StatsReport {
     StatsReport { groups }
 }
 
-/// A figure of a run, as SQL over its record: what [`RunRecord::steps`], [`RunRecord::turns`],
-/// `total_tokens` and the cost read.
+/// A figure of a run: a column of the `stats_figures` table [`in_sql`] fills from the records,
+/// what [`RunRecord::steps`], [`RunRecord::turns`], `total_tokens` and the cost read.
 #[derive(Clone, Copy)]
 enum Metric {
     Steps,
@@ -305,37 +305,42 @@ enum Metric {
 impl Metric {
     fn sql(self) -> &'static str {
         match self {
-            Metric::Steps => {
-                "coalesce(json_extract(record, '$.num_steps_computed'), json_extract(record, '$.num_steps_reported'))"
-            }
-            Metric::Turns => {
-                "coalesce(json_extract(record, '$.num_turns_reported'), json_extract(record, '$.num_turns_computed'))"
-            }
-            Metric::Tokens => {
-                "json_extract(record, '$.tokens.input_tokens') + json_extract(record, '$.tokens.output_tokens')"
-            }
-            Metric::Cost => "json_extract(record, '$.cost_usd')",
+            Metric::Steps => "steps",
+            Metric::Turns => "turns",
+            Metric::Tokens => "tokens",
+            Metric::Cost => "cost",
         }
     }
 }
 
-/// The rows of one group (`?1` provider, `?2` task type), finished ones only: index `runs_by_group`.
-const GROUP_ROWS: &str =
-    "FROM runs WHERE provider = ?1 AND task_type IS ?2 AND outcome != 'running'";
-
-/// The groups with their run and success counts, in (provider, task type) order.
-pub(crate) fn groups_sql(provider: bool) -> String {
+/// The figures of every finished run (of one provider with `?1`), read out of the records
+/// once: every later pass sorts these few columns, never parses a record again. A temporary
+/// table, so on disk past SQLite's cache, and gone with the read transaction.
+pub(crate) fn figures_sql(provider: bool) -> String {
     format!(
-        "SELECT provider, task_type, count(*), total(outcome = 'success') FROM runs
-         WHERE outcome != 'running'{} GROUP BY provider, task_type ORDER BY provider, task_type",
+        "CREATE TEMP TABLE stats_figures AS SELECT provider, task_type, outcome,
+            coalesce(json_extract(record, '$.num_steps_computed'), json_extract(record, '$.num_steps_reported')) AS steps,
+            coalesce(json_extract(record, '$.num_turns_reported'), json_extract(record, '$.num_turns_computed')) AS turns,
+            json_extract(record, '$.tokens.input_tokens') + json_extract(record, '$.tokens.output_tokens') AS tokens,
+            json_extract(record, '$.cost_usd') AS cost,
+            json_extract(record, '$.error_type') AS slug
+         FROM runs WHERE outcome != 'running'{}",
         if provider { " AND provider = ?1" } else { "" }
     )
 }
 
+/// The rows of one group (`?1` provider, `?2` task type): index `stats_by_group`.
+const GROUP_ROWS: &str = "FROM temp.stats_figures WHERE provider = ?1 AND task_type IS ?2";
+
+/// The groups with their run and success counts, in (provider, task type) order.
+pub(crate) const GROUPS_SQL: &str =
+    "SELECT provider, task_type, count(*), total(outcome = 'success')
+    FROM temp.stats_figures GROUP BY provider, task_type ORDER BY provider, task_type";
+
 /// The values of `metric` over a group's rows (successful ones only when asked), sorted.
 pub(crate) fn sorted_sql(metric_sql: &str, successes: bool) -> String {
     format!(
-        "SELECT v FROM (SELECT {metric_sql} AS v {GROUP_ROWS}{}) WHERE v IS NOT NULL ORDER BY v",
+        "SELECT {metric_sql} {GROUP_ROWS} AND {metric_sql} IS NOT NULL{} ORDER BY {metric_sql}",
         if successes {
             " AND outcome = 'success'"
         } else {
@@ -482,10 +487,7 @@ fn slugs(
     conn: &Connection,
     key: &(String, Option<String>),
 ) -> rusqlite::Result<BTreeMap<String, usize>> {
-    let sql = format!(
-        "SELECT s, count(*) FROM (SELECT json_extract(record, '$.error_type') AS s {GROUP_ROWS})
-         WHERE s IS NOT NULL GROUP BY s"
-    );
+    let sql = format!("SELECT slug, count(*) {GROUP_ROWS} AND slug IS NOT NULL GROUP BY slug");
     let mut stmt = conn.prepare_cached(&sql)?;
     let rows = stmt.query_map(params![key.0, key.1], |r| {
         Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?))
@@ -531,23 +533,25 @@ fn group(
 /// The figures of [`compute_stats`], computed in the database in one read snapshot: memory
 /// holds one group's counts and one value at a time, whatever the number of runs.
 pub(crate) fn in_sql(conn: &Connection, provider: Option<&str>) -> rusqlite::Result<StatsReport> {
+    // Rolled back when done: the temporary table goes with it.
     let snapshot = conn.unchecked_transaction()?;
-    let mut keys = Vec::new();
-    {
-        let mut stmt = snapshot.prepare(&groups_sql(provider.is_some()))?;
-        let read = |r: &rusqlite::Row<'_>| {
+    match provider {
+        Some(p) => snapshot.execute(&figures_sql(true), [p])?,
+        None => snapshot.execute(&figures_sql(false), [])?,
+    };
+    snapshot
+        .execute_batch("CREATE INDEX temp.stats_by_group ON stats_figures (provider, task_type)")?;
+    let keys = {
+        let mut stmt = snapshot.prepare(GROUPS_SQL)?;
+        stmt.query_map([], |r| {
             Ok((
                 (r.get::<_, String>(0)?, r.get::<_, Option<String>>(1)?),
                 usize::try_from(r.get::<_, i64>(2)?).unwrap_or(0),
                 r.get::<_, f64>(3)? as usize,
             ))
-        };
-        let rows = match provider {
-            Some(p) => stmt.query_map([p], read)?.collect::<Result<Vec<_>, _>>()?,
-            None => stmt.query_map([], read)?.collect::<Result<Vec<_>, _>>()?,
-        };
-        keys.extend(rows);
-    }
+        })?
+        .collect::<Result<Vec<_>, _>>()?
+    };
     let groups = keys
         .into_iter()
         .map(|(key, runs, successes)| group(&snapshot, key, runs, successes))

@@ -1480,18 +1480,36 @@ fn every_query_of_the_commands_uses_an_index() {
             let args: Vec<&dyn rusqlite::ToSql> =
                 args.iter().map(|a| a as &dyn rusqlite::ToSql).collect();
             let p = plan(&store, &sql, &args);
-            assert!(p.contains(want) && !p.contains("TEMP B-TREE"), "{filter:?}: {p}");
+            assert!(
+                p.contains(want) && !p.contains("TEMP B-TREE"),
+                "{filter:?}: {p}"
+            );
         }
     }
-    let p = plan(&store, &stats::groups_sql(false), &[]);
-    assert!(p.contains("USING INDEX runs_by_group"), "{p}");
+    // `stats` reads the records once (all of them, or one provider's by its index), then sorts
+    // the figures table by its group index.
+    let p = plan(
+        &store,
+        "SELECT * FROM runs WHERE outcome != 'running' AND provider = ?1",
+        &[&"codex"],
+    );
+    assert!(p.contains("USING INDEX runs_by_provider "), "{p}");
+    store.conn.execute_batch("BEGIN").unwrap();
+    store.conn.execute(&stats::figures_sql(false), []).unwrap();
+    store
+        .conn
+        .execute_batch("CREATE INDEX temp.stats_by_group ON stats_figures (provider, task_type)")
+        .unwrap();
+    let p = plan(&store, stats::GROUPS_SQL, &[]);
+    assert!(p.contains("USING INDEX stats_by_group"), "{p}");
     assert!(!p.contains("TEMP B-TREE"), "{p}");
-    let sql = stats::sorted_sql("json_extract(record, '$.cost_usd')", true);
+    let sql = stats::sorted_sql("cost", true);
     let p = plan(&store, &sql, &[&"codex", &rusqlite::types::Null]);
     assert!(
-        p.contains("USING INDEX runs_by_group (provider=? AND task_type=?)"),
+        p.contains("USING INDEX stats_by_group (provider=? AND task_type=?)"),
         "{p}"
     );
+    store.conn.execute_batch("ROLLBACK").unwrap();
 }
 
 /// `each` gives one record at a time, oldest first for an export, and `--last N` keeps the
