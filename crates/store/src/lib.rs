@@ -515,7 +515,8 @@ impl Store {
     }
 
     /// Computes the figures of `stats` in the database (running rows are left out), in bounded
-    /// memory: counts by SQL, percentiles over sorted cursors. The same figures as
+    /// memory: each record read once into a temporary table of figures, then counts by SQL and
+    /// percentiles over sorted cursors. The same figures as
     /// [`compute_stats`] over the same records.
     pub fn stats(&self, provider: Option<&str>) -> Result<StatsReport, StoreError> {
         stats::in_sql(&self.conn, provider).map_err(|e| self.err(e))
