@@ -625,7 +625,7 @@ fn a_newer_database_is_refused_and_the_run_still_enforces() {
     assert!(
         history
             .stderr
-            .contains("has schema version 9, newer than this stepguard knows"),
+            .contains("has schema version 10, newer than this stepguard knows"),
         "{}",
         history.stderr
     );
@@ -653,11 +653,17 @@ fn a_newer_database_is_refused_and_the_run_still_enforces() {
         run.stderr
     );
     assert_eq!(std::fs::read(&db).unwrap(), before);
+    // The record is not lost: it waits in the spool for a stepguard that knows the database.
+    assert!(
+        run.stderr.contains("this run's record is kept in"),
+        "{}",
+        run.stderr
+    );
 }
 
-/// Makes a SQLite file with `user_version = 9` using the sqlite3 file format directly: a valid
-/// empty database whose header says version 9 (bytes 60..64, big endian), one past the newest
-/// this stepguard knows (8).
+/// Makes a SQLite file with `user_version = 10` using the sqlite3 file format directly: a valid
+/// empty database whose header says version 10 (bytes 60..64, big endian), one past the newest
+/// this stepguard knows (9).
 fn rusqlite_free_newer_db(path: &std::path::Path) -> std::fs::File {
     // An empty database made by SQLite is 4096 bytes of header + empty schema page; build it by
     // asking stepguard's store to create one, then patch the version field.
@@ -679,7 +685,7 @@ fn rusqlite_free_newer_db(path: &std::path::Path) -> std::fs::File {
     conn.pragma_update(None, "journal_mode", "DELETE").unwrap();
     drop(conn);
     let mut bytes = std::fs::read(&fresh).unwrap();
-    bytes[60..64].copy_from_slice(&9u32.to_be_bytes());
+    bytes[60..64].copy_from_slice(&10u32.to_be_bytes());
     std::fs::write(path, &bytes).unwrap();
     std::fs::File::open(path).unwrap()
 }

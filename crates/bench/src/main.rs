@@ -15,6 +15,9 @@
 //! * `loops`: precision and recall of three loop rules (identical calls, Gemini CLI's five in a
 //!   row, by progress) on the labelled corpus in `tests/fixtures/loops/`, and of the rule of
 //!   progress over other limits and windows.
+//! * `history-db`: a history database of generated runs with real record shapes, and
+//!   `history`: `show`, `history --last 20`, `stats` and `history export` on it (wall time,
+//!   peak memory), against the equivalent sqlite3 query.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 use std::io::{BufRead as _, Write as _};
@@ -27,6 +30,7 @@ use clap::{Parser, Subcommand};
 use stepguard_plugin_api::{CounterRequest, ProviderPlugin};
 
 mod gateway;
+mod history;
 mod loops;
 mod prices;
 
@@ -104,6 +108,29 @@ enum Bench {
     },
     /// Loop rules: precision and recall on the labelled corpus in tests/fixtures/loops.
     Loops,
+    /// Generates a history database of real record shapes (providers, outcomes, slugs, task
+    /// types, months of start times), in one transaction.
+    HistoryDb {
+        /// Runs to write.
+        #[arg(long, default_value_t = 1_000_000)]
+        runs: u64,
+        /// The database to create (must not exist).
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// History commands (`show`, `history --last 20`, `stats`, `history export`) on a database:
+    /// wall time and peak memory, against the equivalent sqlite3 query.
+    History {
+        /// The database (make one with `history-db`).
+        #[arg(long)]
+        db: PathBuf,
+        /// The stepguard binary (build it with `cargo build --release -p stepguard-cli`).
+        #[arg(long, default_value = "target/release/stepguard")]
+        stepguard: PathBuf,
+        /// Timed runs of each command (the median is reported).
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -128,6 +155,12 @@ fn main() -> anyhow::Result<()> {
         Bench::Gateway { requests } => gateway::run(requests),
         Bench::Prices { calls } => prices::run(calls),
         Bench::Loops => loops::run(),
+        Bench::HistoryDb { runs, out } => history::generate(runs, &out),
+        Bench::History {
+            db,
+            stepguard,
+            runs,
+        } => history::read(&db, &stepguard, runs),
     }
 }
 

@@ -27,11 +27,14 @@ enum Write {
 /// (a lock another process holds, a slow disk) never sits on the enforcement path: a `running`
 /// row at the start, the live step count at most once a second, the whole record at the end.
 /// A history problem never stops the run; it is reported, and the end of a run waits for the
-/// database at most `FINISH_WAIT`, and never past the run's exit bound (`RunReport::exit_by`;
-/// the row is then left `running`, and the next stepguard that opens the database marks it
-/// `interrupted`).
+/// database at most `FINISH_WAIT`, and never past the run's exit bound (`RunReport::exit_by`). A
+/// record the database did not take by then (or could not take) is written to the spool beside
+/// it, which the next stepguard to open the database imports (completing the `running` row, or
+/// adding the run when not even that was written).
 pub(crate) struct HistoryRecorder {
     path: Option<PathBuf>,
+    /// The database, for the spool beside it.
+    db: Option<PathBuf>,
     writer: Option<(Sender<Write>, Receiver<Finished>)>,
     last_write: Option<Instant>,
     last_steps: u64,
@@ -41,6 +44,7 @@ impl HistoryRecorder {
     /// Records into the database at `path`; `None` records nothing (`--no-record`).
     pub(crate) fn new(path: Option<PathBuf>) -> Self {
         HistoryRecorder {
+            db: path.clone(),
             path,
             writer: None,
             last_write: None,
@@ -164,17 +168,37 @@ impl RunObserver for HistoryRecorder {
             .exit_by
             .saturating_duration_since(Instant::now())
             .min(FINISH_WAIT);
-        match done.recv_timeout(wait) {
-            Ok(Ok(id)) => report.record.id = id,
-            Ok(Err(why)) => output::diag("warning", why),
-            Err(_) => output::diag(
-                "warning",
-                format!(
-                    "the history database did not answer within {}; this run's row is left unfinished (the next stepguard to open it marks it interrupted)",
-                    humantime::format_duration(Duration::from_millis(wait.as_millis() as u64))
-                ),
+        let why = match done.recv_timeout(wait) {
+            Ok(Ok(id)) => {
+                report.record.id = id;
+                return;
+            }
+            Ok(Err(why)) => why,
+            Err(_) => format!(
+                "the history database did not answer within {}",
+                humantime::format_duration(Duration::from_millis(wait.as_millis() as u64))
             ),
-        }
+        };
+        self.spool(why, &report.record);
+    }
+}
+
+impl HistoryRecorder {
+    /// Keeps the record of a run the database did not take in the spool beside it, which the
+    /// next stepguard to open the database imports; says where, or that the record is lost.
+    fn spool(&self, why: String, record: &RunRecord) {
+        let Some(db) = &self.db else { return };
+        let said = match stepguard_store::spool::write(db, record) {
+            Ok(file) => format!(
+                "{why}; this run's record is kept in {} and the next stepguard to open the database adds it",
+                file.display()
+            ),
+            Err(e) => format!(
+                "{why}; this run's record is lost: cannot write it to {}: {e}",
+                stepguard_store::spool::dir(db).display()
+            ),
+        };
+        output::diag("warning", said);
     }
 }
 

@@ -30,7 +30,13 @@
 //!   Every row of version 7 is read as version 7 read it and written as its record, so it reads
 //!   back the same. From here on a new record field is a new key of the JSON, not a migration;
 //!   a new value of one of the record's closed sets (`terminated_by`, `containment`, …) is a new
-//!   schema version, so that an older stepguard refuses the file rather than a row.
+//!   schema version, so that an older stepguard refuses the file rather than a row;
+//! * version 9: an index for every query the commands make (the `running` rows every open
+//!   reads, the filters in id order, the groups of `stats`, the supervisor identity the spool
+//!   imports by); no row is touched.
+//!
+//! A record the database does not take in time waits in the [`spool`] beside it; every open
+//! imports it.
 //!
 //! Rows are read back as [`RunRecord`], the same shape every stepguard command emits.
 //!
@@ -43,6 +49,7 @@
 //! ```
 #![forbid(unsafe_code)]
 
+pub mod spool;
 mod stats;
 mod v7;
 
@@ -56,6 +63,11 @@ use stepguard_core::record::{Invocation, Source, StepBudget};
 pub use stepguard_core::RunRecord;
 
 pub use stats::{CostSpread, GroupStats, Spread, StatsReport, compute_stats, percentile};
+
+/// The query `mark_dead_runs` makes at every open: this host's `running` rows (index
+/// `runs_running`, which holds only them).
+const RUNNING_ROWS: &str = "SELECT id, supervisor_boot_id, supervisor_pid, supervisor_start_ticks
+    FROM runs WHERE outcome = 'running' AND supervisor_host = ?1";
 
 /// The SQL migrations to schema version 7 (one column per record field), in order; index + 1
 /// is the version each one brings the database to. Frozen: version 8 ([`to_v8`]) turns the
@@ -143,8 +155,20 @@ const V8_TABLE: &str = "CREATE TABLE runs_v8 (
         record TEXT NOT NULL
     );";
 
+/// Version 9: an index for every query the commands make, so that no command reads the whole
+/// table to answer about a few rows: the `running` rows of a host (read by every open), the
+/// `--provider` and `--task-type` filters in id order, and the (provider, task type) groups of
+/// `stats`, and the supervisor identity a spooled run is imported by ([`spool`]). No row is
+/// touched.
+const V9_INDEXES: &str = "DROP INDEX IF EXISTS runs_by_provider;
+    CREATE INDEX runs_by_provider ON runs (provider);
+    CREATE INDEX runs_by_group ON runs (provider, task_type);
+    CREATE INDEX runs_by_task_type ON runs (task_type);
+    CREATE INDEX runs_running ON runs (supervisor_host) WHERE outcome = 'running';
+    CREATE INDEX runs_by_supervisor ON runs (supervisor_pid, supervisor_start_ticks);";
+
 /// The newest schema version this stepguard knows.
-pub const SCHEMA_VERSION: i64 = MIGRATIONS_TO_V7.len() as i64 + 1;
+pub const SCHEMA_VERSION: i64 = 9;
 
 /// How long a writer waits for another one before giving up.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -269,8 +293,8 @@ fn now() -> String {
 }
 
 impl Store {
-    /// Opens (creating if needed) the database at `path`, migrates it, and marks runs whose
-    /// stepguard died as `interrupted`.
+    /// Opens (creating if needed) the database at `path`, migrates it, imports the runs spooled
+    /// beside it ([`spool`]), and marks runs whose stepguard died as `interrupted`.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
         let display = path.display().to_string();
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -311,6 +335,7 @@ impl Store {
                 source,
             },
         })?;
+        spool::import(&mut conn, path).map_err(sql)?;
         let store = Store {
             conn,
             path: display,
@@ -418,13 +443,7 @@ impl Store {
     pub fn mark_dead_runs(&self) -> Result<usize, StoreError> {
         let me = Supervisor::of(std::process::id());
         let Some(me) = me else { return Ok(0) };
-        let mut stmt = self
-            .conn
-            .prepare(
-                "SELECT id, supervisor_boot_id, supervisor_pid, supervisor_start_ticks FROM runs
-                 WHERE outcome = 'running' AND supervisor_host = ?1",
-            )
-            .map_err(|e| self.err(e))?;
+        let mut stmt = self.conn.prepare(RUNNING_ROWS).map_err(|e| self.err(e))?;
         let rows: Vec<SupervisorRow> = stmt
             .query_map([&me.host], |r| {
                 Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
@@ -464,28 +483,120 @@ impl Store {
 
     /// Returns runs matching `filter`, newest first.
     pub fn list(&self, filter: &Filter) -> Result<Vec<RunRecord>, StoreError> {
-        let mut sql = "SELECT id, record FROM runs WHERE 1=1".to_owned();
-        let mut args: Vec<String> = Vec::new();
-        if let Some(p) = &filter.provider {
-            args.push(p.clone());
-            sql.push_str(&format!(" AND provider = ?{}", args.len()));
-        }
-        if let Some(t) = &filter.task_type {
-            args.push(t.clone());
-            sql.push_str(&format!(" AND task_type = ?{}", args.len()));
-        }
-        if filter.failed {
-            sql.push_str(" AND outcome NOT IN ('success', 'running')");
-        }
-        sql.push_str(" ORDER BY id DESC");
-        if let Some(n) = filter.last {
-            sql.push_str(&format!(" LIMIT {n}"));
-        }
-        let mut stmt = self.conn.prepare(&sql).map_err(|e| self.err(e))?;
-        stmt.query_map(rusqlite::params_from_iter(args.iter()), record)
-            .and_then(Iterator::collect)
-            .map_err(|e| self.err(e))
+        let mut records = Vec::new();
+        self.each(filter, Order::NewestFirst, |r| {
+            records.push(r);
+            Ok::<(), std::convert::Infallible>(())
+        })?
+        .map_err(|never| match never {})?;
+        Ok(records)
     }
+
+    /// Calls `f` with each run matching `filter`, one row at a time (only one record is in
+    /// memory at once), in `order`; with [`Filter::last`], the newest ones. Stops at the first
+    /// error of `f` and returns it, inside.
+    pub fn each<E>(
+        &self,
+        filter: &Filter,
+        order: Order,
+        mut f: impl FnMut(RunRecord) -> Result<(), E>,
+    ) -> Result<Result<(), E>, StoreError> {
+        let (sql, args) = list_sql(filter, order);
+        let mut stmt = self.conn.prepare(&sql).map_err(|e| self.err(e))?;
+        let mut rows = stmt
+            .query(rusqlite::params_from_iter(args.iter()))
+            .map_err(|e| self.err(e))?;
+        while let Some(row) = rows.next().map_err(|e| self.err(e))? {
+            if let Err(e) = f(record(row).map_err(|e| self.err(e))?) {
+                return Ok(Err(e));
+            }
+        }
+        Ok(Ok(()))
+    }
+
+    /// Computes the figures of `stats` in the database (running rows are left out), in bounded
+    /// memory: each record read once into a temporary table of figures, then counts by SQL and
+    /// percentiles over sorted cursors. The same figures as
+    /// [`compute_stats`] over the same records.
+    pub fn stats(&self, provider: Option<&str>) -> Result<StatsReport, StoreError> {
+        stats::in_sql(&self.conn, provider).map_err(|e| self.err(e))
+    }
+
+    /// Inserts finished records as they are, in one transaction with one prepared statement
+    /// (bulk loads: imports, benchmarks); returns how many. The rows name no supervisor, so
+    /// a `running` record stays `running`.
+    pub fn insert_records(
+        &mut self,
+        records: impl IntoIterator<Item = RunRecord>,
+    ) -> Result<usize, StoreError> {
+        let path = self.path.clone();
+        let err = |source| StoreError::Sqlite {
+            path: path.clone(),
+            source,
+        };
+        let tx = self.conn.transaction().map_err(err)?;
+        let mut n = 0;
+        {
+            let mut insert = tx
+                .prepare(
+                    "INSERT INTO runs (started_at, provider, task_type, outcome, record)
+                     VALUES (?1, ?2, ?3, ?4, ?5)",
+                )
+                .map_err(err)?;
+            for mut r in records {
+                r.id = None;
+                r.file = None;
+                let started = r.invocation.started_at.clone().unwrap_or_else(now);
+                insert
+                    .execute(params![
+                        started,
+                        r.source.provider,
+                        r.source.task_type,
+                        r.verdict.outcome.as_str(),
+                        to_json(&r),
+                    ])
+                    .map_err(err)?;
+                n += 1;
+            }
+        }
+        tx.commit().map_err(err)?;
+        Ok(n)
+    }
+}
+
+/// The order [`Store::each`] gives runs in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Order {
+    /// Highest id first (`history`).
+    NewestFirst,
+    /// Lowest id first (`history export`).
+    OldestFirst,
+}
+
+/// The query of a list: the SQL and its arguments. Each filter has an index that keeps id
+/// order (`runs_by_provider`, `runs_by_group`, `runs_by_task_type`), so `--last N` reads N rows.
+fn list_sql(filter: &Filter, order: Order) -> (String, Vec<String>) {
+    let mut sql = "SELECT id, record FROM runs WHERE 1=1".to_owned();
+    let mut args: Vec<String> = Vec::new();
+    if let Some(p) = &filter.provider {
+        args.push(p.clone());
+        sql.push_str(&format!(" AND provider = ?{}", args.len()));
+    }
+    if let Some(t) = &filter.task_type {
+        args.push(t.clone());
+        sql.push_str(&format!(" AND task_type = ?{}", args.len()));
+    }
+    if filter.failed {
+        sql.push_str(" AND outcome NOT IN ('success', 'running')");
+    }
+    sql.push_str(" ORDER BY id DESC");
+    if let Some(n) = filter.last {
+        sql.push_str(&format!(" LIMIT {n}"));
+    }
+    if order == Order::OldestFirst {
+        sql = format!("SELECT id, record FROM ({sql}) ORDER BY id");
+    }
+    (sql, args)
 }
 
 /// The record as stored: its JSON.
@@ -574,9 +685,10 @@ fn migrate(conn: &mut Connection, target: i64) -> Result<(), Migrate> {
             return Ok(());
         }
         let index = usize::try_from(version).unwrap_or(0);
-        match MIGRATIONS_TO_V7.get(index) {
-            Some(sql) => tx.execute_batch(sql)?,
-            None => to_v8(&tx)?,
+        match (MIGRATIONS_TO_V7.get(index), version) {
+            (Some(sql), _) => tx.execute_batch(sql)?,
+            (None, 7) => to_v8(&tx)?,
+            (None, _) => tx.execute_batch(V9_INDEXES)?,
         }
         tx.pragma_update(None, "user_version", version + 1)?;
         tx.commit()?;

@@ -11,6 +11,8 @@
 
 use std::collections::BTreeMap;
 
+use rusqlite::types::Value;
+use rusqlite::{Connection, params};
 use serde::Serialize;
 
 use stepguard_core::{Outcome, RunRecord};
@@ -26,8 +28,12 @@ fn nearest_rank<T: Copy>(sorted: &[T], p: f64) -> Option<T> {
     if sorted.is_empty() {
         return None;
     }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil().max(1.0) as usize;
-    sorted.get(rank.min(sorted.len()) - 1).copied()
+    sorted.get(rank(sorted.len(), p) - 1).copied()
+}
+
+/// The nearest rank (1-based) of the `p`th percentile of `n` values, `n` > 0.
+fn rank(n: usize, p: f64) -> usize {
+    (((p / 100.0) * n as f64).ceil().max(1.0) as usize).min(n)
 }
 
 /// The spread of a count over runs.
@@ -284,4 +290,271 @@ pub fn compute_stats(records: &[RunRecord]) -> StatsReport {
         })
         .collect();
     StatsReport { groups }
+}
+
+/// A figure of a run: a column of the `stats_figures` table [`in_sql`] fills from the records,
+/// what [`RunRecord::steps`], [`RunRecord::turns`], `total_tokens` and the cost read.
+#[derive(Clone, Copy)]
+enum Metric {
+    Steps,
+    Turns,
+    Tokens,
+    Cost,
+}
+
+impl Metric {
+    fn sql(self) -> &'static str {
+        match self {
+            Metric::Steps => "steps",
+            Metric::Turns => "turns",
+            Metric::Tokens => "tokens",
+            Metric::Cost => "cost",
+        }
+    }
+}
+
+/// The figures of every finished run (of one provider with `?1`), read out of the records
+/// once: every later pass sorts these few columns, never parses a record again. A temporary
+/// table, so on disk past SQLite's cache, and gone with the read transaction.
+pub(crate) fn figures_sql(provider: bool) -> String {
+    format!(
+        "CREATE TEMP TABLE stats_figures AS SELECT provider, task_type, outcome,
+            coalesce(json_extract(record, '$.num_steps_computed'), json_extract(record, '$.num_steps_reported')) AS steps,
+            coalesce(json_extract(record, '$.num_turns_reported'), json_extract(record, '$.num_turns_computed')) AS turns,
+            json_extract(record, '$.tokens.input_tokens') + json_extract(record, '$.tokens.output_tokens') AS tokens,
+            json_extract(record, '$.cost_usd') AS cost,
+            json_extract(record, '$.error_type') AS slug
+         FROM runs WHERE outcome != 'running'{}",
+        if provider { " AND provider = ?1" } else { "" }
+    )
+}
+
+/// The rows of one group (`?1` provider, `?2` task type): index `stats_by_group`.
+const GROUP_ROWS: &str = "FROM temp.stats_figures WHERE provider = ?1 AND task_type IS ?2";
+
+/// The groups with their run and success counts, in (provider, task type) order.
+pub(crate) const GROUPS_SQL: &str =
+    "SELECT provider, task_type, count(*), total(outcome = 'success')
+    FROM temp.stats_figures GROUP BY provider, task_type ORDER BY provider, task_type";
+
+/// The values of `metric` over a group's rows (successful ones only when asked), sorted.
+pub(crate) fn sorted_sql(metric_sql: &str, successes: bool) -> String {
+    format!(
+        "SELECT {metric_sql} {GROUP_ROWS} AND {metric_sql} IS NOT NULL{} ORDER BY {metric_sql}",
+        if successes {
+            " AND outcome = 'success'"
+        } else {
+            ""
+        }
+    )
+}
+
+/// A value read as SQLite gives it: an integer past `i64::MAX` (a sum that overflowed) comes
+/// back real and counts as `i64::MAX`, as [`total_tokens`] saturates.
+fn int(v: Value) -> Option<i64> {
+    match v {
+        Value::Integer(i) => Some(i),
+        Value::Real(f) if f >= i64::MAX as f64 => Some(i64::MAX),
+        Value::Real(f) => Some(f as i64),
+        _ => None,
+    }
+}
+
+fn real(v: Value) -> Option<f64> {
+    match v {
+        Value::Integer(i) => Some(i as f64),
+        Value::Real(f) => Some(f).filter(|f| f.is_finite()),
+        _ => None,
+    }
+}
+
+/// What one pass over sorted values keeps: the count, the sum, and the values at the ranks.
+struct Ranked<T, S> {
+    n: usize,
+    sum: S,
+    p50: T,
+    p95: T,
+    max: T,
+}
+
+/// Walks a group's sorted values of `metric` once, keeping the count, the sum and the values
+/// at the nearest ranks of the 50th and 95th percentiles. `n` values were counted beforehand
+/// in the same snapshot.
+fn walk<T: Copy, S>(
+    conn: &Connection,
+    key: &(String, Option<String>),
+    (metric, successes): (Metric, bool),
+    n: usize,
+    read: fn(Value) -> Option<T>,
+    mut sum: S,
+    add: fn(&mut S, T),
+) -> rusqlite::Result<Option<Ranked<T, S>>> {
+    if n == 0 {
+        return Ok(None);
+    }
+    let (r50, r95) = (rank(n, 50.0), rank(n, 95.0));
+    let mut stmt = conn.prepare_cached(&sorted_sql(metric.sql(), successes))?;
+    let mut rows = stmt.query(params![key.0, key.1])?;
+    let (mut i, mut p50, mut p95, mut max) = (0, None, None, None);
+    while let Some(row) = rows.next()? {
+        let Some(v) = read(row.get(0)?) else { continue };
+        i += 1;
+        add(&mut sum, v);
+        if i == r50 {
+            p50 = Some(v);
+        }
+        if i == r95 {
+            p95 = Some(v);
+        }
+        max = Some(v);
+    }
+    Ok(match (p50, p95, max) {
+        (Some(p50), Some(p95), Some(max)) => Some(Ranked {
+            n: i,
+            sum,
+            p50,
+            p95,
+            max,
+        }),
+        _ => None,
+    })
+}
+
+fn spread(
+    conn: &Connection,
+    key: &(String, Option<String>),
+    of: (Metric, bool),
+    n: usize,
+) -> rusqlite::Result<Option<Spread>> {
+    let ranked = walk(conn, key, of, n, int, 0i128, |s, v| *s += i128::from(v))?;
+    Ok(ranked.map(|r| {
+        let mean = r.sum as f64 / r.n as f64;
+        Spread {
+            runs: r.n,
+            mean: (mean * 100.0).round() / 100.0,
+            p50: r.p50,
+            p95: r.p95,
+            max: r.max,
+        }
+    }))
+}
+
+fn cost_spread(
+    conn: &Connection,
+    key: &(String, Option<String>),
+    successes: bool,
+    n: usize,
+) -> rusqlite::Result<Option<CostSpread>> {
+    let of = (Metric::Cost, successes);
+    let ranked = walk(conn, key, of, n, real, 0f64, |s, v| *s += v)?;
+    Ok(ranked.map(|r| {
+        let mean = r.sum / r.n as f64;
+        CostSpread {
+            runs: r.n,
+            mean: (mean * 1_000_000.0).round() / 1_000_000.0,
+            p50: r.p50,
+            p95: r.p95,
+            max: r.max,
+        }
+    }))
+}
+
+/// How many of a group's runs have each figure: steps, turns, tokens, cost, then steps,
+/// tokens and cost of its successful runs.
+fn counts(conn: &Connection, key: &(String, Option<String>)) -> rusqlite::Result<[usize; 7]> {
+    let ok = |m: Metric| format!("count(CASE WHEN outcome = 'success' THEN {} END)", m.sql());
+    let sql = format!(
+        "SELECT count({}), count({}), count({}), count({}), {}, {}, {} {GROUP_ROWS}",
+        Metric::Steps.sql(),
+        Metric::Turns.sql(),
+        Metric::Tokens.sql(),
+        Metric::Cost.sql(),
+        ok(Metric::Steps),
+        ok(Metric::Tokens),
+        ok(Metric::Cost)
+    );
+    conn.query_row(&sql, params![key.0, key.1], |r| {
+        let mut n = [0usize; 7];
+        for (i, slot) in n.iter_mut().enumerate() {
+            *slot = usize::try_from(r.get::<_, i64>(i)?).unwrap_or(0);
+        }
+        Ok(n)
+    })
+}
+
+/// How often each failure slug occurred in a group.
+fn slugs(
+    conn: &Connection,
+    key: &(String, Option<String>),
+) -> rusqlite::Result<BTreeMap<String, usize>> {
+    let sql = format!("SELECT slug, count(*) {GROUP_ROWS} AND slug IS NOT NULL GROUP BY slug");
+    let mut stmt = conn.prepare_cached(&sql)?;
+    let rows = stmt.query_map(params![key.0, key.1], |r| {
+        Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?))
+    })?;
+    rows.map(|r| r.map(|(s, n)| (s, usize::try_from(n).unwrap_or(0))))
+        .collect()
+}
+
+/// One group's figures, from the database.
+fn group(
+    conn: &Connection,
+    key: (String, Option<String>),
+    runs: usize,
+    successes: usize,
+) -> rusqlite::Result<GroupStats> {
+    let n = counts(conn, &key)?;
+    let ok_steps = spread(conn, &key, (Metric::Steps, true), n[4])?;
+    let ok_tokens = spread(conn, &key, (Metric::Tokens, true), n[5])?;
+    let ok_cost = cost_spread(conn, &key, true, n[6])?;
+    Ok(GroupStats {
+        failure_slugs: slugs(conn, &key)?,
+        steps: spread(conn, &key, (Metric::Steps, false), n[0])?,
+        turns: spread(conn, &key, (Metric::Turns, false), n[1])?,
+        tokens: spread(conn, &key, (Metric::Tokens, false), n[2])?,
+        cost_usd: cost_spread(conn, &key, false, n[3])?,
+        provider: key.0,
+        task_type: key.1,
+        runs,
+        successes,
+        success_rate: if runs == 0 {
+            0.0
+        } else {
+            (successes as f64 / runs as f64 * 10_000.0).round() / 10_000.0
+        },
+        suggested_max_steps: ok_steps.map(|s| s.p95.max(1)),
+        suggested_max_tokens: ok_tokens.as_ref().map(|s| s.p95.max(1)),
+        suggested_max_cost_usd: ok_cost.as_ref().map(|s| cost_budget(s.p95)),
+        successes_with_tokens: ok_tokens.map_or(0, |s| s.runs),
+        successes_with_cost: ok_cost.map_or(0, |s| s.runs),
+    })
+}
+
+/// The figures of [`compute_stats`], computed in the database in one read snapshot: memory
+/// holds one group's counts and one value at a time, whatever the number of runs.
+pub(crate) fn in_sql(conn: &Connection, provider: Option<&str>) -> rusqlite::Result<StatsReport> {
+    // Rolled back when done: the temporary table goes with it.
+    let snapshot = conn.unchecked_transaction()?;
+    match provider {
+        Some(p) => snapshot.execute(&figures_sql(true), [p])?,
+        None => snapshot.execute(&figures_sql(false), [])?,
+    };
+    snapshot
+        .execute_batch("CREATE INDEX temp.stats_by_group ON stats_figures (provider, task_type)")?;
+    let keys = {
+        let mut stmt = snapshot.prepare(GROUPS_SQL)?;
+        stmt.query_map([], |r| {
+            Ok((
+                (r.get::<_, String>(0)?, r.get::<_, Option<String>>(1)?),
+                usize::try_from(r.get::<_, i64>(2)?).unwrap_or(0),
+                r.get::<_, f64>(3)? as usize,
+            ))
+        })?
+        .collect::<Result<Vec<_>, _>>()?
+    };
+    let groups = keys
+        .into_iter()
+        .map(|(key, runs, successes)| group(&snapshot, key, runs, successes))
+        .collect::<rusqlite::Result<_>>()?;
+    Ok(StatsReport { groups })
 }

@@ -134,7 +134,7 @@ fn a_newer_database_is_refused_and_left_untouched() {
     assert!(matches!(err, StoreError::NewerSchema { found: 99, .. }));
     assert!(
         err.to_string().contains(
-            "has schema version 99, newer than this stepguard knows (8); refusing to modify it"
+            "has schema version 99, newer than this stepguard knows (9); refusing to modify it"
         ),
         "{err}"
     );
@@ -920,7 +920,7 @@ fn a_version_6_database_with_rows_migrates_and_old_rows_read_null_budgets() {
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
     assert_eq!(v, SCHEMA_VERSION);
-    assert_eq!(SCHEMA_VERSION, 8);
+    assert_eq!(SCHEMA_VERSION, 9);
     let old = store.get(1).unwrap().unwrap();
     // What the old row knew is intact.
     assert_eq!(
@@ -1327,4 +1327,349 @@ fn a_version_7_database_made_by_the_old_stepguard_migrates_to_json_records_intac
         store.get(9).unwrap().unwrap().counts.num_steps_computed,
         Some(12)
     );
+}
+
+/// Varied finished runs: every outcome, slug, missing and present figures, token sums past
+/// `i64::MAX`, costs with ties, runs without a task type, and running rows.
+fn varied_records(n: u64) -> Vec<RunRecord> {
+    let outcomes = [
+        Outcome::Success,
+        Outcome::Success,
+        Outcome::Failed,
+        Outcome::Running,
+    ];
+    let slugs = [
+        None,
+        Some(FailureSlug::MaxSteps),
+        Some(FailureSlug::MaxTokens),
+        Some(FailureSlug::Timeout),
+    ];
+    (0..n)
+        .map(|i| {
+            let outcome = outcomes[(i % 4) as usize];
+            let slug = if outcome == Outcome::Failed {
+                slugs[(i / 4 % 4) as usize]
+            } else {
+                None
+            };
+            let steps = (i % 5 != 0).then_some(i * 7 % 31);
+            let turns = (i % 3 == 0).then_some(i % 11);
+            let mut r = finished(outcome, slug, steps, turns);
+            r.source.provider = ["codex", "claude", "gemini"][(i % 3) as usize].into();
+            r.source.task_type = [None, Some("review".to_owned())][(i / 3 % 2) as usize].clone();
+            r.usage.tokens = match i % 6 {
+                0 => None,
+                1 => Some(TokenUsage {
+                    input_tokens: u64::MAX - 3,
+                    output_tokens: 10,
+                    ..TokenUsage::default()
+                }),
+                _ => Some(TokenUsage {
+                    input_tokens: i * 13 % 1000,
+                    output_tokens: i % 97,
+                    ..TokenUsage::default()
+                }),
+            };
+            r.usage.cost_usd = (i % 7 != 0).then_some((i % 9) as f64 * 0.0123);
+            r.invocation.started_at = Some(format!("2026-11-{:02}T00:00:00.000Z", 1 + i % 28));
+            r
+        })
+        .collect()
+}
+
+/// `stats` computed in the database gives the very figures the records give in memory, for
+/// every group, with or without a provider filter, and nothing for an empty database.
+#[test]
+fn stats_in_sql_match_the_figures_computed_in_memory() {
+    let (_dir, path) = db();
+    let mut store = Store::open(&path).unwrap();
+    assert_eq!(store.stats(None).unwrap(), StatsReport { groups: vec![] });
+    assert_eq!(store.insert_records(varied_records(500)).unwrap(), 500);
+    let all = store.list(&Filter::default()).unwrap();
+    assert_eq!(all.len(), 500);
+    let want = compute_stats(&all);
+    assert_eq!(want.groups.len(), 6);
+    assert_eq!(store.stats(None).unwrap(), want);
+    let codex = store
+        .list(&Filter {
+            provider: Some("codex".into()),
+            ..Filter::default()
+        })
+        .unwrap();
+    let got = store.stats(Some("codex")).unwrap();
+    assert_eq!(got, compute_stats(&codex));
+    assert_eq!(got.groups.len(), 2);
+    assert!(store.stats(Some("nobody")).unwrap().groups.is_empty());
+    // The saturated token sums are there: the largest is i64::MAX, as in memory.
+    let g = &want.groups[0];
+    assert_eq!(g.tokens.as_ref().map(|t| t.max), Some(i64::MAX));
+}
+
+/// The plan SQLite makes for `sql`, one line per step.
+fn plan(store: &Store, sql: &str, args: &[&dyn rusqlite::ToSql]) -> String {
+    let mut stmt = store
+        .conn
+        .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+        .unwrap();
+    let rows = stmt
+        .query_map(args, |r| r.get::<_, String>(3))
+        .unwrap()
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    rows.join("\n")
+}
+
+/// Every query the commands make uses an index (or the primary key in id order, stopping at
+/// `--last`): no full scan of the table, no sort of all the rows.
+#[test]
+fn every_query_of_the_commands_uses_an_index() {
+    let (_dir, path) = db();
+    let mut store = Store::open(&path).unwrap();
+    store.insert_records(varied_records(300)).unwrap();
+    store.conn.execute_batch("ANALYZE").unwrap();
+    let host: &dyn rusqlite::ToSql = &"vm";
+    let p = plan(&store, RUNNING_ROWS, &[host]);
+    assert!(p.contains("USING INDEX runs_running"), "{p}");
+    let p = plan(&store, "SELECT id, record FROM runs WHERE id = ?1", &[&1]);
+    assert!(p.contains("USING INTEGER PRIMARY KEY"), "{p}");
+    let filters = [
+        (Filter::default(), "SCAN runs"),
+        (
+            Filter {
+                provider: Some("codex".into()),
+                ..Filter::default()
+            },
+            "USING INDEX runs_by_provider ",
+        ),
+        (
+            Filter {
+                provider: Some("codex".into()),
+                task_type: Some("review".into()),
+                failed: true,
+                ..Filter::default()
+            },
+            "USING INDEX runs_by_group",
+        ),
+        (
+            Filter {
+                task_type: Some("review".into()),
+                ..Filter::default()
+            },
+            "USING INDEX runs_by_task_type",
+        ),
+    ];
+    for (filter, want) in filters {
+        for order in [Order::NewestFirst, Order::OldestFirst] {
+            let (sql, args) = list_sql(
+                &Filter {
+                    last: Some(20),
+                    ..filter.clone()
+                },
+                order,
+            );
+            let args: Vec<&dyn rusqlite::ToSql> =
+                args.iter().map(|a| a as &dyn rusqlite::ToSql).collect();
+            let p = plan(&store, &sql, &args);
+            assert!(p.contains(want), "{filter:?}: {p}");
+            // Rows come in id order from the index; only the ≤ 20 rows kept are re-sorted.
+            let sorts = p.matches("TEMP B-TREE").count();
+            let allowed = usize::from(order == Order::OldestFirst);
+            assert_eq!(sorts, allowed, "{filter:?} {order:?}: {p}");
+            // Without `--last` (an export), no sort at all: the index order is the output order.
+            let (sql, args) = list_sql(&filter, order);
+            let args: Vec<&dyn rusqlite::ToSql> =
+                args.iter().map(|a| a as &dyn rusqlite::ToSql).collect();
+            let p = plan(&store, &sql, &args);
+            assert!(
+                p.contains(want) && !p.contains("TEMP B-TREE"),
+                "{filter:?}: {p}"
+            );
+        }
+    }
+    // `stats` reads the records once (all of them, or one provider's by its index), then sorts
+    // the figures table by its group index.
+    let p = plan(
+        &store,
+        "SELECT * FROM runs WHERE outcome != 'running' AND provider = ?1",
+        &[&"codex"],
+    );
+    assert!(p.contains("USING INDEX runs_by_provider "), "{p}");
+    store.conn.execute_batch("BEGIN").unwrap();
+    store.conn.execute(&stats::figures_sql(false), []).unwrap();
+    store
+        .conn
+        .execute_batch("CREATE INDEX temp.stats_by_group ON stats_figures (provider, task_type)")
+        .unwrap();
+    let p = plan(&store, stats::GROUPS_SQL, &[]);
+    assert!(p.contains("USING INDEX stats_by_group"), "{p}");
+    assert!(!p.contains("TEMP B-TREE"), "{p}");
+    let sql = stats::sorted_sql("cost", true);
+    let p = plan(&store, &sql, &[&"codex", &rusqlite::types::Null]);
+    assert!(
+        p.contains("USING INDEX stats_by_group (provider=? AND task_type=?)"),
+        "{p}"
+    );
+    store.conn.execute_batch("ROLLBACK").unwrap();
+}
+
+/// `each` gives one record at a time, oldest first for an export, and `--last N` keeps the
+/// newest N; an error of the callback stops the walk and comes back.
+#[test]
+fn each_streams_in_either_order_and_stops_at_the_first_error() {
+    let (_dir, path) = db();
+    let mut store = Store::open(&path).unwrap();
+    store.insert_records(varied_records(10)).unwrap();
+    let mut ids = Vec::new();
+    let last3 = Filter {
+        last: Some(3),
+        ..Filter::default()
+    };
+    store
+        .each(&last3, Order::OldestFirst, |r| {
+            ids.push(r.id.unwrap());
+            Ok::<_, ()>(())
+        })
+        .unwrap()
+        .unwrap();
+    assert_eq!(ids, [8, 9, 10]);
+    let mut seen = 0;
+    let stopped = store
+        .each(&Filter::default(), Order::NewestFirst, |r| {
+            seen += 1;
+            if r.id == Some(7) { Err("stop") } else { Ok(()) }
+        })
+        .unwrap();
+    assert_eq!((stopped, seen), (Err("stop"), 4));
+}
+
+/// A database of schema version 8 (`tests/fixtures/v8.sql`, as the stepguard of version 8
+/// left it) gains the indexes of version 9 with every row as it was.
+#[test]
+fn a_version_8_database_gains_the_indexes_with_every_row_intact() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let dump = std::fs::read_to_string(fixtures.join("v8.sql")).unwrap();
+    let want = std::fs::read_to_string(fixtures.join("v7.records.jsonl")).unwrap();
+    let (_dir, path) = db();
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    Connection::open(&path)
+        .unwrap()
+        .execute_batch(&dump)
+        .unwrap();
+    let store = Store::open(&path).unwrap();
+    let v: i64 = store
+        .conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(v, 9);
+    let mut got = String::new();
+    for record in store.list(&Filter::default()).unwrap().iter().rev() {
+        got.push_str(&serde_json::to_string(record).unwrap());
+        got.push('\n');
+    }
+    assert_eq!(got, want);
+    let mut indexes: Vec<String> = store
+        .conn
+        .prepare("SELECT name || ': ' || sql FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL ORDER BY name")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    indexes
+        .iter_mut()
+        .for_each(|i| *i = i.split_whitespace().collect::<Vec<_>>().join(" "));
+    assert_eq!(
+        indexes,
+        [
+            "runs_by_group: CREATE INDEX runs_by_group ON runs (provider, task_type)",
+            "runs_by_provider: CREATE INDEX runs_by_provider ON runs (provider)",
+            "runs_by_supervisor: CREATE INDEX runs_by_supervisor ON runs (supervisor_pid, supervisor_start_ticks)",
+            "runs_by_task_type: CREATE INDEX runs_by_task_type ON runs (task_type)",
+            "runs_running: CREATE INDEX runs_running ON runs (supervisor_host) WHERE outcome = 'running'",
+        ]
+    );
+    // The running row of another host is still running; the filters answer as before.
+    assert_eq!(
+        store.get(9).unwrap().unwrap().verdict.outcome.as_str(),
+        "running"
+    );
+    assert_eq!(
+        store.stats(None).unwrap(),
+        compute_stats(&store.list(&Filter::default()).unwrap())
+    );
+}
+
+/// A run spooled because the database did not take it is imported by the next open, exactly
+/// once: into its `running` (or since `interrupted`) row when its begin got in, as a new row when
+/// not even that did; a second import of the same file (two stepguards at once) changes nothing,
+/// and a finished row is never overwritten. A file that is not a spooled run is set aside.
+#[test]
+fn spooled_runs_are_imported_once_into_their_row_or_a_new_one() {
+    let (_dir, path) = db();
+    let mut record = finished(Outcome::Success, None, Some(12), None);
+    record.source.provider = "codex".into();
+    record.invocation.started_at = Some("2026-11-25T10:00:00.000Z".into());
+    // Not even the begin got in: a new row, with this process as its supervisor.
+    let file = spool::write(&path, &record).unwrap();
+    assert!(file.starts_with(spool::dir(&path)), "{}", file.display());
+    let copy = std::fs::read(&file).unwrap();
+    let store = Store::open(&path).unwrap();
+    assert!(!file.exists(), "imported files are removed");
+    let rows = store.list(&Filter::default()).unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].verdict.outcome, Outcome::Success);
+    assert_eq!(rows[0].counts.num_steps_computed, Some(12));
+    assert!(rows[0].invocation.ended_at.is_some());
+    // The same file again (another stepguard read it before this one removed it): no new row.
+    std::fs::write(&file, &copy).unwrap();
+    drop(store);
+    let store = Store::open(&path).unwrap();
+    assert_eq!(store.list(&Filter::default()).unwrap().len(), 1);
+    assert!(!file.exists());
+    // The begin got in and the row was marked interrupted since: the record completes it.
+    let id = store
+        .begin_run(&NewRun {
+            provider: "claude".into(),
+            ..NewRun::default()
+        })
+        .unwrap();
+    store
+        .conn
+        .execute(
+            "UPDATE runs SET outcome = 'interrupted' WHERE id = ?1",
+            [id],
+        )
+        .unwrap();
+    // This process ran both: the spooled identity now names the first row (finished) and the
+    // second; aim the first away so that the second is the one found.
+    store
+        .conn
+        .execute("UPDATE runs SET supervisor_pid = -1 WHERE id = 1", [])
+        .unwrap();
+    let mut end = finished(Outcome::Failed, Some(FailureSlug::MaxSteps), Some(5), None);
+    end.source.provider = "claude".into();
+    spool::write(&path, &end).unwrap();
+    drop(store);
+    let store = Store::open(&path).unwrap();
+    let rows = store.list(&Filter::default()).unwrap();
+    assert_eq!(rows.len(), 2);
+    let got = store.get(id).unwrap().unwrap();
+    assert_eq!(got.verdict.outcome, Outcome::Failed);
+    assert_eq!(got.counts.num_steps_computed, Some(5));
+    // A finished row is never overwritten by a late spool file.
+    spool::write(&path, &finished(Outcome::Success, None, Some(99), None)).unwrap();
+    drop(store);
+    let store = Store::open(&path).unwrap();
+    assert_eq!(store.list(&Filter::default()).unwrap().len(), 2);
+    assert_eq!(
+        store.get(id).unwrap().unwrap().counts.num_steps_computed,
+        Some(5)
+    );
+    // Garbage is set aside, and the open goes on.
+    let bad = spool::dir(&path).join("1-2.json");
+    std::fs::write(&bad, "not json").unwrap();
+    drop(store);
+    Store::open(&path).unwrap();
+    assert!(!bad.exists());
+    assert!(bad.with_extension("unreadable").exists());
 }

@@ -1,11 +1,12 @@
 //! `stepguard history`, `show` and `stats`: reading the run history.
 
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use stepguard_core::loops::{LoopFound, LoopKind};
 use stepguard_core::money::usd;
 use stepguard_core::{ExitCode, FailureSlug, RecordedSlug, TokenUsage};
-use stepguard_store::{Filter, RunRecord, Store, compute_stats};
+use stepguard_store::{Filter, Order, RunRecord, StatsReport, Store};
 
 use crate::args::{Cli, HistoryAction, HistoryArgs, ShowArgs, StatsArgs};
 use crate::exit::UsageError;
@@ -163,26 +164,39 @@ pub(crate) fn history(cli: &Cli, args: &HistoryArgs) -> anyhow::Result<ExitCode>
     Ok(ExitCode::Success)
 }
 
-/// Runs `stepguard history export`: JSON Lines of run records, oldest first, or an OTLP replay.
+/// Runs `stepguard history export`: JSON Lines of run records, oldest first, streamed one row at
+/// a time; or an OTLP replay.
 fn export(cli: &Cli, args: &HistoryArgs, otlp: bool) -> anyhow::Result<ExitCode> {
-    let mut records = match open(cli)? {
-        History::Found(store) => store.list(&Filter {
-            provider: args.provider.clone(),
-            task_type: args.task_type.clone(),
-            failed: args.failed,
-            last: args.last,
-        })?,
+    let filter = Filter {
+        provider: args.provider.clone(),
+        task_type: args.task_type.clone(),
+        failed: args.failed,
+        last: args.last,
+    };
+    let store = match open(cli)? {
+        History::Found(store) => Some(store),
         History::Empty(path) => {
             output::note(nothing_recorded(&path));
-            Vec::new()
+            None
         }
     };
-    records.reverse();
     if !otlp {
-        for record in &records {
-            output::line(serde_json::to_string(record)?)?;
+        if let Some(store) = &store {
+            // Buffered: one write per block of lines, not per line, at a million runs.
+            let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+            store.each(&filter, Order::OldestFirst, |record| {
+                let json = serde_json::to_string(&record)?;
+                writeln!(out, "{}", output::printable(&json))?;
+                anyhow::Ok(())
+            })??;
+            out.flush()?;
         }
         return Ok(ExitCode::Success);
+    }
+    let mut records = Vec::new();
+    if let Some(store) = &store {
+        records = store.list(&filter)?;
+        records.reverse();
     }
     let config = crate::settings::load_config(cli.config.as_deref())?;
     let Some(telemetry) = crate::settings::telemetry(&config.model) else {
@@ -451,17 +465,10 @@ fn final_report_block(report: &str) -> Vec<String> {
 /// No runs is an answer, not an error: the report with no groups under `--json`, else a note on
 /// stderr; exit 0 either way.
 pub(crate) fn stats(cli: &Cli, args: &StatsArgs) -> anyhow::Result<ExitCode> {
-    let (records, empty_db) = match open(cli)? {
-        History::Found(store) => {
-            let records = store.list(&Filter {
-                provider: args.provider.clone(),
-                ..Filter::default()
-            })?;
-            (records, None)
-        }
-        History::Empty(path) => (Vec::new(), Some(path)),
+    let (report, empty_db) = match open(cli)? {
+        History::Found(store) => (store.stats(args.provider.as_deref())?, None),
+        History::Empty(path) => (StatsReport { groups: Vec::new() }, Some(path)),
     };
-    let report = compute_stats(&records);
     if args.json {
         output::json(&report)?;
         return Ok(ExitCode::Success);
