@@ -291,7 +291,16 @@ fn wrap_up_never_points_a_wrapper_and_reads_the_clis_own_config() {
     // Pointing Codex means adding `-c openai_base_url=…`: behind `env` that would be env's
     // option, so the run is refused before anything starts, naming the fix.
     let run = sb.run(&[
-        "run", "-p", "codex", "--wrap-up", "--", "env", "SG_WRAPPED=1", &codex, "exec", "--json",
+        "run",
+        "-p",
+        "codex",
+        "--wrap-up",
+        "--",
+        "env",
+        "SG_WRAPPED=1",
+        &codex,
+        "exec",
+        "--json",
         "hi",
     ]);
     assert_eq!(run.code, Some(2), "{}", run.stderr);
@@ -308,7 +317,17 @@ fn wrap_up_never_points_a_wrapper_and_reads_the_clis_own_config() {
     std::fs::create_dir_all(&home).unwrap();
     std::fs::write(home.join("config.toml"), "openai_base_url = [").unwrap();
     let run = sb.run_env(
-        &["run", "-p", "codex", "--wrap-up", "--", &codex, "exec", "--json", "hi"],
+        &[
+            "run",
+            "-p",
+            "codex",
+            "--wrap-up",
+            "--",
+            &codex,
+            "exec",
+            "--json",
+            "hi",
+        ],
         &[("CODEX_HOME", home.to_str().unwrap())],
     );
     assert_eq!(run.code, Some(2), "{}", run.stderr);
