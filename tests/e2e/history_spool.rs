@@ -40,7 +40,17 @@ fn a_run_against_a_database_locked_for_10s_is_spooled_and_imported_by_the_next_c
     let sb = Sandbox::new();
     let db = sb.root().join("history.db");
     let dbs = db.to_str().unwrap();
-    let created = sb.run(&["run", "-q", "--db", dbs, "-p", "codex", "--", "true"]);
+    let created = sb.run(&[
+        "run",
+        "-q",
+        "--db",
+        dbs,
+        "-p",
+        "codex",
+        "--",
+        "echo",
+        r#"{"type":"thread.started","thread_id":"t"}"#,
+    ]);
     assert_eq!(created.code, Some(0), "{}", created.stderr);
     let ok = agent(
         &sb,
@@ -105,7 +115,17 @@ fn fifty_concurrent_runs_on_a_large_database_lose_no_record() {
     let sb = Sandbox::new();
     let db = sb.root().join("history.db");
     let dbs = db.to_str().unwrap();
-    let created = sb.run(&["run", "-q", "--db", dbs, "-p", "claude", "--", "true"]);
+    let created = sb.run(&[
+        "run",
+        "-q",
+        "--db",
+        dbs,
+        "-p",
+        "claude",
+        "--",
+        "echo",
+        r#"{"type":"system","subtype":"init","session_id":"s"}"#,
+    ]);
     assert_eq!(created.code, Some(0), "{}", created.stderr);
     {
         let mut conn = rusqlite::Connection::open(&db).unwrap();
