@@ -14,6 +14,7 @@
 //! | `P.max_steps_unit` | (`[policy.P] max_steps_unit`) | any unit other than the one the files below choose (stepguard cannot rank a provider's units; a unit the policy fixes is checked by `validate` instead) |
 //! | `loops.limit` | `loops` | a higher limit, or `"off"` |
 //! | `task_types.T.loop_limit`, `profiles.NAME.loop_limit` | `loops` | a limit higher than the one the files below give that task type or profile |
+//! | `profile = NAME` | `loops` | selecting a profile whose loop limit is higher than the one the files below give (the profile's limit is held at that one; its other settings stay) |
 //! | `loops.window` | `loops` | a smaller window |
 //! | `loops.ignore_tools` | `loops` | a tool the files below do not exempt |
 //!
@@ -76,6 +77,7 @@ pub(crate) fn strip(file: &mut ParsedFile, below: &ConfigModel, policy: &PolicyS
     run_settings(&mut file.model, below, &mut judge);
     units(&mut file.model, below, &mut judge);
     loop_limits(&mut file.model, below, &mut judge);
+    selected_profile(&mut file.model, below, &mut judge);
     loop_scope(&mut file.model, below, &mut judge);
     for (origin, what, policy) in judge.ignored {
         file.diagnostics.push(warning(&origin, &what, policy));
@@ -177,6 +179,34 @@ fn loop_limits(m: &mut ConfigModel, below: &ConfigModel, judge: &mut Judge<'_>) 
         };
         !(looser(*limit, bound) && judge.refuse(lock, origin, format!("a loop limit of {limit}")))
     });
+}
+
+/// `profile = NAME`: selecting a profile whose loop limit (this file's, the files' below, or
+/// the built-in one) is looser than the limit below loosens loops by itself, so the profile's
+/// limit is held at that limit; the profile's other settings stay.
+fn selected_profile(m: &mut ConfigModel, below: &ConfigModel, judge: &mut Judge<'_>) {
+    let Some((name, origin)) = m.profile.clone() else {
+        return;
+    };
+    let default = LoopLimit::Limited(DEFAULT_LOOP_LIMIT);
+    let below_limit = below.loops.limit.as_ref().map_or(default, |(l, _)| *l);
+    let limit = m
+        .loops
+        .profiles
+        .get(&name)
+        .or_else(|| below.loops.profiles.get(&name))
+        .map(|(l, _)| *l)
+        .or_else(|| builtin_profile_loop_limit(&name).map(LoopLimit::Limited));
+    if let Some(limit) = limit
+        && looser(limit, below_limit)
+        && judge.refuse(
+            Some(Lock::Loops),
+            &origin,
+            format!("profile {name}'s loop limit of {limit}"),
+        )
+    {
+        m.loops.profiles.insert(name, (below_limit, origin));
+    }
 }
 
 /// `loops.window` below the window below, and `loops.ignore_tools` exempting a tool not exempt
@@ -367,6 +397,31 @@ mod tests {
         let free = load(project, "");
         assert_eq!(free.model.loops.task_types.len(), 1);
         assert_eq!(free.model.loops.profiles.len(), 2);
+    }
+
+    #[test]
+    fn a_project_file_cannot_raise_the_loop_limit_by_selecting_a_profile_under_a_policy() {
+        // yolo's built-in limit is 8, above the default 5: selecting it is loosening.
+        let loaded = load("profile = \"yolo\"\n", POLICY);
+        assert_eq!(
+            ignored(&loaded),
+            ["profile: profile yolo's loop limit of 8"]
+        );
+        let held = &loaded.model.loops.profiles["yolo"].0;
+        assert_eq!(held.get(), Some(super::DEFAULT_LOOP_LIMIT));
+        assert_eq!(
+            loaded.model.profile.as_ref().map(|p| p.0.as_str()),
+            Some("yolo")
+        );
+        // A profile no looser than the limit below stands as it is.
+        let loaded = load("profile = \"strict\"\n", POLICY);
+        assert!(ignored(&loaded).is_empty(), "{:?}", ignored(&loaded));
+        let user = format!("{POLICY}[loops]\nlimit = 8\n");
+        let loaded = load("profile = \"yolo\"\n", &user);
+        assert!(ignored(&loaded).is_empty(), "{:?}", ignored(&loaded));
+        // Without a policy, anything goes.
+        let free = load("profile = \"yolo\"\n", "");
+        assert!(free.model.loops.profiles.is_empty());
     }
 
     #[test]
