@@ -193,8 +193,10 @@ pub(crate) struct RunArgs {
     /// Skip the provider's check of the agent command line (e.g. `codex exec` without `--json`).
     #[arg(long)]
     pub no_preflight: bool,
-    /// What to do when none of the agent's output is recognised as the provider's stream
-    /// (default: `[run] unrecognized_stream` from the config, else `stop`).
+    /// What to do when the agent's output cannot be counted as the provider's stream: none of
+    /// it recognised, no event within the provider's first-event time, nothing at all and exit
+    /// 0, or mostly not the provider's after a recognised start (default: `[run]
+    /// unrecognized_stream` from the config, else `stop`).
     #[arg(long, value_enum, value_name = "WHAT")]
     pub unrecognized: Option<Unrecognized>,
     /// The agent's standard input.
