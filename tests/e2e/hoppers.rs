@@ -119,7 +119,7 @@ fn breach_with_hopper(sb: &Sandbox, hopper: &Path, kind: &str) -> (Option<i32>, 
         })
         .collect();
     let body = format!(
-        "#!/bin/sh\n{} {kind} {}\nsleep 0.3\n{}\nsleep 30\n",
+        "#!/bin/sh\n{} {kind} {} || exit 9\nsleep 0.3\n{}\nsleep 30\n",
         hopper.display(),
         pidfile.display(),
         items.join("\n")
@@ -166,12 +166,18 @@ fn hopper_is_stopped(kind: &str, name: &str) {
     let sb = Sandbox::new();
     let hopper = compile(&sb, name);
     let (code, stderr) = breach_with_hopper(&sb, &hopper, kind);
+    // The hopper really ran: it wrote its first pid before the agent went on.
+    let pids = std::fs::read_to_string(sb.root().join(format!("{kind}.pid"))).unwrap_or_default();
     // Looked for over 200 ms: a hopper's pid changes faster than /proc is read.
     let survived = (0..20).any(|_| {
         std::thread::sleep(Duration::from_millis(10));
         !named(name).is_empty()
     });
     clean_up(name);
+    assert!(
+        !pids.trim().is_empty(),
+        "{kind}: the hopper never started; {stderr}"
+    );
     assert!(
         !survived,
         "{kind}: the PID hopper survived the stop; {stderr}"

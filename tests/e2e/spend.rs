@@ -517,8 +517,12 @@ fn every_default_model_of_the_pinned_clis_is_priced() {
         );
         let mut args = vec!["prices", "--json"];
         args.extend(models.iter());
-        let v: Value = sb.run(&args).json();
-        for (q, model) in v["models"].as_array().unwrap().iter().zip(models.iter()) {
+        let run = sb.run(&args);
+        assert_eq!(run.code, Some(0), "{cli}: {}", run.stderr);
+        let v: Value = run.json();
+        let quotes = v["models"].as_array().unwrap();
+        assert_eq!(quotes.len(), models.len(), "{v}");
+        for (q, model) in quotes.iter().zip(models.iter()) {
             assert_eq!(q["query"], *model, "{v}");
             assert_eq!(q["priced"], true, "{cli}: {model}: {v}");
             assert!(q["input_per_mtok"].as_f64().unwrap() > 0.0, "{v}");

@@ -203,6 +203,8 @@ fn preflight(args: &RunArgs, manifest: &Manifest, session: &Session<'_>) -> anyh
     if args.no_preflight {
         return Ok(());
     }
+    // The providers loaded for this run: for a built-in provider, the built-in ones only (no
+    // plugin file is opened to recognise a plugin CLI's command).
     let others = session.registry().entries().map(|e| e.provider.manifest());
     command::wrong_provider(&args.command, manifest, others)?;
     if let Some(rule) = manifest.preflight_failure(&args.command) {

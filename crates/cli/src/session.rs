@@ -51,6 +51,8 @@ impl<'c> Session<'c> {
 
     /// Returns the providers: the built-in ones and every plugin found, loaded on first use (so
     /// a bad limit is reported before any warning about plugins, as a user reads a command line).
+    /// After [`Session::registry_for`] it is the providers that one loaded: a run of a built-in
+    /// provider opens no plugin file, so its checks know the built-in providers only.
     pub(crate) fn registry(&self) -> &Registry {
         self.registry
             .get_or_init(|| load_registry(self.cli, &self.config, Needed::All))

@@ -424,8 +424,6 @@ fn top_level_keys(b: &[u8], i: usize) -> Option<(usize, Option<HostileFraming>)>
         let key = &b[i + 1..key_end - 1];
         if memchr::memchr(b'\\', key).is_some() {
             hostile.get_or_insert(HostileFraming::EscapedKey);
-        } else if keys.contains(&key) {
-            hostile.get_or_insert(HostileFraming::DuplicateKey);
         }
         keys.push(key);
         i = skip_ws(b, key_end);
@@ -436,7 +434,15 @@ fn top_level_keys(b: &[u8], i: usize) -> Option<(usize, Option<HostileFraming>)>
         i = skip_ws(b, i);
         match b.get(i) {
             Some(b',') => i = skip_ws(b, i + 1),
-            Some(b'}') => return Some((i + 1, hostile)),
+            Some(b'}') => {
+                // Sorted, so a line of many keys costs k log k, never k² (a hostile agent
+                // could otherwise stall counting with one long line).
+                keys.sort_unstable();
+                if keys.windows(2).any(|w| w[0] == w[1]) {
+                    hostile.get_or_insert(HostileFraming::DuplicateKey);
+                }
+                return Some((i + 1, hostile));
+            }
             _ => return None,
         }
     }

@@ -532,10 +532,14 @@ pub fn plugin_dirs(
     }
     {
         use etcetera::BaseStrategy as _;
+        // A relative HOME (or XDG_DATA_HOME) would put the user's plugin directory inside
+        // the working directory, a repository's to fill: left out (the config files' lookup
+        // refuses such a HOME before any plugin is looked for).
         if let Ok(base) = etcetera::choose_base_strategy() {
-            search
-                .dirs
-                .push(base.data_dir().join("stepguard").join("plugins"));
+            let dir = base.data_dir().join("stepguard").join("plugins");
+            if dir.is_absolute() {
+                search.dirs.push(dir);
+            }
         }
     }
     if let Some(dir) = exe.and_then(Path::parent) {

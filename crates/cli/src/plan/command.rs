@@ -276,7 +276,7 @@ fn refuse_pointing_a_wrapper(
         .zip(pointed)
         .take_while(|(a, b)| a == b)
         .count();
-    let added = pointed[at..at + (pointed.len() - command.len())].join(" ");
+    let added = pointed[at..at + pointed.len().saturating_sub(command.len())].join(" ");
     Err(UsageError(format!(
         "--wrap-up points provider {}'s CLI at the gateway by adding `{added}` to its command \
          line, and the command runs `{program}`, not the CLI: put the CLI first after `--` (set \
