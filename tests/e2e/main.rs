@@ -22,6 +22,7 @@ mod fail_closed;
 mod gateway_bounds;
 mod gemini;
 mod history_cmd;
+mod history_location;
 mod history_spool;
 mod hoppers;
 mod loops;

@@ -19,9 +19,10 @@ pub(crate) struct Cli {
     #[arg(long, global = true, value_name = "DIR")]
     pub plugin_dir: Vec<PathBuf>,
 
-    /// The history database (default: .stepguard/history.db beside the stepguard.toml in effect,
-    /// else in the working directory). `history`, `show` and `stats` need it to exist; `run`
-    /// creates it, but only in a directory that exists.
+    /// The history database, where the local ledger of pools is too (default:
+    /// stepguard/history.db in the user's data directory, $XDG_DATA_HOME or ~/.local/share).
+    /// `history`, `show` and `stats` need it to exist; `run` creates it, but only in a
+    /// directory that exists.
     #[arg(long, global = true, value_name = "PATH", env = "STEPGUARD_DB")]
     pub db: Option<PathBuf>,
 
@@ -241,6 +242,13 @@ pub(crate) struct HistoryArgs {
     /// Only this task type.
     #[arg(long, value_name = "T", global = true)]
     pub task_type: Option<String>,
+    /// Only runs in this git repository: its remote URL or top-level path as recorded, or `.`
+    /// for the repository of the working directory.
+    #[arg(long, value_name = "REPO", global = true)]
+    pub repo: Option<String>,
+    /// Only runs whose working directory was DIR (relative to the working directory).
+    #[arg(long, value_name = "DIR", global = true)]
+    pub dir: Option<PathBuf>,
     /// Only runs that did not succeed.
     #[arg(long, global = true)]
     pub failed: bool,

@@ -14,10 +14,12 @@
 mod args;
 mod commands;
 mod exit;
+mod history_location;
 mod output;
 mod plan;
 mod providers;
 mod recording;
+mod repository;
 mod session;
 mod settings;
 mod terminal;

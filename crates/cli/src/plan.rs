@@ -59,6 +59,8 @@ pub(crate) struct RunPlan<'s> {
     pub stdin: stepguard_runner::StdinMode,
     /// Who watches the run.
     pub observers: Observers,
+    /// The git repository the run works in (recorded; matched by pools).
+    pub repository: Option<String>,
 }
 
 /// The observers a run is planned with (telemetry comes from the environment and `[telemetry]`).
@@ -143,6 +145,7 @@ impl<'s> RunPlan<'s> {
                 history: history_db(args, session, cwd)?,
                 summary_file: args.summary_file.clone(),
             },
+            repository: crate::repository::of(cwd),
             limits,
             selection,
         })
@@ -289,7 +292,7 @@ fn history_db(
     if args.no_record {
         return Ok(None);
     }
-    let path = session.history_db(cwd);
+    let path = session.history_db(cwd)?;
     if session.named_db() {
         let dir = match path.parent() {
             Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),

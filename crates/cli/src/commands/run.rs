@@ -34,12 +34,13 @@ pub(crate) fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
         &plan.manifest().name,
         plan.unit(),
     );
-    let (history, summary_file) = (
+    let (history, summary_file, repository) = (
         plan.observers.history.clone(),
         plan.observers.summary_file.clone(),
+        plan.repository.clone(),
     );
     let mut spec = spec(plan, &status);
-    let mut recorder = HistoryRecorder::new(history);
+    let mut recorder = HistoryRecorder::new(history, repository);
     let mut summary = SummaryFile(summary_file);
     // OpenTelemetry, when asked for: the run's span is known before the agent starts, so the
     // agent's own traces nest under it (TRACEPARENT). It exports once, at the end, bounded.
