@@ -29,6 +29,7 @@ mod loops;
 mod opencode;
 mod options;
 mod plugins;
+mod pools;
 mod record_schema;
 mod run_cmd;
 mod simulate_cmd;
