@@ -529,7 +529,7 @@ pub fn merge(mut files: Vec<ParsedFile>) -> LoadedConfig {
             loosening::strip(file, &below, &policy);
         }
     }
-    let pools = pools::merge(&mut files);
+    let pools = loosening::merge_pools(&mut files);
     let model = ConfigModel {
         policy,
         pools,

@@ -26,10 +26,13 @@
 //! file's), and each cap is the lowest any file gives, so no file can remove a pool, raise a cap,
 //! or move the window or the match ([`pool`]).
 
+use std::collections::BTreeMap;
+
 use stepguard_core::loops::{DEFAULT_LOOP_LIMIT, LoopSettings};
 
 use crate::loop_settings::builtin_profile_loop_limit;
 use crate::model::{ConfigModel, Lock, PolicySettings};
+
 use crate::pools::{self, PoolConfig};
 use crate::value::{LoopLimit, Origin};
 use crate::{Diagnostic, FileRole, ParsedFile, Severity, UNIT_KEY, at};
@@ -168,6 +171,33 @@ pub(crate) fn pool(base: &mut PoolConfig, over: &PoolConfig, role: FileRole) -> 
     base.origins.insert(0, origin);
     base.from_policy |= role.bears_policy();
     warnings
+}
+
+/// Merges the pools of every file (highest precedence first) into the pools in effect: the
+/// lowest-precedence policy-bearing declaration sets the window and the match, every cap is
+/// the tightest any file gives, and what a project file would loosen is left out with a warning
+/// added to that file's diagnostics.
+pub(crate) fn merge_pools(files: &mut [ParsedFile]) -> BTreeMap<String, PoolConfig> {
+    let mut merged: BTreeMap<String, PoolConfig> = BTreeMap::new();
+    // Lowest precedence first, policy-bearing files before project files: a project file is
+    // judged against every policy declaration.
+    let mut order: Vec<usize> = (0..files.len()).rev().collect();
+    order.sort_by_key(|&i| files[i].role == FileRole::Project);
+    for i in order {
+        let file = &mut files[i];
+        for (name, declared) in &file.model.pools {
+            match merged.get_mut(name) {
+                None => {
+                    merged.insert(name.clone(), declared.clone());
+                }
+                Some(base) => {
+                    let warnings = pool(base, declared, file.role);
+                    file.diagnostics.extend(warnings);
+                }
+            }
+        }
+    }
+    merged
 }
 
 fn warning(origin: &Origin, what: &str, policy: &Origin) -> Diagnostic {

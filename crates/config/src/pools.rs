@@ -25,7 +25,7 @@ use std::collections::BTreeMap;
 use stepguard_ledger::{PoolLimits, PoolSpec, Window, usd_to_micros};
 
 use crate::value::Origin;
-use crate::{Diagnostic, FileRole, ParsedFile, Severity, at, did_you_mean};
+use crate::{Diagnostic, FileRole, Severity, at, did_you_mean};
 
 /// The keys of a `[pools.NAME]` table.
 pub const POOL_KEYS: &[&str] = &[
@@ -373,33 +373,6 @@ impl Reader<'_> {
         }
         Some(m)
     }
-}
-
-/// Merges the pools of every file (highest precedence first) into the pools in effect: the
-/// lowest-precedence policy-bearing declaration sets the window and the match, every cap is
-/// the tightest any file gives, and what a project file would loosen is left out with a warning
-/// added to that file's diagnostics.
-pub(crate) fn merge(files: &mut [ParsedFile]) -> BTreeMap<String, PoolConfig> {
-    let mut merged: BTreeMap<String, PoolConfig> = BTreeMap::new();
-    // Lowest precedence first, policy-bearing files before project files: a project file is
-    // judged against every policy declaration.
-    let mut order: Vec<usize> = (0..files.len()).rev().collect();
-    order.sort_by_key(|&i| files[i].role == FileRole::Project);
-    for i in order {
-        let file = &mut files[i];
-        for (name, pool) in &file.model.pools {
-            match merged.get_mut(name) {
-                None => {
-                    merged.insert(name.clone(), pool.clone());
-                }
-                Some(base) => {
-                    let warnings = crate::loosening::pool(base, pool, file.role);
-                    file.diagnostics.extend(warnings);
-                }
-            }
-        }
-    }
-    merged
 }
 
 /// A warning for a project setting a pool's loosening ignored.
