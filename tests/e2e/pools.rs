@@ -91,6 +91,18 @@ fn a_spent_pool_refuses_at_the_start_naming_the_pool() {
     assert_eq!(runs[2]["max_tokens"], 40);
     assert_eq!(runs[2]["max_tokens_source"], "pool daily");
     assert_eq!(runs[4]["pools"], serde_json::json!(["daily"]));
+    let show = sb.run(&["show", &runs[2]["id"].to_string()]);
+    assert!(
+        show.stdout.contains("Pools: daily; ended by pool daily"),
+        "{}",
+        show.stdout
+    );
+    let show = sb.run(&["show", &runs[0]["id"].to_string()]);
+    assert!(
+        show.stdout.contains("refused at the start by a pool"),
+        "{}",
+        show.stdout
+    );
     let status = pool_status(&sb, &[]);
     assert_eq!(status[0]["name"], "daily");
     assert_eq!(status[0]["limits"][0]["limit"], "max_tokens");

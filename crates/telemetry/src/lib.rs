@@ -20,7 +20,8 @@
 //!   `stepguard.run.steps`, `.tokens`, `.cost_usd`, `.duration`). A run with a token or cost
 //!   budget carries `stepguard.max_tokens` or `stepguard.max_cost_usd` (and where each came
 //!   from, `stepguard.max_tokens_source`, `stepguard.max_cost_usd_source`) beside
-//!   `stepguard.max_steps`. A run through the model gateway carries `stepguard.model_calls`;
+//!   `stepguard.max_steps`; one in pools carries their names (`stepguard.pools`, comma-separated).
+//!   A run through the model gateway carries `stepguard.model_calls`;
 //!   one the gateway wrapped up (`terminated_by` is `wrap_up`) has a `wrap_up` event whose
 //!   `stepguard.final_report_chars` is the length of the model's final report in characters.
 //!   The report's text is never exported: it may quote anything the agent read.

@@ -269,6 +269,9 @@ fn span_attributes(record: &RunRecord) -> Vec<KeyValue> {
             kv.push(KeyValue::new(key, value.to_owned()));
         }
     }
+    if let Some(pools) = record.spend.pools.as_ref().filter(|p| !p.is_empty()) {
+        kv.push(KeyValue::new("stepguard.pools", pools.join(",")));
+    }
     if let Some(steps) = record.steps() {
         kv.push(KeyValue::new("stepguard.steps", int(steps)));
     }
@@ -568,6 +571,21 @@ mod tests {
         ] {
             assert_eq!(attribute(&span.attributes, key), None, "{key}");
         }
+    }
+
+    #[test]
+    fn the_pools_of_a_run_are_one_attribute() {
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+        let mut record = RunRecord::new("codex", Outcome::Success);
+        record.spend.pools = Some(vec!["review-daily".into(), "team".into()]);
+        let span = run_span(&record, &SpanIdentity::new(None), &StepLog::new(0), t0, t0);
+        assert_eq!(
+            attribute(&span.attributes, "stepguard.pools"),
+            Some(&Value::String("review-daily,team".into()))
+        );
+        let plain = RunRecord::new("codex", Outcome::Success);
+        let span = run_span(&plain, &SpanIdentity::new(None), &StepLog::new(0), t0, t0);
+        assert_eq!(attribute(&span.attributes, "stepguard.pools"), None);
     }
 
     #[test]

@@ -277,6 +277,36 @@ pub(crate) fn show(cli: &Cli, args: &ShowArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::Success)
 }
 
+/// The pools the run joined, and the one that ended it: a refusal at the start, or the budget
+/// a pool's share lowered and the run ran out of.
+fn pool_line(r: &RunRecord) -> Option<String> {
+    let pools = r.spend.pools.as_ref().filter(|p| !p.is_empty());
+    let slug = r.verdict.error_type.as_ref().map(|s| s.as_str());
+    let source = match slug {
+        Some("max_tokens") => r.spend.max_tokens_source.as_deref(),
+        Some("max_cost") => r.spend.max_cost_usd_source.as_deref(),
+        Some("max_steps") => r.step_budget.max_steps_source.as_deref(),
+        _ => None,
+    };
+    let ended = match (slug, source.and_then(|s| s.strip_prefix("pool "))) {
+        (Some("pool_exhausted" | "pool_busy"), _) => {
+            Some("refused at the start by a pool".to_owned())
+        }
+        (_, Some(pool)) => Some(format!(
+            "ended by pool {pool} (its share was the run's budget)"
+        )),
+        _ => None,
+    };
+    match (pools, ended) {
+        (None, None) => None,
+        (pools, ended) => Some(format!(
+            "Pools: {}{}",
+            pools.map_or_else(|| "-".to_owned(), |p| p.join(", ")),
+            ended.map_or_else(String::new, |e| format!("; {e}"))
+        )),
+    }
+}
+
 /// A value as `show` prints it, `-` when unknown.
 fn opt<T: std::fmt::Display>(v: Option<T>) -> String {
     v.map_or_else(|| "-".into(), |v| v.to_string())
@@ -297,6 +327,7 @@ fn show_lines(r: &RunRecord) -> Vec<String> {
         lines.push(format!("Loop: {}", loop_detail(l)));
     }
     lines.extend(budget_lines(r, &budget));
+    lines.extend(pool_line(r));
     lines.extend(run_lines(r));
     if let Some(calls) = r.gateway.model_calls {
         lines.push(format!("Model calls: {calls}"));
