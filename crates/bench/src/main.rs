@@ -18,6 +18,8 @@
 //! * `history-db`: a history database of generated runs with real record shapes, and
 //!   `history`: `show`, `history --last 20`, `stats` and `history export` on it (wall time,
 //!   peak memory), against the equivalent sqlite3 query.
+//! * `ledger`: a pool's cost to a run: reserve + settle of one model call (p50/p99), alone and
+//!   with concurrent writers, and runs admitted per second, on the local ledger.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 use std::io::{BufRead as _, Write as _};
@@ -31,6 +33,7 @@ use stepguard_plugin_api::{CounterRequest, ProviderPlugin};
 
 mod gateway;
 mod history;
+mod ledger;
 mod loops;
 mod prices;
 
@@ -108,6 +111,19 @@ enum Bench {
     },
     /// Loop rules: precision and recall on the labelled corpus in tests/fixtures/loops.
     Loops,
+    /// Pools: reserve + settle latency (p50/p99), alone and with concurrent writers, and runs
+    /// admitted per second, on the local ledger.
+    Ledger {
+        /// Reserve + settle pairs (and joins) measured.
+        #[arg(long, default_value_t = 2_000)]
+        calls: usize,
+        /// Concurrent writers, each on a connection of its own.
+        #[arg(long, default_value_t = 8)]
+        writers: usize,
+        /// The database (created afresh, removed afterwards).
+        #[arg(long, default_value = "target/bench/ledger.db")]
+        db: PathBuf,
+    },
     /// Generates a history database of real record shapes (providers, outcomes, slugs, task
     /// types, months of start times), in one transaction.
     HistoryDb {
@@ -155,6 +171,7 @@ fn main() -> anyhow::Result<()> {
         Bench::Gateway { requests } => gateway::run(requests),
         Bench::Prices { calls } => prices::run(calls),
         Bench::Loops => loops::run(),
+        Bench::Ledger { calls, writers, db } => ledger::run(&db, calls, writers.max(1)),
         Bench::HistoryDb { runs, out } => history::generate(runs, &out),
         Bench::History {
             db,

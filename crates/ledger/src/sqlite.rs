@@ -161,6 +161,15 @@ impl From<rusqlite::Error> for Migrate {
 /// Creates the ledger's tables when missing, in one immediate transaction that re-reads the
 /// version (concurrent first opens do not race); refuses tables of a newer version.
 fn migrate(conn: &mut Connection, path: &Path) -> Result<(), Migrate> {
+    // Tables already at this version: nothing to write, so no write lock to wait for (every
+    // `stepguard run` with pools opens the ledger).
+    let current: Option<i64> = conn
+        .query_row("SELECT version FROM stepguard_ledger_meta", [], |r| r.get(0))
+        .optional()
+        .unwrap_or(None);
+    if current == Some(LEDGER_VERSION) {
+        return Ok(());
+    }
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     tx.execute_batch(
         "CREATE TABLE IF NOT EXISTS stepguard_ledger_meta (version INTEGER NOT NULL)",
