@@ -164,7 +164,9 @@ fn migrate(conn: &mut Connection, path: &Path) -> Result<(), Migrate> {
     // Tables already at this version: nothing to write, so no write lock to wait for (every
     // `stepguard run` with pools opens the ledger).
     let current: Option<i64> = conn
-        .query_row("SELECT version FROM stepguard_ledger_meta", [], |r| r.get(0))
+        .query_row("SELECT version FROM stepguard_ledger_meta", [], |r| {
+            r.get(0)
+        })
         .optional()
         .unwrap_or(None);
     if current == Some(LEDGER_VERSION) {
