@@ -1,1 +1,5 @@
-//! tmp
+//! The fleet ledger (work in progress).
+#![forbid(unsafe_code)]
+
+mod connect;
+mod passfile;
