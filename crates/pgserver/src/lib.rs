@@ -67,10 +67,12 @@ impl PgServer {
     fn make(parent: &Path, tls: bool) -> io::Result<Self> {
         let bin = bin_dir()?;
         fs::create_dir_all(parent)?;
-        let dir = tempfile::Builder::new().prefix("pg-").tempdir_in(parent)?;
         let run_as = rustix::process::geteuid()
             .is_root()
             .then_some(SERVICE_ACCOUNT);
+        reap_orphans(parent, &bin, run_as);
+        let dir = tempfile::Builder::new().prefix("pg-").tempdir_in(parent)?;
+        fs::write(dir.path().join("owner"), std::process::id().to_string())?;
         let mut server = PgServer {
             dir,
             bin,
@@ -200,7 +202,7 @@ impl PgServer {
     fn configure(&self) -> io::Result<()> {
         let mut conf = format!(
             "port = {}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\n\
-             fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n\
+             fsync = off\nfull_page_writes = off\n\
              max_connections = 300\nshared_buffers = 32MB\n",
             self.port,
             path_str(self.dir.path())?
@@ -257,6 +259,45 @@ impl Drop for PgServer {
     fn drop(&mut self) {
         // Nothing can be reported from a drop; the directory goes with `TempDir` either way.
         let _ = self.stop();
+    }
+}
+
+/// Stops and removes the servers of test processes that died without dropping theirs (killed
+/// by a timeout): their directories name a process that is gone.
+fn reap_orphans(parent: &Path, bin: &Path, run_as: Option<&str>) {
+    let Ok(entries) = fs::read_dir(parent) else {
+        return;
+    };
+    for dir in entries.flatten().map(|e| e.path()) {
+        let is_ours = dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with("pg-"));
+        let Some(owner) = fs::read_to_string(dir.join("owner"))
+            .ok()
+            .filter(|_| is_ours)
+        else {
+            continue;
+        };
+        if Path::new("/proc").join(owner.trim()).exists() {
+            continue;
+        }
+        let data = dir.join("data");
+        let mut cmd = match run_as {
+            Some(user) => {
+                let mut c = Command::new("runuser");
+                c.args(["-u", user, "--"]).arg(bin.join("pg_ctl"));
+                c
+            }
+            None => Command::new(bin.join("pg_ctl")),
+        };
+        // A server that is not running makes pg_ctl fail: nothing to stop then.
+        let _ = cmd
+            .arg("-D")
+            .arg(&data)
+            .args(["-m", "immediate", "-w", "stop"])
+            .output();
+        let _ = fs::remove_dir_all(&dir);
     }
 }
 
