@@ -338,7 +338,10 @@ fn worker_process() {
 
 /// Joins the one-slot pool with a short lease, reserves and charges, says so, then waits to be
 /// killed.
-#[expect(clippy::print_stdout, reason = "a worker tells the test that started it on stdout")]
+#[expect(
+    clippy::print_stdout,
+    reason = "a worker tells the test that started it on stdout"
+)]
 fn hold(url: &str, name: &str) {
     let ledger = ledger_with(url, LEASE, Clock::Database);
     admitted(
@@ -668,14 +671,12 @@ fn tls_verifies_the_server_against_sslrootcert() {
         .unwrap()
         .get(0);
     assert_eq!(tls_sessions, 1, "the ledger's connection is not TLS");
-    let e = PgLedger::connect_with(
-        &format!("{}?sslmode=require", server.url()),
-        &no_env,
-        PgOptions::default(),
-    )
-    .unwrap_err();
-    assert!(
-        e.to_string().contains("TLS handshake failed") && e.to_string().contains("sslrootcert"),
-        "{e}"
-    );
+    // Without the CA, `require` and the default `prefer` are refused, never used unverified.
+    for url in [format!("{}?sslmode=require", server.url()), server.url()] {
+        let e = PgLedger::connect_with(&url, &no_env, PgOptions::default()).unwrap_err();
+        assert!(
+            e.to_string().contains("TLS handshake failed") && e.to_string().contains("sslrootcert"),
+            "{url}: {e}"
+        );
+    }
 }
