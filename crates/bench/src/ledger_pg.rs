@@ -21,9 +21,11 @@ pub struct Settings {
     pub ops: usize,
     /// Clients (threads, one connection each) in the contended measurements.
     pub clients: usize,
+    /// Charges already in the window of a fourth measurement's pool (0: no such measurement).
+    pub preload: u64,
 }
 
-/// Runs the three measurements and prints them.
+/// Runs the measurements and prints them.
 pub fn run(settings: &Settings) -> anyhow::Result<()> {
     let (_server, url) = match &settings.url {
         Some(url) => (None, url.clone()),
@@ -70,6 +72,35 @@ pub fn run(settings: &Settings) -> anyhow::Result<()> {
         ),
         &starts,
     );
+    if settings.preload > 0 {
+        let name = format!("bench-{tag}-full");
+        preload(&url, &name, settings.preload)?;
+        let full = reserve_settle(&url, &name, 1, settings.ops)?;
+        let what = format!(
+            "reserve+settle, 1 client, {} charges in the window",
+            settings.preload
+        );
+        report(&what, &full);
+    }
+    Ok(())
+}
+
+/// Puts `charges` charges of an hour ago into a pool's window, straight into its table (as
+/// many runs would have left them), so that a reservation sums them.
+fn preload(url: &str, pool_name: &str, charges: u64) -> anyhow::Result<()> {
+    let ledger = PgLedger::connect(url)?;
+    let run = RunKey::new(format!("{pool_name}/preload"));
+    ledger.join(&run, &[pool(pool_name)], SystemTime::now())?;
+    ledger.leave(&run, SystemTime::now())?;
+    let mut client = postgres::Client::connect(url, postgres::NoTls)?;
+    client.execute(
+        "INSERT INTO stepguard_pool_spend
+            (pool, run, seq, state, at, lease_until, cost_micros, tokens, steps)
+         SELECT $1, $2, g, 'charged', now() - interval '1 hour', now(), 0, 1, 0
+         FROM generate_series(1, $3::BIGINT) AS g",
+        &[&pool_name, &run.as_str(), &i64::try_from(charges)?],
+    )?;
+    client.batch_execute("ANALYZE stepguard_pool_spend")?;
     Ok(())
 }
 

@@ -145,6 +145,9 @@ enum Bench {
         /// Clients (one connection each) in the contended measurements.
         #[arg(long, default_value_t = 8)]
         clients: usize,
+        /// Also measure one client on a pool with this many charges already in its window.
+        #[arg(long, default_value_t = 0)]
+        preload: u64,
     },
 }
 
@@ -176,9 +179,17 @@ fn main() -> anyhow::Result<()> {
             stepguard,
             runs,
         } => history::read(&db, &stepguard, runs),
-        Bench::LedgerPg { url, ops, clients } => {
-            ledger_pg::run(&ledger_pg::Settings { url, ops, clients })
-        }
+        Bench::LedgerPg {
+            url,
+            ops,
+            clients,
+            preload,
+        } => ledger_pg::run(&ledger_pg::Settings {
+            url,
+            ops,
+            clients,
+            preload,
+        }),
     }
 }
 
