@@ -93,12 +93,19 @@ fn preload(url: &str, pool_name: &str, charges: u64) -> anyhow::Result<()> {
     ledger.join(&run, &[pool(pool_name)], SystemTime::now())?;
     ledger.leave(&run, SystemTime::now())?;
     let mut client = postgres::Client::connect(url, postgres::NoTls)?;
+    let n = i64::try_from(charges)?;
+    // One token each, an hour ago, numbered, with the running totals the ledger keeps.
     client.execute(
-        "INSERT INTO stepguard_pool_spend
-            (pool, run, seq, state, at, lease_until, cost_micros, tokens, steps)
-         SELECT $1, $2, g, 'charged', now() - interval '1 hour', now(), 0, 1, 0
+        "INSERT INTO stepguard_pool_spend (pool, run, seq, state, at, lease_until, cost_micros,
+            tokens, steps, charge_no, cum_cost, cum_tokens, cum_steps)
+         SELECT $1, $2, g, 'charged', now() - interval '1 hour', now(), 0, 1, 0, g, 0, g, 0
          FROM generate_series(1, $3::BIGINT) AS g",
-        &[&pool_name, &run.as_str(), &i64::try_from(charges)?],
+        &[&pool_name, &run.as_str(), &n],
+    )?;
+    client.execute(
+        "UPDATE stepguard_pools SET charges = $2, cum_tokens = $2,
+            last_at = now() - interval '1 hour' WHERE name = $1",
+        &[&pool_name, &n],
     )?;
     client.batch_execute("ANALYZE stepguard_pool_spend")?;
     Ok(())

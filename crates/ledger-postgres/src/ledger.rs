@@ -314,7 +314,7 @@ impl Ledger for PgLedger {
                         return Ok(Grant::Refused(refusal));
                     }
                 }
-                tx.insert_spend(key, "reserved", estimate, now)?;
+                tx.insert_reserved(key, estimate, now)?;
             }
             let shares = pools
                 .iter()
@@ -335,7 +335,7 @@ impl Ledger for PgLedger {
             match tx.key_known(key)?.as_deref() {
                 Some("reserved") => tx.settle_reserved(key, actual, now)?,
                 Some(_) => {}
-                None => tx.insert_spend(key, "charged", actual, now)?,
+                None => tx.insert_charged(key, actual, now)?,
             }
             tx.shares(&key.run, now)
         })
@@ -350,7 +350,7 @@ impl Ledger for PgLedger {
         self.run(Mode::Write, now, |tx, now| {
             locked_pools_of(tx, &key.run)?;
             if tx.key_known(key)?.is_none() {
-                tx.insert_spend(key, "charged", actual, now)?;
+                tx.insert_charged(key, actual, now)?;
             }
             tx.shares(&key.run, now)
         })

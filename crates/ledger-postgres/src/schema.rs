@@ -9,9 +9,16 @@ use postgres::Client;
 
 /// The SQL steps, in order; index + 1 is the version each brings the tables to.
 pub(crate) const MIGRATIONS: &[&str] = &[
-    // 1: pools, their members (slot leases) and their spend (reservations and charges).
+    // 1: pools (their lock rows, with running totals of what was ever charged), their members
+    // (slot leases) and their spend (reservations, and charges numbered in time order with the
+    // running totals after each, so a window's spend is two index lookups, not a sum).
     "CREATE TABLE stepguard_pools (
-        name TEXT PRIMARY KEY
+        name TEXT PRIMARY KEY,
+        charges BIGINT NOT NULL DEFAULT 0,
+        cum_cost BIGINT NOT NULL DEFAULT 0,
+        cum_tokens BIGINT NOT NULL DEFAULT 0,
+        cum_steps BIGINT NOT NULL DEFAULT 0,
+        last_at TIMESTAMPTZ NOT NULL DEFAULT '-infinity'
     );
     CREATE TABLE stepguard_pool_members (
         run TEXT NOT NULL,
@@ -41,9 +48,18 @@ pub(crate) const MIGRATIONS: &[&str] = &[
         cost_micros BIGINT NOT NULL CHECK (cost_micros >= 0),
         tokens BIGINT NOT NULL CHECK (tokens >= 0),
         steps BIGINT NOT NULL CHECK (steps >= 0),
-        PRIMARY KEY (pool, run, seq)
+        charge_no BIGINT,
+        cum_cost BIGINT,
+        cum_tokens BIGINT,
+        cum_steps BIGINT,
+        PRIMARY KEY (pool, run, seq),
+        CHECK ((state = 'charged') = (charge_no IS NOT NULL AND cum_cost IS NOT NULL
+            AND cum_tokens IS NOT NULL AND cum_steps IS NOT NULL))
     );
-    CREATE INDEX stepguard_pool_spend_by_time ON stepguard_pool_spend (pool, at);
+    CREATE INDEX stepguard_pool_spend_charges ON stepguard_pool_spend (pool, at, charge_no)
+        WHERE state = 'charged';
+    CREATE INDEX stepguard_pool_spend_reserved ON stepguard_pool_spend (pool, lease_until)
+        WHERE state = 'reserved';
     CREATE INDEX stepguard_pool_spend_by_run ON stepguard_pool_spend (run, seq);",
 ];
 

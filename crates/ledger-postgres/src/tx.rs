@@ -75,23 +75,73 @@ const POOLS_OF: &str = "SELECT pool, max_cost_micros, max_tokens, max_steps, max
         max_concurrent_runs, window_kind, window_ms, window_tz
     FROM stepguard_pool_members WHERE run = $1 ORDER BY pool";
 
+/// What a pool spent in a window starting at `$2`: the running totals of its charges less those
+/// before the window (two index lookups however many charges there are), the live reservations
+/// (`$3` is now), and, when `$4`, the runs that joined in the window.
 const SPENT: &str = "SELECT
-        COALESCE(SUM(cost_micros) FILTER (WHERE state = 'charged'), 0)::BIGINT,
-        COALESCE(SUM(tokens) FILTER (WHERE state = 'charged'), 0)::BIGINT,
-        COALESCE(SUM(steps) FILTER (WHERE state = 'charged'), 0)::BIGINT,
-        COALESCE(SUM(cost_micros) FILTER (WHERE state = 'reserved'), 0)::BIGINT,
-        COALESCE(SUM(tokens) FILTER (WHERE state = 'reserved'), 0)::BIGINT,
-        COALESCE(SUM(steps) FILTER (WHERE state = 'reserved'), 0)::BIGINT,
-        (SELECT COUNT(*) FROM stepguard_pool_members m WHERE m.pool = $1 AND m.joined_at >= $2)
-    FROM stepguard_pool_spend
-    WHERE pool = $1 AND at >= $2 AND (state = 'charged' OR lease_until > $3)";
+        COALESCE(p.cum_cost, 0) - COALESCE(b.cum_cost, 0),
+        COALESCE(p.cum_tokens, 0) - COALESCE(b.cum_tokens, 0),
+        COALESCE(p.cum_steps, 0) - COALESCE(b.cum_steps, 0),
+        r.cost, r.tokens, r.steps,
+        CASE WHEN $4 THEN (SELECT COUNT(*) FROM stepguard_pool_members m
+                           WHERE m.pool = n.name AND m.joined_at >= $2) ELSE 0 END
+    FROM (SELECT $1::TEXT AS name) AS n
+    LEFT JOIN stepguard_pools p ON p.name = n.name
+    LEFT JOIN LATERAL (
+        SELECT s.cum_cost, s.cum_tokens, s.cum_steps FROM stepguard_pool_spend s
+        WHERE s.pool = n.name AND s.state = 'charged' AND s.at < $2
+        ORDER BY s.at DESC, s.charge_no DESC LIMIT 1
+    ) AS b ON TRUE
+    CROSS JOIN LATERAL (
+        SELECT COALESCE(SUM(s.cost_micros), 0)::BIGINT AS cost,
+               COALESCE(SUM(s.tokens), 0)::BIGINT AS tokens,
+               COALESCE(SUM(s.steps), 0)::BIGINT AS steps
+        FROM stepguard_pool_spend s
+        WHERE s.pool = n.name AND s.state = 'reserved' AND s.lease_until > $3 AND s.at >= $2
+    ) AS r";
+
+/// The running totals before a window's start (`$2`), for [`Tx::frees_at`].
+const CHARGED_BEFORE: &str = "SELECT cum_cost, cum_tokens, cum_steps FROM stepguard_pool_spend
+    WHERE pool = $1 AND state = 'charged' AND at < $2 ORDER BY at DESC, charge_no DESC LIMIT 1";
 
 const RUNNING: &str = "SELECT run FROM stepguard_pool_members
     WHERE pool = $1 AND lease_until > $2 ORDER BY joined_at, run";
 
-const INSERT_SPEND: &str = "INSERT INTO stepguard_pool_spend
+const INSERT_RESERVED: &str = "INSERT INTO stepguard_pool_spend
         (pool, run, seq, state, at, lease_until, cost_micros, tokens, steps)
-    SELECT pool, run, $2, $3, $4, $5, $6, $7, $8 FROM stepguard_pool_members WHERE run = $1";
+    SELECT pool, run, $2, 'reserved', $3, $4, $5, $6, $7
+    FROM stepguard_pool_members WHERE run = $1";
+
+/// Charges usage in each pool of the run: the pool's running totals grow, and the charge row
+/// takes the next number and the totals after it. Its time is never before the pool's last
+/// charge (transactions that started earlier may get the lock later), so charge order is time
+/// order.
+const INSERT_CHARGED: &str = "WITH p AS (
+        UPDATE stepguard_pools SET charges = charges + 1, cum_cost = cum_cost + $5,
+            cum_tokens = cum_tokens + $6, cum_steps = cum_steps + $7,
+            last_at = GREATEST(last_at, $3)
+        WHERE name IN (SELECT pool FROM stepguard_pool_members WHERE run = $1)
+        RETURNING name, charges, cum_cost, cum_tokens, cum_steps, last_at
+    )
+    INSERT INTO stepguard_pool_spend (pool, run, seq, state, at, lease_until, cost_micros,
+        tokens, steps, charge_no, cum_cost, cum_tokens, cum_steps)
+    SELECT name, $1, $2, 'charged', last_at, $4, $5, $6, $7, charges, cum_cost, cum_tokens,
+        cum_steps
+    FROM p";
+
+/// Turns an open reservation into the charge of the actual usage, as [`INSERT_CHARGED`] does.
+const SETTLE_RESERVED: &str = "WITH p AS (
+        UPDATE stepguard_pools SET charges = charges + 1, cum_cost = cum_cost + $4,
+            cum_tokens = cum_tokens + $5, cum_steps = cum_steps + $6,
+            last_at = GREATEST(last_at, $3)
+        WHERE name IN (SELECT pool FROM stepguard_pool_spend
+                       WHERE run = $1 AND seq = $2 AND state = 'reserved')
+        RETURNING name, charges, cum_cost, cum_tokens, cum_steps, last_at
+    )
+    UPDATE stepguard_pool_spend s SET state = 'charged', at = p.last_at, cost_micros = $4,
+        tokens = $5, steps = $6, charge_no = p.charges, cum_cost = p.cum_cost,
+        cum_tokens = p.cum_tokens, cum_steps = p.cum_steps
+    FROM p WHERE s.pool = p.name AND s.run = $1 AND s.seq = $2";
 
 const INSERT_MEMBER: &str = "INSERT INTO stepguard_pool_members (run, pool, max_cost_micros,
         max_tokens, max_steps, max_runs, max_concurrent_runs, window_kind, window_ms, window_tz,
@@ -149,7 +199,8 @@ impl Tx<'_> {
 
     pub(crate) fn spent(&mut self, pool: &PoolSpec, now: SystemTime) -> Result<Spent, Fail> {
         let start = window_start(pool, now)?;
-        let rows = self.query(SPENT, &[&pool.name, &start, &now])?;
+        let runs = pool.limits.max_runs.is_some();
+        let rows = self.query(SPENT, &[&pool.name, &start, &now, &runs])?;
         let Some(r) = rows.first() else {
             return Ok(Spent::default());
         };
@@ -217,34 +268,73 @@ impl Tx<'_> {
             return Ok(pool.window.frees(now)?);
         };
         let start = window_start(pool, now)?;
-        let sql = match m {
-            Measure::Runs => {
-                "SELECT joined_at, 1::BIGINT FROM stepguard_pool_members
-                 WHERE pool = $1 AND joined_at >= $2 ORDER BY joined_at"
-            }
-            Measure::Cost => {
-                "SELECT at, cost_micros FROM stepguard_pool_spend
-                 WHERE pool = $1 AND at >= $2 AND state = 'charged' ORDER BY at"
-            }
-            Measure::Tokens => {
-                "SELECT at, tokens FROM stepguard_pool_spend
-                 WHERE pool = $1 AND at >= $2 AND state = 'charged' ORDER BY at"
-            }
-            Measure::Steps => {
-                "SELECT at, steps FROM stepguard_pool_spend
-                 WHERE pool = $1 AND at >= $2 AND state = 'charged' ORDER BY at"
-            }
+        let found = match m {
+            Measure::Runs => self.nth_join(&pool.name, start, need)?,
+            _ => self.charge_reaching(&pool.name, start, m, need)?,
         };
-        let (mut freed, mut last) = (0u64, None);
-        for row in self.query(sql, &[&pool.name, &start])? {
-            freed = freed.saturating_add(from_sql(row.get(1)));
-            last = pool.window.frees(row.get::<_, SystemTime>(0))?;
-            if freed >= need {
-                return Ok(last);
-            }
+        if let Some(at) = found {
+            return Ok(pool.window.frees(at)?);
         }
+        // What is left is held by reservations: they settle or expire within a lease.
+        let last = self
+            .query(
+                "SELECT last_at FROM stepguard_pools WHERE name = $1 AND last_at >= $2",
+                &[&pool.name, &start],
+            )?
+            .first()
+            .map(|r| r.get::<_, SystemTime>(0));
+        let last = last.map(|at| pool.window.frees(at)).transpose()?.flatten();
         let lease = now + self.lease;
         Ok(Some(last.map_or(lease, |l: SystemTime| l.max(lease))))
+    }
+
+    /// When the `need`-th run that joined in the window joined.
+    fn nth_join(
+        &mut self,
+        pool: &str,
+        start: SystemTime,
+        need: u64,
+    ) -> Result<Option<SystemTime>, Fail> {
+        let rows = self.query(
+            "SELECT joined_at FROM stepguard_pool_members
+             WHERE pool = $1 AND joined_at >= $2 ORDER BY joined_at OFFSET $3 LIMIT 1",
+            &[&pool, &start, &to_sql(need.saturating_sub(1))],
+        )?;
+        Ok(rows.first().map(|r| r.get(0)))
+    }
+
+    /// When the charge was made after which the window's charges of `m` reach `need`.
+    fn charge_reaching(
+        &mut self,
+        pool: &str,
+        start: SystemTime,
+        m: Measure,
+        need: u64,
+    ) -> Result<Option<SystemTime>, Fail> {
+        let before = self.query(CHARGED_BEFORE, &[&pool, &start])?;
+        let column = match m {
+            Measure::Cost => 0,
+            Measure::Tokens => 1,
+            _ => 2,
+        };
+        let base: i64 = before.first().map_or(0, |r| r.get(column));
+        let target = base.saturating_add(to_sql(need));
+        let sql = match m {
+            Measure::Cost => {
+                "SELECT at FROM stepguard_pool_spend WHERE pool = $1 AND state = 'charged'
+                 AND at >= $2 AND cum_cost >= $3 ORDER BY at, charge_no LIMIT 1"
+            }
+            Measure::Tokens => {
+                "SELECT at FROM stepguard_pool_spend WHERE pool = $1 AND state = 'charged'
+                 AND at >= $2 AND cum_tokens >= $3 ORDER BY at, charge_no LIMIT 1"
+            }
+            _ => {
+                "SELECT at FROM stepguard_pool_spend WHERE pool = $1 AND state = 'charged'
+                 AND at >= $2 AND cum_steps >= $3 ORDER BY at, charge_no LIMIT 1"
+            }
+        };
+        let rows = self.query(sql, &[&pool, &start, &target])?;
+        Ok(rows.first().map(|r| r.get(0)))
     }
 
     pub(crate) fn share(&mut self, pool: &PoolSpec, now: SystemTime) -> Result<Share, Fail> {
@@ -288,20 +378,41 @@ impl Tx<'_> {
         Ok(rows.first().and_then(|r| r.get(0)))
     }
 
-    pub(crate) fn insert_spend(
+    /// Holds `usage` for the key in every pool of the run, for a lease.
+    pub(crate) fn insert_reserved(
         &mut self,
         key: &ChargeKey,
-        state: &str,
         usage: Usage,
         now: SystemTime,
     ) -> Result<(), Fail> {
         let until = now + self.lease;
         self.execute(
-            INSERT_SPEND,
+            INSERT_RESERVED,
             &[
                 &key.run.as_str(),
                 &to_sql(key.seq),
-                &state,
+                &now,
+                &until,
+                &to_sql(usage.cost_micros),
+                &to_sql(usage.tokens),
+                &to_sql(usage.steps),
+            ],
+        )
+    }
+
+    /// Charges `usage` for the key in every pool of the run.
+    pub(crate) fn insert_charged(
+        &mut self,
+        key: &ChargeKey,
+        usage: Usage,
+        now: SystemTime,
+    ) -> Result<(), Fail> {
+        let until = now + self.lease;
+        self.execute(
+            INSERT_CHARGED,
+            &[
+                &key.run.as_str(),
+                &to_sql(key.seq),
                 &now,
                 &until,
                 &to_sql(usage.cost_micros),
@@ -319,9 +430,7 @@ impl Tx<'_> {
         now: SystemTime,
     ) -> Result<(), Fail> {
         self.execute(
-            "UPDATE stepguard_pool_spend SET state = 'charged', at = $3, cost_micros = $4,
-                tokens = $5, steps = $6
-             WHERE run = $1 AND seq = $2",
+            SETTLE_RESERVED,
             &[
                 &key.run.as_str(),
                 &to_sql(key.seq),

@@ -680,3 +680,44 @@ fn tls_verifies_the_server_against_sslrootcert() {
         );
     }
 }
+
+/// A rolling window's spend is what was charged inside it, exactly, as charges age out one by
+/// one (the ledger keeps running totals, not a sum per call), and a refusal says when enough
+/// will have aged out.
+#[test]
+#[ignore = "needs PostgreSQL's server binaries (initdb, pg_ctl): run with --run-ignored all, as .ci/run does"]
+fn a_rolling_window_frees_each_charge_as_it_ages_out() {
+    let server = server();
+    let ledger = ledger_with(&server.url(), Duration::from_secs(30), Clock::Caller);
+    let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+    let min = |m: u64| Duration::from_secs(60 * m);
+    let pool = PoolSpec {
+        window: Window::Rolling(min(60)),
+        ..tokens_pool("hourly", 100)
+    };
+    let run = RunKey::new("ager");
+    admitted(ledger.join(&run, std::slice::from_ref(&pool), t0).unwrap());
+    for (i, tokens) in [10, 20, 30, 40].into_iter().enumerate() {
+        let at = t0 + min(10 * i as u64);
+        ledger
+            .charge(&key("ager", i as u64), Usage::tokens(tokens), at)
+            .unwrap();
+    }
+    let now = t0 + min(30);
+    for (ask, frees) in [(5, t0 + min(60)), (25, t0 + min(70)), (31, t0 + min(80))] {
+        match ledger
+            .reserve(&key("ager", 100 + ask), Usage::tokens(ask), now)
+            .unwrap()
+        {
+            Grant::Refused(e) => {
+                assert_eq!((e.spent, e.frees_at), (100, Some(frees)), "asking {ask}")
+            }
+            other => panic!("a spent pool granted {ask}: {other:?}"),
+        }
+    }
+    let second = Duration::from_secs(1);
+    for (at, left) in [(60, 10), (70, 30), (80, 60), (90, 100)] {
+        let shares = ledger.allowance(&run, t0 + min(at) + second).unwrap();
+        assert_eq!(shares[0].tokens, Some(left), "at +{at} min");
+    }
+}
