@@ -3,7 +3,8 @@
 //! [`PgServer::start`] makes a fresh cluster with the installed server binaries (`initdb`,
 //! `pg_ctl`; found in `STEPGUARD_PG_BIN`, else the newest `/usr/lib/postgresql/N/bin`, else
 //! `PATH`) in a temporary directory under the directory it is given (the tests give one under
-//! the cargo target directory), listening on a free port of 127.0.0.1 only, with
+//! the cargo target directory; when the `postgres` account cannot reach it, as under root's
+//! home, one in the system's temporary directory instead), listening on a free port of 127.0.0.1 only, with
 //! `scram-sha-256` password authentication for every connection, so the password in
 //! [`PgServer::url`] is really checked. Run as root, the cluster belongs to the `postgres` user
 //! (PostgreSQL refuses to run as root) and the binaries run through `runuser`. Dropping the
@@ -70,8 +71,9 @@ impl PgServer {
         let run_as = rustix::process::geteuid()
             .is_root()
             .then_some(SERVICE_ACCOUNT);
-        reap_orphans(parent, &bin, run_as);
-        let dir = tempfile::Builder::new().prefix("pg-").tempdir_in(parent)?;
+        let parent = reachable_parent(parent, run_as)?;
+        reap_orphans(&parent, &bin, run_as);
+        let dir = tempfile::Builder::new().prefix("pg-").tempdir_in(&parent)?;
         fs::write(dir.path().join("owner"), std::process::id().to_string())?;
         let mut server = PgServer {
             dir,
@@ -262,6 +264,25 @@ impl Drop for PgServer {
     }
 }
 
+/// `parent`, unless the service account cannot reach it (a target directory under root's
+/// home, mode 700): then a `stepguard-pg` directory in the system's temporary directory.
+fn reachable_parent(parent: &Path, run_as: Option<&str>) -> io::Result<PathBuf> {
+    let Some(user) = run_as else {
+        return Ok(parent.to_path_buf());
+    };
+    let reachable = Command::new("runuser")
+        .args(["-u", user, "--", "test", "-x"])
+        .arg(parent)
+        .status()
+        .is_ok_and(|s| s.success());
+    if reachable {
+        return Ok(parent.to_path_buf());
+    }
+    let fallback = std::env::temp_dir().join("stepguard-pg");
+    fs::create_dir_all(&fallback)?;
+    Ok(fallback)
+}
+
 /// Stops and removes the servers of test processes that died without dropping theirs (killed
 /// by a timeout): their directories name a process that is gone.
 fn reap_orphans(parent: &Path, bin: &Path, run_as: Option<&str>) {
@@ -386,4 +407,28 @@ fn path_str(p: &Path) -> io::Result<&str> {
 /// Makes a file readable by its owner only (the server refuses a key others can read).
 fn owner_only(path: &Path) -> io::Result<()> {
     fs::set_permissions(path, fs::Permissions::from_mode(0o600))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Started under a directory the service account cannot enter (mode 700, as root's home),
+    /// the server still starts, elsewhere; it takes TCP connections, and is gone when dropped.
+    #[test]
+    #[ignore = "needs PostgreSQL's server binaries (initdb, pg_ctl): run with --run-ignored all, as .ci/run does"]
+    fn a_server_starts_takes_connections_and_is_removed_when_dropped() {
+        let closed = tempfile::tempdir().expect("tempdir");
+        fs::set_permissions(closed.path(), fs::Permissions::from_mode(0o700)).expect("chmod");
+        let server = PgServer::start(&closed.path().join("target")).expect("a server");
+        let dir = server.dir.path().to_path_buf();
+        if rustix::process::geteuid().is_root() {
+            assert!(!dir.starts_with(closed.path()), "{}", dir.display());
+        }
+        assert!(std::net::TcpStream::connect((Ipv4Addr::LOCALHOST, server.port())).is_ok());
+        let port = server.port();
+        drop(server);
+        assert!(!dir.exists(), "{} left behind", dir.display());
+        assert!(std::net::TcpStream::connect((Ipv4Addr::LOCALHOST, port)).is_err());
+    }
 }
