@@ -466,7 +466,7 @@ fn a_killed_process_frees_its_slot_within_the_lease() {
     child.wait().expect("reap");
     // The slot frees when the lease taken at its join runs out, the reservation (made a moment
     // later) when its own does: both within the lease of the last renewal.
-    let bound = LEASE + Duration::from_secs(1);
+    let bound = LEASE + Duration::from_secs(2);
     loop {
         let admission = ledger
             .join(&me, std::slice::from_ref(&pool), SystemTime::now())
@@ -720,4 +720,60 @@ fn a_rolling_window_frees_each_charge_as_it_ages_out() {
         let shares = ledger.allowance(&run, t0 + min(at) + second).unwrap();
         assert_eq!(shares[0].tokens, Some(left), "at +{at} min");
     }
+}
+
+/// By the database's clock, a run that renews keeps its slot and reservation past the lease;
+/// one that stops renewing loses both within it.
+#[test]
+#[ignore = "needs PostgreSQL's server binaries (initdb, pg_ctl): run with --run-ignored all, as .ci/run does"]
+fn renewing_keeps_a_slot_past_the_lease_and_stopping_loses_it() {
+    let server = server();
+    let lease = Duration::from_secs(3);
+    let ledger = ledger_with(&server.url(), lease, Clock::Database);
+    let pool = slot_pool();
+    let (kept, other) = (RunKey::new("kept"), RunKey::new("other"));
+    admitted(
+        ledger
+            .join(&kept, std::slice::from_ref(&pool), SystemTime::now())
+            .unwrap(),
+    );
+    ledger
+        .reserve(&key("kept", 1), Usage::tokens(100), SystemTime::now())
+        .unwrap();
+    let start = Instant::now();
+    while start.elapsed() < lease * 2 {
+        ledger.renew(&kept, SystemTime::now()).unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(matches!(
+        ledger
+            .join(&other, std::slice::from_ref(&pool), SystemTime::now())
+            .unwrap(),
+        Admission::Busy(_)
+    ));
+    assert_eq!(
+        tokens_of(&ledger, &pool),
+        (0, 100),
+        "the renewed reservation lives"
+    );
+    let stopped = Instant::now();
+    while !matches!(
+        ledger
+            .join(&other, std::slice::from_ref(&pool), SystemTime::now())
+            .unwrap(),
+        Admission::Admitted(_)
+    ) {
+        assert!(
+            stopped.elapsed() < lease + Duration::from_secs(2),
+            "the slot outlived the lease"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The last renewal was at most one pause (and one call) before: the slot lived on for most
+    // of a lease.
+    assert!(
+        stopped.elapsed() >= lease / 2,
+        "freed before the lease ran out: {:?}",
+        stopped.elapsed()
+    );
 }
