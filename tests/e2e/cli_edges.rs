@@ -76,7 +76,7 @@ fn history_before_any_run_says_there_are_no_runs_yet() {
     assert_eq!(json.code, Some(0), "{}", json.stderr);
     assert_eq!(json.json(), serde_json::json!([]));
     assert!(
-        !sb.project().join(".stepguard").exists(),
+        !sb.project().join(".stepguard").exists() && !sb.history_db().exists(),
         "history created a database"
     );
 }

@@ -94,6 +94,7 @@ fn config_precedence_flag_env_file_default() {
                 "allow_plugin_override": {"value": false, "source_file": null, "key": null},
                 "locked": []
             },
+            "pools": [],
             "errors": [],
             "warnings": []
         })

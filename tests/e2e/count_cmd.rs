@@ -160,6 +160,7 @@ fn empty_file_counts_nothing() {
             "schema_version": 1, "id": null,
             "file": fixture("edge/empty.jsonl"), "provider": "gemini", "unit": "tool_use",
             "plugin_version": "0.1.0", "plugin_source": "builtin", "task_type": null, "profile": null,
+            "pools": null,
             "max_steps": null, "max_steps_source": null, "command": null, "cwd": null,
             "started_at": null, "ended_at": null, "duration_ms": null,
             "num_steps_computed": 0, "num_steps_reported": null, "num_turns_reported": null,

@@ -64,6 +64,11 @@ impl Sandbox {
         self.dir.path().join("project")
     }
 
+    /// Returns the history database at its default location, the user's data directory.
+    pub fn history_db(&self) -> PathBuf {
+        self.dir.path().join("xdg-data/stepguard/history.db")
+    }
+
     /// Returns the user config file path as stepguard discovers it.
     pub fn user_config(&self) -> PathBuf {
         self.dir.path().join("xdg-config/stepguard/stepguard.toml")

@@ -80,10 +80,14 @@ fn three_runs(sb: &Sandbox) {
 }
 
 #[test]
-fn every_run_is_recorded_beside_the_config_with_counts_and_slugs() {
+fn every_run_is_recorded_in_the_user_history_with_counts_and_slugs() {
     let sb = Sandbox::new();
     three_runs(&sb);
-    assert!(sb.project().join(".stepguard/history.db").is_file());
+    assert!(sb.history_db().is_file());
+    assert!(
+        !sb.project().join(".stepguard").exists(),
+        "the history is not written into the agent's repository"
+    );
     let list = sb.run(&["history", "--json"]).json();
     type Row<'a> = (i64, &'a str, Option<&'a str>, Option<i64>, Option<i64>);
     let rows: Vec<Row<'_>> = list
@@ -157,8 +161,7 @@ fn a_wrapped_up_runs_model_calls_and_final_report_are_shown_and_exported() {
     assert_eq!(sb.run(&["run", "-p", "codex", "--", &ok]).code, Some(0));
     let report = "Done: the parser handles CRLF.\n\nLeft:\n- the CLI flag\n";
     {
-        let db = sb.project().join(".stepguard/history.db");
-        let conn = rusqlite::Connection::open(db).unwrap();
+        let conn = rusqlite::Connection::open(sb.history_db()).unwrap();
         conn.execute(
             "UPDATE runs SET record = json_set(record, '$.terminated_by', 'wrap_up',
                 '$.final_report', ?1, '$.model_calls', 9)
@@ -580,6 +583,7 @@ fn no_record_db_flag_and_env() {
         Some(0)
     );
     assert!(!sb.project().join(".stepguard").exists());
+    assert!(!sb.history_db().exists(), "--no-record wrote the history");
     let history = sb.run(&["history"]);
     assert_eq!(history.code, Some(0), "{}", history.stderr);
     assert!(
@@ -625,7 +629,7 @@ fn a_newer_database_is_refused_and_the_run_still_enforces() {
     assert!(
         history
             .stderr
-            .contains("has schema version 10, newer than this stepguard knows"),
+            .contains("has schema version 11, newer than this stepguard knows"),
         "{}",
         history.stderr
     );
@@ -661,8 +665,8 @@ fn a_newer_database_is_refused_and_the_run_still_enforces() {
     );
 }
 
-/// Makes a SQLite file with `user_version = 10` using the sqlite3 file format directly: a valid
-/// empty database whose header says version 10 (bytes 60..64, big endian), one past the newest
+/// Makes a SQLite file with `user_version = 11` using the sqlite3 file format directly: a valid
+/// empty database whose header says version 11 (bytes 60..64, big endian), one past the newest
 /// this stepguard knows (9).
 fn rusqlite_free_newer_db(path: &std::path::Path) -> std::fs::File {
     // An empty database made by SQLite is 4096 bytes of header + empty schema page; build it by
@@ -685,7 +689,7 @@ fn rusqlite_free_newer_db(path: &std::path::Path) -> std::fs::File {
     conn.pragma_update(None, "journal_mode", "DELETE").unwrap();
     drop(conn);
     let mut bytes = std::fs::read(&fresh).unwrap();
-    bytes[60..64].copy_from_slice(&10u32.to_be_bytes());
+    bytes[60..64].copy_from_slice(&11u32.to_be_bytes());
     std::fs::write(path, &bytes).unwrap();
     std::fs::File::open(path).unwrap()
 }

@@ -19,9 +19,10 @@ pub(crate) struct Cli {
     #[arg(long, global = true, value_name = "DIR")]
     pub plugin_dir: Vec<PathBuf>,
 
-    /// The history database (default: .stepguard/history.db beside the stepguard.toml in effect,
-    /// else in the working directory). `history`, `show` and `stats` need it to exist; `run`
-    /// creates it, but only in a directory that exists.
+    /// The history database, where the local ledger of pools is too (default:
+    /// stepguard/history.db in the user's data directory, $XDG_DATA_HOME or ~/.local/share).
+    /// `history`, `show` and `stats` need it to exist; `run` creates it, but only in a
+    /// directory that exists.
     #[arg(long, global = true, value_name = "PATH", env = "STEPGUARD_DB")]
     pub db: Option<PathBuf>,
 
@@ -72,6 +73,9 @@ pub(crate) enum Command {
     /// version and date) and a template for a `--prices` file; with MODEL names, what each
     /// costs; every model as JSON with `--json`.
     Prices(PricesArgs),
+    /// Each pool of the config: spent and cap per limit, runs now in it, when the window frees
+    /// what.
+    Pools(PoolsArgs),
     /// Print a shell completion script on stdout (bash, zsh, fish, elvish, powershell).
     Completions(CompletionsArgs),
     /// Print the man page (roff) on stdout, or write one page per command into a directory.
@@ -89,6 +93,7 @@ impl Command {
             Command::Stats(a) => a.json,
             Command::Plugins(a) => a.json,
             Command::Prices(a) => a.json,
+            Command::Pools(a) => a.json,
             Command::Completions(_) | Command::Man(_) => false,
             Command::Validate(a) => a.json,
             Command::Run(_) | Command::Simulate(_) => false,
@@ -216,6 +221,14 @@ pub(crate) struct RunArgs {
     /// Do not record the run in the history database.
     #[arg(long)]
     pub no_record: bool,
+    /// Also join this pool (a `[pools.NAME]` of the config; repeatable), besides the pools
+    /// whose `match` the run meets.
+    #[arg(long = "pool", value_name = "NAME")]
+    pub pools: Vec<String>,
+    /// When a pool's concurrency cap is full, wait up to DUR (e.g. 5m) for a slot instead of
+    /// refusing the run (`pool_busy`).
+    #[arg(long, value_name = "DUR", value_parser = parse_timeout)]
+    pub wait_for_pool: Option<std::time::Duration>,
     /// Also write the run's summary as one JSON object to this file.
     #[arg(long, value_name = "PATH")]
     pub summary_file: Option<PathBuf>,
@@ -241,6 +254,13 @@ pub(crate) struct HistoryArgs {
     /// Only this task type.
     #[arg(long, value_name = "T", global = true)]
     pub task_type: Option<String>,
+    /// Only runs in this git repository: its remote URL or top-level path as recorded, or `.`
+    /// for the repository of the working directory.
+    #[arg(long, value_name = "REPO", global = true)]
+    pub repo: Option<String>,
+    /// Only runs whose working directory was DIR (relative to the working directory).
+    #[arg(long, value_name = "DIR", global = true)]
+    pub dir: Option<PathBuf>,
     /// Only runs that did not succeed.
     #[arg(long, global = true)]
     pub failed: bool,
@@ -405,10 +425,21 @@ pub(crate) struct ConfigArgs {
     /// The loop-limit flag, as `run` takes it.
     #[command(flatten)]
     pub loops: LoopArgs,
-    /// Show only this provider's options.
+    /// Show only this provider's options (and the pools a run of it would join).
     #[arg(long, value_name = "P")]
     pub provider: Option<String>,
+    /// The pools a run would join with `--pool NAME` too.
+    #[arg(long = "pool", value_name = "NAME")]
+    pub pools: Vec<String>,
     /// Print one JSON object on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Arguments of `stepguard pools`.
+#[derive(Debug, Args)]
+pub(crate) struct PoolsArgs {
+    /// Print a JSON array on stdout.
     #[arg(long)]
     pub json: bool,
 }

@@ -7,6 +7,7 @@ use stepguard_core::ExitCode;
 use stepguard_core::slug::UnknownSlug;
 use stepguard_governor::DefinitionError;
 use stepguard_governor::scenario::ScenarioError;
+use stepguard_ledger::LedgerError;
 use stepguard_plugin_api::host::{CallError, LoadError};
 use stepguard_plugin_host::trust::UnsafePlugin;
 use stepguard_plugin_host::{FailureReason, LookupError};
@@ -40,6 +41,8 @@ pub(crate) enum Known<'a> {
     Call(&'a CallError),
     /// The history database.
     Store(&'a StoreError),
+    /// The ledger of pools (unreachable at a run's start, newer, a query that failed).
+    Ledger(&'a LedgerError),
     /// A governor scenario.
     Scenario(&'a ScenarioError),
     /// A governor agent definition.
@@ -103,6 +106,7 @@ impl<'a> Known<'a> {
             Load(LoadError),
             Call(CallError),
             Store(StoreError),
+            Ledger(LedgerError),
             Scenario(ScenarioError),
             Definition(DefinitionError),
             Config(ConfigError),
@@ -129,6 +133,7 @@ impl<'a> Known<'a> {
             | Known::Call(_)
             | Known::Count(CountError::Plugin(_)) => (ExitCode::Plugin, "plugin"),
             Known::Store(_) => (ExitCode::Usage, "history"),
+            Known::Ledger(_) => (ExitCode::Usage, "ledger"),
             Known::Scenario(_) | Known::Definition(_) => (ExitCode::Usage, "scenario"),
             Known::Config(_) => (ExitCode::Usage, "config"),
             Known::Limit(_) | Known::Value(_) => (ExitCode::Usage, "budget"),

@@ -14,10 +14,14 @@
 mod args;
 mod commands;
 mod exit;
+mod history_location;
+mod ledger;
 mod output;
 mod plan;
+mod pools;
 mod providers;
 mod recording;
+mod repository;
 mod session;
 mod settings;
 mod terminal;
@@ -111,6 +115,7 @@ where
         Command::Plugins(a) => commands::plugins::run(&cli, a),
         Command::Simulate(a) => commands::simulate::run(a),
         Command::Prices(a) => commands::prices::run(a),
+        Command::Pools(a) => commands::pools::run(&cli, a),
         Command::Completions(a) => commands::completions::completions(a),
         Command::Man(a) => commands::completions::man(a),
     };

@@ -9,7 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
-use stepguard_config::{LoadedConfig, Lock, ResolvedLoops};
+use stepguard_config::{LoadedConfig, Lock, ResolvedLoops, RunFacts};
 use stepguard_core::loops::LoopSettings;
 use stepguard_plugin_api::Manifest;
 use stepguard_plugin_api::host::Counter;
@@ -20,6 +20,7 @@ use stepguard_runner::{
 
 use crate::args::{ContainmentArg, OnLimit, RunArgs, StdinMode, Unrecognized};
 use crate::exit::UsageError;
+use crate::pools::Membership;
 use crate::providers::{self, Selection};
 use crate::session::Session;
 use crate::settings::Limits;
@@ -59,6 +60,10 @@ pub(crate) struct RunPlan<'s> {
     pub stdin: stepguard_runner::StdinMode,
     /// Who watches the run.
     pub observers: Observers,
+    /// The git repository the run works in (recorded; matched by pools).
+    pub repository: Option<String>,
+    /// The pools the run was admitted to (none when it joins none).
+    pub pools: Option<Membership>,
 }
 
 /// The observers a run is planned with (telemetry comes from the environment and `[telemetry]`).
@@ -85,7 +90,7 @@ impl<'s> RunPlan<'s> {
         for d in config.diagnostics() {
             warn(d.to_string().trim_start_matches("warning: "));
         }
-        let limits = session.limits(&args.budget, args.loops.loop_limit.as_deref())?;
+        let mut limits = session.limits(&args.budget, args.loops.loop_limit.as_deref())?;
         let (budget, loops, spend) = (&limits.budget, &limits.loops, &limits.spend);
         for w in budget
             .warnings
@@ -100,6 +105,18 @@ impl<'s> RunPlan<'s> {
         let manifest = selection.provider.manifest();
         preflight(args, manifest, session)?;
         let counter = selection.provider.open_counter(&selection.request)?;
+        let repository = crate::repository::of(cwd);
+        let pools = admit_pools(
+            args,
+            session,
+            &selection,
+            &limits,
+            repository.as_deref(),
+            cwd,
+        )?;
+        if let Some(membership) = &pools {
+            membership.clamp(&mut limits);
+        }
         if let Some(w) = loops_ignored(manifest, &limits.loops) {
             warn(&w);
         }
@@ -117,8 +134,10 @@ impl<'s> RunPlan<'s> {
             },
             warn,
         )?;
+        let mut meta = meta(args, &selection, &limits, cwd);
+        meta.pools = pools.as_ref().map(Membership::names);
         Ok(RunPlan {
-            meta: meta(args, &selection, &limits, cwd),
+            meta,
             counter,
             command: agent.command,
             loops: loop_settings(manifest, &limits.loops),
@@ -143,6 +162,8 @@ impl<'s> RunPlan<'s> {
                 history: history_db(args, session, cwd)?,
                 summary_file: args.summary_file.clone(),
             },
+            repository,
+            pools,
             limits,
             selection,
         })
@@ -289,7 +310,7 @@ fn history_db(
     if args.no_record {
         return Ok(None);
     }
-    let path = session.history_db(cwd);
+    let path = session.history_db(cwd)?;
     if session.named_db() {
         let dir = match path.parent() {
             Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
@@ -308,6 +329,31 @@ fn history_db(
     Ok(Some(path))
 }
 
+/// Admits the run to the pools it joins (its `match`es and `--pool`), in the ledger beside the
+/// history (even with `--no-record`); none when it joins none. A spent or full pool is a
+/// `PoolRefused`, an unreachable ledger a `LedgerError` (exit 2).
+fn admit_pools(
+    args: &RunArgs,
+    session: &Session<'_>,
+    selection: &Selection<'_>,
+    limits: &Limits,
+    repository: Option<&str>,
+    cwd: &Path,
+) -> anyhow::Result<Option<Membership>> {
+    let facts = RunFacts {
+        task_type: args.budget.task_type.as_deref(),
+        provider: &selection.provider.manifest().name,
+        profile: limits.budget.profile.as_deref(),
+        repository,
+    };
+    let pools = crate::pools::select(&session.config.model, &facts, &args.pools)?;
+    if pools.is_empty() {
+        return Ok(None);
+    }
+    let ledger = crate::ledger::open(&session.history_db(cwd)?)?;
+    crate::pools::admit(ledger.into(), pools, args.wait_for_pool).map(Some)
+}
+
 /// The labels of the run's record.
 fn meta(args: &RunArgs, selection: &Selection<'_>, limits: &Limits, cwd: &Path) -> RunMeta {
     let manifest = selection.provider.manifest();
@@ -319,6 +365,7 @@ fn meta(args: &RunArgs, selection: &Selection<'_>, limits: &Limits, cwd: &Path) 
         task_type: args.budget.task_type.clone(),
         profile: limits.budget.profile.clone(),
         cwd: Some(cwd.display().to_string()),
+        pools: None,
     }
 }
 

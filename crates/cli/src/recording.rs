@@ -38,17 +38,20 @@ pub(crate) struct HistoryRecorder {
     writer: Option<(Sender<Write>, Receiver<Finished>)>,
     last_write: Option<Instant>,
     last_steps: u64,
+    /// The git repository of the run, a column to filter on.
+    repository: Option<String>,
 }
 
 impl HistoryRecorder {
     /// Records into the database at `path`; `None` records nothing (`--no-record`).
-    pub(crate) fn new(path: Option<PathBuf>) -> Self {
+    pub(crate) fn new(path: Option<PathBuf>, repository: Option<String>) -> Self {
         HistoryRecorder {
             db: path.clone(),
             path,
             writer: None,
             last_write: None,
             last_steps: 0,
+            repository,
         }
     }
 
@@ -123,6 +126,7 @@ impl RunObserver for HistoryRecorder {
             max_steps_source: Some(run.budget_source.to_owned()),
             command: run.command.to_vec(),
             cwd: run.meta.cwd.clone(),
+            repository: self.repository.clone(),
             started_at: Some(humantime::format_rfc3339_millis(run.started_at).to_string()),
         });
     }
@@ -156,6 +160,7 @@ impl RunObserver for HistoryRecorder {
                 max_steps_source: r.step_budget.max_steps_source.clone(),
                 command: r.invocation.command.clone().unwrap_or_default(),
                 cwd: r.invocation.cwd.clone(),
+                repository: self.repository.clone(),
                 started_at: r.invocation.started_at.clone(),
             });
         }

@@ -8,8 +8,8 @@ use stepguard_config::LoadedConfig;
 use stepguard_plugin_host::{Needed, Registry};
 
 use crate::args::{BudgetArgs, Cli};
-use crate::providers;
 use crate::settings::{self, Limits};
+use crate::{history_location, providers};
 
 /// One command's view of the config files and plugins, built once and shared by its steps.
 pub(crate) struct Session<'c> {
@@ -79,14 +79,17 @@ impl<'c> Session<'c> {
         self.cli.db.is_some()
     }
 
-    /// Returns the run history database: `--db` / `STEPGUARD_DB`, else beside the config file in
-    /// effect, else in `cwd`.
-    pub(crate) fn history_db(&self, cwd: &Path) -> PathBuf {
-        stepguard_store::default_location(
+    /// Returns the run history database (where the local ledger of pools is too): `--db` /
+    /// `STEPGUARD_DB`, else the user's data directory, after importing a project database of
+    /// the old default location (beside the config file in effect, else in `cwd`) once.
+    pub(crate) fn history_db(&self, cwd: &Path) -> anyhow::Result<PathBuf> {
+        let location = history_location::locate(
             self.cli.db.as_deref(),
             self.config.project_dir().as_deref(),
             cwd,
-        )
+        )?;
+        location.import_legacy();
+        Ok(location.path)
     }
 }
 

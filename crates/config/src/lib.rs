@@ -57,6 +57,7 @@ pub mod ladder;
 pub mod loop_settings;
 pub mod loosening;
 pub mod model;
+pub mod pools;
 pub mod spend;
 pub mod value;
 
@@ -66,6 +67,7 @@ pub use loop_settings::{LoopRequest, ResolvedLoops};
 pub use model::{
     Ceiling, ConfigModel, LevelSettings, Lock, LoopConfig, PolicySettings, ProfileSettings,
 };
+pub use pools::{PoolConfig, PoolMatch, RunFacts};
 pub use spend::{ResolvedLimit, ResolvedSpend, SpendRequest};
 pub use value::{InvalidValue, LimitError, LimitName, LoopLimit, Origin, RawValue, Setting};
 
@@ -102,6 +104,7 @@ const TOP_LEVEL_KEYS: &[&str] = &[
     "run",
     "loops",
     "telemetry",
+    "pools",
 ];
 const LEVEL_KEYS: &[&str] = &["max_steps", "max_turns", "max_tokens", "max_cost_usd"];
 const TASK_TYPE_KEYS: &[&str] = &[
@@ -526,8 +529,10 @@ pub fn merge(mut files: Vec<ParsedFile>) -> LoadedConfig {
             loosening::strip(file, &below, &policy);
         }
     }
+    let pools = loosening::merge_pools(&mut files);
     let model = ConfigModel {
         policy,
+        pools,
         ..overlay(files.iter())
     };
     LoadedConfig { files, model }
@@ -767,6 +772,11 @@ impl Parser<'_> {
                 self.diag(Severity::Warning, "policy", PROJECT_POLICY_IGNORED);
             }
         }
+        // Pools count in every file, the policy-only ones included (see `pools`).
+        if let Some(value) = table.get("pools") {
+            self.out.model.pools =
+                pools::parse(self.path, self.out.role, value, &mut self.out.diagnostics);
+        }
         if !self.out.role.has_settings() {
             return;
         }
@@ -803,7 +813,7 @@ impl Parser<'_> {
                 // Handled after the loop, once the top-level keys of the same level are known.
                 "defaults" => {}
                 // Handled before the loop, by role.
-                "policy" => {}
+                "policy" | "pools" => {}
                 "task_types" => {
                     if let Some(t) = self.expect_table(key, value) {
                         for (name, v) in t {

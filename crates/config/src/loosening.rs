@@ -20,11 +20,20 @@
 //!
 //! The native limits, the pre-flight check and the containment are chosen on the command line
 //! only, so no file can loosen them; the CLI refuses the flags that loosen a locked setting.
+//!
+//! Pools ([`crate::pools`]) are judged apart, policy or not: a pool declared in several files
+//! keeps the window and the match of its first declaration (the lowest-precedence policy-bearing
+//! file's), and each cap is the lowest any file gives, so no file can remove a pool, raise a cap,
+//! or move the window or the match ([`pool`]).
+
+use std::collections::BTreeMap;
 
 use stepguard_core::loops::{DEFAULT_LOOP_LIMIT, LoopSettings};
 
 use crate::loop_settings::builtin_profile_loop_limit;
 use crate::model::{ConfigModel, Lock, PolicySettings};
+
+use crate::pools::{self, PoolConfig};
 use crate::value::{LoopLimit, Origin};
 use crate::{Diagnostic, FileRole, ParsedFile, Severity, UNIT_KEY, at};
 
@@ -82,6 +91,113 @@ pub(crate) fn strip(file: &mut ParsedFile, below: &ConfigModel, policy: &PolicyS
     for (origin, what, policy) in judge.ignored {
         file.diagnostics.push(warning(&origin, &what, policy));
     }
+}
+
+/// Merges `over` (a declaration of a pool in a file of higher precedence than `base`'s) into
+/// `base`: caps it adds or lowers count; caps it raises, and a different window or match, are
+/// left out, each with a warning (returned, for `over`'s file).
+pub(crate) fn pool(base: &mut PoolConfig, over: &PoolConfig, role: FileRole) -> Vec<Diagnostic> {
+    let origin = over
+        .origins
+        .first()
+        .cloned()
+        .unwrap_or_else(|| Origin::Flag(String::new()));
+    let key = |k: &str| match &origin {
+        Origin::File { path, key } => Origin::File {
+            path: path.clone(),
+            key: format!("{key}.{k}"),
+        },
+        other => other.clone(),
+    };
+    let mut warnings = Vec::new();
+    let snapshot = base.clone();
+    let judge = |name: &str, b: Option<u64>, o: Option<u64>| -> (Option<u64>, Option<Diagnostic>) {
+        match (b, o) {
+            (Some(b), Some(o)) if o > b => (
+                Some(b),
+                Some(pools::ignored(
+                    &key(name),
+                    &format!("{name} = {o} (above {b})"),
+                    &snapshot,
+                )),
+            ),
+            (_, Some(o)) => (Some(o), None),
+            (b, None) => (b, None),
+        }
+    };
+    for (name, slot, o) in [
+        ("max_tokens", &mut base.max_tokens, over.max_tokens),
+        ("max_steps", &mut base.max_steps, over.max_steps),
+        ("max_runs", &mut base.max_runs, over.max_runs),
+        (
+            "max_concurrent_runs",
+            &mut base.max_concurrent_runs,
+            over.max_concurrent_runs,
+        ),
+    ] {
+        let (v, w) = judge(name, *slot, o);
+        *slot = v;
+        warnings.extend(w);
+    }
+    match (base.max_cost_usd, over.max_cost_usd) {
+        (Some(b), Some(o)) if o > b => warnings.push(pools::ignored(
+            &key("max_cost_usd"),
+            &format!("max_cost_usd = {o} (above {b})"),
+            &snapshot,
+        )),
+        (_, Some(o)) => base.max_cost_usd = Some(o),
+        (_, None) => {}
+    }
+    // A declaration without windowed caps says nothing of the window; one without `match`
+    // nothing of who joins.
+    let windowed = over.max_cost_usd.is_some()
+        || over.max_tokens.is_some()
+        || over.max_steps.is_some()
+        || over.max_runs.is_some();
+    if windowed && over.window != base.window {
+        warnings.push(pools::ignored(
+            &key("window"),
+            &format!("window {}", over.window),
+            &snapshot,
+        ));
+    }
+    if !over.matcher.is_empty() && over.matcher != base.matcher {
+        warnings.push(pools::ignored(
+            &key("match"),
+            &format!("match {}", over.matcher),
+            &snapshot,
+        ));
+    }
+    base.origins.insert(0, origin);
+    base.from_policy |= role.bears_policy();
+    warnings
+}
+
+/// Merges the pools of every file (highest precedence first) into the pools in effect: the
+/// lowest-precedence policy-bearing declaration sets the window and the match, every cap is
+/// the tightest any file gives, and what a project file would loosen is left out with a warning
+/// added to that file's diagnostics.
+pub(crate) fn merge_pools(files: &mut [ParsedFile]) -> BTreeMap<String, PoolConfig> {
+    let mut merged: BTreeMap<String, PoolConfig> = BTreeMap::new();
+    // Lowest precedence first, policy-bearing files before project files: a project file is
+    // judged against every policy declaration.
+    let mut order: Vec<usize> = (0..files.len()).rev().collect();
+    order.sort_by_key(|&i| files[i].role == FileRole::Project);
+    for i in order {
+        let file = &mut files[i];
+        for (name, declared) in &file.model.pools {
+            match merged.get_mut(name) {
+                None => {
+                    merged.insert(name.clone(), declared.clone());
+                }
+                Some(base) => {
+                    let warnings = pool(base, declared, file.role);
+                    file.diagnostics.extend(warnings);
+                }
+            }
+        }
+    }
+    merged
 }
 
 fn warning(origin: &Origin, what: &str, policy: &Origin) -> Diagnostic {

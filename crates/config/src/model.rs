@@ -184,6 +184,9 @@ pub struct ConfigModel {
     /// `[loops]` and the `loop_limit` keys of task types and profiles (resolved by
     /// `loop_settings::resolve`).
     pub loops: LoopConfig,
+    /// `[pools.NAME]`: budgets shared by every run that joins them, merged over the files
+    /// ([`crate::pools`]).
+    pub pools: BTreeMap<String, crate::pools::PoolConfig>,
     /// `[telemetry]`: OpenTelemetry export settings (`endpoint`, `protocol`, `headers`,
     /// `service_name`, `flush_timeout`), kept as given; the environment overrides them.
     pub telemetry: BTreeMap<String, (serde_json::Value, Origin)>,

@@ -180,6 +180,9 @@ pub struct SpendBudgets {
     pub max_cost_usd: Option<f64>,
     /// Where the cost budget came from (e.g. `--max-cost-usd`).
     pub max_cost_usd_source: Option<String>,
+    /// The pools (budgets shared with other runs) the run joined; null when none. A budget that
+    /// a pool's share lowered names it as its source (`pool NAME`).
+    pub pools: Option<Vec<String>>,
 }
 
 /// What the stream said: steps, turns, and the lines that were not events.
@@ -632,7 +635,7 @@ mod tests {
              profile,max_steps,max_steps_source,command,cwd,started_at,ended_at,duration_ms,\
              outcome,error_type,message,exit_code,child_exit_code,child_signal,terminated_by,\
              containment,breached_at_step,loops,on_limit_decisions,final_report,model_calls,\
-             max_tokens,max_tokens_source,max_cost_usd,max_cost_usd_source,sub_agent_tokens,\
+             max_tokens,max_tokens_source,max_cost_usd,max_cost_usd_source,pools,sub_agent_tokens,\
              num_steps_computed,num_steps_reported,num_turns_computed,num_turns_reported,\
              noise_lines,unknown_events,oversized_lines,truncated_last_line,tokens,cost_usd,\
              sub_agent_steps"
@@ -647,7 +650,7 @@ mod tests {
     fn every_field_is_present_in_json_even_when_unknown() {
         let json = serde_json::to_value(RunRecord::new("codex", Outcome::Success)).unwrap();
         let object = json.as_object().unwrap();
-        assert_eq!(object.len(), 45);
+        assert_eq!(object.len(), 46);
         assert_eq!(object["schema_version"], RECORD_SCHEMA_VERSION);
         assert!(object["id"].is_null());
         assert_eq!(object["on_limit_decisions"], serde_json::json!([]));
@@ -659,6 +662,7 @@ mod tests {
             "max_tokens_source",
             "max_cost_usd",
             "max_cost_usd_source",
+            "pools",
             "sub_agent_tokens",
         ] {
             assert!(object[key].is_null(), "{key}");

@@ -55,6 +55,10 @@ failure_slugs! {
     MaxTokens => "max_tokens", "MAX_TOKENS";
     /// The cost budget (`--max-cost-usd`) was spent, by stepguard or the provider's own budget.
     MaxCost => "max_cost", "MAX_COST";
+    /// A pool (a budget shared with other runs) was spent: the run was refused at the start.
+    PoolExhausted => "pool_exhausted", "POOL_EXHAUSTED";
+    /// A pool's cap on concurrent runs was full: the run was refused at the start.
+    PoolBusy => "pool_busy", "POOL_BUSY";
     /// The run's wall-clock timeout fired.
     Timeout => "timeout", "TIMEOUT";
     /// The provider reported an error (API error, failed turn, crash).
@@ -132,6 +136,8 @@ impl FailureSlug {
             FailureSlug::MaxSteps
                 | FailureSlug::MaxTokens
                 | FailureSlug::MaxCost
+                | FailureSlug::PoolExhausted
+                | FailureSlug::PoolBusy
                 | FailureSlug::Timeout
                 | FailureSlug::ToolLimit
         )

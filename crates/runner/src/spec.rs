@@ -89,6 +89,8 @@ pub struct RunMeta {
     pub profile: Option<String>,
     /// The working directory of the run.
     pub cwd: Option<String>,
+    /// The pools the run joined (shared budgets), for the record.
+    pub pools: Option<Vec<String>>,
 }
 
 /// One agent run to supervise, built with [`RunSpec::builder`] (or [`RunSpec::new`] for the

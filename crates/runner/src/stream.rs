@@ -460,6 +460,7 @@ pub fn stream_record(meta: &RunMeta, stats: &RunStats, count: &StreamCount) -> R
     record.source.task_type = meta.task_type.clone();
     record.source.profile = meta.profile.clone();
     record.invocation.cwd = meta.cwd.clone();
+    record.spend.pools = meta.pools.clone();
     record.set_stats(stats);
     let counter = &count.stats;
     let terminal = counter.terminal.as_ref();

@@ -34,6 +34,10 @@
 //! * version 9: an index for every query the commands make (the `running` rows every open
 //!   reads, the filters in id order, the groups of `stats`, the supervisor identity the spool
 //!   imports by); no row is touched.
+//! * version 10: the run's repository and directory as columns to filter on (`history --repo`,
+//!   `--dir`), indexed; `directory` is filled from each row's recorded `cwd`, `repository` is
+//!   NULL for older rows (it was not known). The ledger of pools keeps tables of its own in the
+//!   same file, versioned apart (`stepguard-ledger`).
 //!
 //! A record the database does not take in time waits in the [`spool`] beside it; every open
 //! imports it.
@@ -167,8 +171,16 @@ const V9_INDEXES: &str = "DROP INDEX IF EXISTS runs_by_provider;
     CREATE INDEX runs_running ON runs (supervisor_host) WHERE outcome = 'running';
     CREATE INDEX runs_by_supervisor ON runs (supervisor_pid, supervisor_start_ticks);";
 
+/// Version 10: the repository and directory of each run, as columns to filter on; the directory
+/// of older rows is their recorded `cwd`.
+const V10_COLUMNS: &str = "ALTER TABLE runs ADD COLUMN repository TEXT;
+    ALTER TABLE runs ADD COLUMN directory TEXT;
+    UPDATE runs SET directory = json_extract(record, '$.cwd');
+    CREATE INDEX runs_by_repository ON runs (repository);
+    CREATE INDEX runs_by_directory ON runs (directory);";
+
 /// The newest schema version this stepguard knows.
-pub const SCHEMA_VERSION: i64 = 9;
+pub const SCHEMA_VERSION: i64 = 10;
 
 /// How long a writer waits for another one before giving up.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -232,6 +244,8 @@ pub struct NewRun {
     pub command: Vec<String>,
     /// Working directory.
     pub cwd: Option<String>,
+    /// The git repository of the working directory (remote URL or top-level path).
+    pub repository: Option<String>,
     /// Start time (RFC 3339, UTC); now when not given.
     pub started_at: Option<String>,
 }
@@ -243,6 +257,10 @@ pub struct Filter {
     pub provider: Option<String>,
     /// Only this task type.
     pub task_type: Option<String>,
+    /// Only runs in this repository (remote URL or top-level path, as recorded).
+    pub repository: Option<String>,
+    /// Only runs whose working directory is this one.
+    pub directory: Option<String>,
     /// Only runs that did not succeed (and are not running).
     pub failed: bool,
     /// At most this many, newest first.
@@ -374,8 +392,9 @@ impl Store {
         self.conn
             .execute(
                 "INSERT INTO runs (started_at, provider, task_type, outcome, supervisor_host,
-                    supervisor_boot_id, supervisor_pid, supervisor_start_ticks, record)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                    supervisor_boot_id, supervisor_pid, supervisor_start_ticks, record,
+                    repository, directory)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
                 params![
                     record.invocation.started_at,
                     record.source.provider,
@@ -386,6 +405,8 @@ impl Store {
                     me.as_ref().map(|s| s.pid),
                     me.as_ref().map(|s| s.start_ticks as i64),
                     to_json(&record),
+                    run.repository,
+                    record.invocation.cwd,
                 ],
             )
             .map_err(|e| self.err(e))?;
@@ -524,7 +545,8 @@ impl Store {
 
     /// Inserts finished records as they are, in one transaction with one prepared statement
     /// (bulk loads: imports, benchmarks); returns how many. The rows name no supervisor, so
-    /// a `running` record stays `running`.
+    /// a `running` record stays `running`; their directory is the record's `cwd`, their
+    /// repository unknown.
     pub fn insert_records(
         &mut self,
         records: impl IntoIterator<Item = RunRecord>,
@@ -539,8 +561,9 @@ impl Store {
         {
             let mut insert = tx
                 .prepare(
-                    "INSERT INTO runs (started_at, provider, task_type, outcome, record)
-                     VALUES (?1, ?2, ?3, ?4, ?5)",
+                    "INSERT INTO runs (started_at, provider, task_type, outcome, record,
+                        repository, directory)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
                 )
                 .map_err(err)?;
             for mut r in records {
@@ -554,6 +577,8 @@ impl Store {
                         r.source.task_type,
                         r.verdict.outcome.as_str(),
                         to_json(&r),
+                        None::<String>,
+                        r.invocation.cwd,
                     ])
                     .map_err(err)?;
                 n += 1;
@@ -585,6 +610,14 @@ fn list_sql(filter: &Filter, order: Order) -> (String, Vec<String>) {
     if let Some(t) = &filter.task_type {
         args.push(t.clone());
         sql.push_str(&format!(" AND task_type = ?{}", args.len()));
+    }
+    if let Some(r) = &filter.repository {
+        args.push(r.clone());
+        sql.push_str(&format!(" AND repository = ?{}", args.len()));
+    }
+    if let Some(d) = &filter.directory {
+        args.push(d.clone());
+        sql.push_str(&format!(" AND directory = ?{}", args.len()));
     }
     if filter.failed {
         sql.push_str(" AND outcome NOT IN ('success', 'running')");
@@ -688,7 +721,8 @@ fn migrate(conn: &mut Connection, target: i64) -> Result<(), Migrate> {
         match (MIGRATIONS_TO_V7.get(index), version) {
             (Some(sql), _) => tx.execute_batch(sql)?,
             (None, 7) => to_v8(&tx)?,
-            (None, _) => tx.execute_batch(V9_INDEXES)?,
+            (None, 8) => tx.execute_batch(V9_INDEXES)?,
+            (None, _) => tx.execute_batch(V10_COLUMNS)?,
         }
         tx.pragma_update(None, "user_version", version + 1)?;
         tx.commit()?;
@@ -707,18 +741,51 @@ pub fn create_at_version(path: &Path, version: i64) -> rusqlite::Result<Connecti
 }
 
 /// Where the history database lives: `--db`/`STEPGUARD_DB` when given, else
-/// `.stepguard/history.db` beside the config file in effect, else in the working directory.
-pub fn default_location(
-    explicit: Option<&Path>,
-    project_dir: Option<&Path>,
-    cwd: &Path,
-) -> PathBuf {
+/// `stepguard/history.db` in the user's data directory (`data_dir`, `$XDG_DATA_HOME` or
+/// `~/.local/share`), one history for every run of the user, so that pools see them all.
+pub fn default_location(explicit: Option<&Path>, data_dir: &Path) -> PathBuf {
     match explicit {
         Some(p) => p.to_path_buf(),
-        None => project_dir
-            .unwrap_or(cwd)
-            .join(".stepguard")
-            .join("history.db"),
+        None => data_dir.join("stepguard").join("history.db"),
+    }
+}
+
+/// Where stepguard before version 10 of the history kept it by default: `.stepguard/history.db`
+/// beside the config file in effect, else in the working directory. Such a file is imported
+/// into the user's history ([`Store::import_legacy`]).
+pub fn legacy_location(project_dir: Option<&Path>, cwd: &Path) -> PathBuf {
+    project_dir
+        .unwrap_or(cwd)
+        .join(".stepguard")
+        .join("history.db")
+}
+
+/// The suffix a project database gets once imported, so that it is imported once.
+pub const IMPORTED_SUFFIX: &str = "imported";
+
+impl Store {
+    /// Imports every run of the project database at `old` (the default location before the
+    /// history moved to the user's data directory), in one transaction, then renames `old` to
+    /// `old.imported` so that it is never imported twice; returns how many runs came. Runs keep
+    /// their records (a new id each); a run the old file still shows `running` is imported as
+    /// it is and judged by the next open.
+    pub fn import_legacy(&mut self, old: &Path) -> Result<usize, StoreError> {
+        let source = Store::open(old)?;
+        let mut records = Vec::new();
+        source
+            .each(&Filter::default(), Order::OldestFirst, |r| {
+                records.push(r);
+                Ok::<(), std::convert::Infallible>(())
+            })?
+            .map_err(|never| match never {})?;
+        drop(source);
+        let n = self.insert_records(records)?;
+        let renamed = old.with_extension(format!("db.{IMPORTED_SUFFIX}"));
+        std::fs::rename(old, &renamed).map_err(|source| StoreError::Io {
+            path: old.display().to_string(),
+            source,
+        })?;
+        Ok(n)
     }
 }
 

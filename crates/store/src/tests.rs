@@ -134,7 +134,7 @@ fn a_newer_database_is_refused_and_left_untouched() {
     assert!(matches!(err, StoreError::NewerSchema { found: 99, .. }));
     assert!(
         err.to_string().contains(
-            "has schema version 99, newer than this stepguard knows (9); refusing to modify it"
+            "has schema version 99, newer than this stepguard knows (10); refusing to modify it"
         ),
         "{err}"
     );
@@ -497,19 +497,138 @@ fn stats_match_hand_computed_figures() {
 }
 
 #[test]
-fn default_location_prefers_flag_then_config_dir_then_cwd() {
-    let cwd = Path::new("/work");
+fn default_location_prefers_flag_then_the_user_data_dir() {
+    let data = Path::new("/home/u/.local/share");
     assert_eq!(
-        default_location(Some(Path::new("/x.db")), Some(Path::new("/repo")), cwd),
+        default_location(Some(Path::new("/x.db")), data),
         PathBuf::from("/x.db")
     );
     assert_eq!(
-        default_location(None, Some(Path::new("/repo")), cwd),
+        default_location(None, data),
+        PathBuf::from("/home/u/.local/share/stepguard/history.db")
+    );
+    let cwd = Path::new("/work");
+    assert_eq!(
+        legacy_location(Some(Path::new("/repo")), cwd),
         PathBuf::from("/repo/.stepguard/history.db")
     );
     assert_eq!(
-        default_location(None, None, cwd),
+        legacy_location(None, cwd),
         PathBuf::from("/work/.stepguard/history.db")
+    );
+}
+
+#[test]
+fn runs_filter_by_repository_and_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("history.db")).unwrap();
+    let run = |repo: Option<&str>, cwd: &str| {
+        store
+            .begin_run(&NewRun {
+                provider: "codex".into(),
+                repository: repo.map(str::to_owned),
+                cwd: Some(cwd.into()),
+                ..NewRun::default()
+            })
+            .unwrap()
+    };
+    let a = run(Some("git@example.com:team/a.git"), "/src/a");
+    let a_sub = run(Some("git@example.com:team/a.git"), "/src/a/sub");
+    let b = run(Some("/src/b"), "/src/b");
+    let nowhere = run(None, "/tmp");
+    let ids = |f: Filter| -> Vec<RunId> {
+        store
+            .list(&f)
+            .unwrap()
+            .iter()
+            .filter_map(|r| r.id)
+            .collect()
+    };
+    let repo = |r: &str| Filter {
+        repository: Some(r.into()),
+        ..Filter::default()
+    };
+    assert_eq!(ids(repo("git@example.com:team/a.git")), vec![a_sub, a]);
+    assert_eq!(ids(repo("/src/b")), vec![b]);
+    let in_dir = |d: &str| Filter {
+        directory: Some(d.into()),
+        ..Filter::default()
+    };
+    assert_eq!(ids(in_dir("/src/a")), vec![a]);
+    assert_eq!(ids(in_dir("/tmp")), vec![nowhere]);
+    let repository: Option<String> = store
+        .conn
+        .query_row("SELECT repository FROM runs WHERE id = ?1", [a], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    assert_eq!(repository.as_deref(), Some("git@example.com:team/a.git"));
+}
+
+#[test]
+fn version_10_fills_the_directory_of_older_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("history.db");
+    {
+        let conn = create_at_version(&path, 9).unwrap();
+        let mut record = RunRecord::new("codex", Outcome::Success);
+        record.invocation.cwd = Some("/old/project".into());
+        conn.execute(
+            "INSERT INTO runs (started_at, provider, outcome, record) VALUES ('2026-01-01T00:00:00Z', 'codex', 'success', ?1)",
+            [serde_json::to_string(&record).unwrap()],
+        )
+        .unwrap();
+    }
+    let store = Store::open(&path).unwrap();
+    let found = store
+        .list(&Filter {
+            directory: Some("/old/project".into()),
+            ..Filter::default()
+        })
+        .unwrap();
+    assert_eq!(found.len(), 1);
+    let repository: Option<String> = store
+        .conn
+        .query_row("SELECT repository FROM runs", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(repository, None);
+}
+
+#[test]
+fn a_project_database_is_imported_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let old = dir.path().join("project/.stepguard/history.db");
+    {
+        let project = Store::open(&old).unwrap();
+        for cwd in ["/p/one", "/p/two"] {
+            let id = project
+                .begin_run(&NewRun {
+                    provider: "claude".into(),
+                    cwd: Some(cwd.into()),
+                    ..NewRun::default()
+                })
+                .unwrap();
+            let mut done = RunRecord::new("claude", Outcome::Success);
+            done.counts.num_steps_computed = Some(3);
+            project.finish_run(id, &done).unwrap();
+        }
+    }
+    let mut user = Store::open(&dir.path().join("data/stepguard/history.db")).unwrap();
+    assert_eq!(user.import_legacy(&old).unwrap(), 2);
+    assert!(!old.exists(), "the project database stays where it was");
+    assert!(old.with_extension("db.imported").is_file());
+    let runs = user.list(&Filter::default()).unwrap();
+    assert_eq!(runs.len(), 2);
+    assert_eq!(runs[0].invocation.cwd.as_deref(), Some("/p/two"));
+    assert_eq!(runs[0].counts.num_steps_computed, Some(3));
+    assert_eq!(
+        user.list(&Filter {
+            directory: Some("/p/one".into()),
+            ..Filter::default()
+        })
+        .unwrap()
+        .len(),
+        1
     );
 }
 
@@ -920,7 +1039,7 @@ fn a_version_6_database_with_rows_migrates_and_old_rows_read_null_budgets() {
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
     assert_eq!(v, SCHEMA_VERSION);
-    assert_eq!(SCHEMA_VERSION, 9);
+    assert_eq!(SCHEMA_VERSION, 10);
     let old = store.get(1).unwrap().unwrap();
     // What the old row knew is intact.
     assert_eq!(
@@ -1457,6 +1576,20 @@ fn every_query_of_the_commands_uses_an_index() {
             },
             "USING INDEX runs_by_task_type",
         ),
+        (
+            Filter {
+                repository: Some("/src/app".into()),
+                ..Filter::default()
+            },
+            "USING INDEX runs_by_repository",
+        ),
+        (
+            Filter {
+                directory: Some("/src/app".into()),
+                ..Filter::default()
+            },
+            "USING INDEX runs_by_directory",
+        ),
     ];
     for (filter, want) in filters {
         for order in [Order::NewestFirst, Order::OldestFirst] {
@@ -1493,7 +1626,10 @@ fn every_query_of_the_commands_uses_an_index() {
         "SELECT * FROM runs WHERE outcome != 'running' AND provider = ?1",
         &[&"codex"],
     );
-    assert!(p.contains("USING INDEX runs_by_provider "), "{p}");
+    assert!(
+        p.contains("USING INDEX runs_by_provider ") || p.contains("USING INDEX runs_by_group "),
+        "{p}"
+    );
     store.conn.execute_batch("BEGIN").unwrap();
     store.conn.execute(&stats::figures_sql(false), []).unwrap();
     store
@@ -1560,7 +1696,7 @@ fn a_version_8_database_gains_the_indexes_with_every_row_intact() {
         .conn
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
-    assert_eq!(v, 9);
+    assert_eq!(v, SCHEMA_VERSION);
     let mut got = String::new();
     for record in store.list(&Filter::default()).unwrap().iter().rev() {
         got.push_str(&serde_json::to_string(record).unwrap());
@@ -1581,8 +1717,10 @@ fn a_version_8_database_gains_the_indexes_with_every_row_intact() {
     assert_eq!(
         indexes,
         [
+            "runs_by_directory: CREATE INDEX runs_by_directory ON runs (directory)",
             "runs_by_group: CREATE INDEX runs_by_group ON runs (provider, task_type)",
             "runs_by_provider: CREATE INDEX runs_by_provider ON runs (provider)",
+            "runs_by_repository: CREATE INDEX runs_by_repository ON runs (repository)",
             "runs_by_supervisor: CREATE INDEX runs_by_supervisor ON runs (supervisor_pid, supervisor_start_ticks)",
             "runs_by_task_type: CREATE INDEX runs_by_task_type ON runs (task_type)",
             "runs_running: CREATE INDEX runs_running ON runs (supervisor_host) WHERE outcome = 'running'",

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use serde::Serialize;
-use stepguard_config::{LoadedConfig, LoopLimit, Origin, ResolvedLimit, Severity};
+use stepguard_config::{LoadedConfig, LoopLimit, Origin, ResolvedLimit, RunFacts, Severity};
 use stepguard_core::{ExitCode, StepLimit};
 
 use crate::args::{Cli, ConfigArgs};
@@ -38,10 +38,108 @@ struct ConfigReport<'a> {
     config_files: Vec<&'a str>,
     provider_options: BTreeMap<&'a str, BTreeMap<&'a str, &'a serde_json::Value>>,
     policy: PolicyReport<'a>,
+    /// Every pool declared, whether a run with these flags would join it and why, and where it
+    /// was declared.
+    pools: Vec<PoolLine>,
     /// Problems that make `validate` fail and `run`/`count` refuse to start (exit 2), as
     /// `FILE: KEY: message`.
     errors: Vec<String>,
     warnings: Vec<String>,
+}
+
+/// One pool in `config`'s report.
+#[derive(Serialize)]
+struct PoolLine {
+    name: String,
+    /// `match` (the run meets the pool's match), `--pool` (named), or null (it would not join).
+    joins_by: Option<&'static str>,
+    r#match: String,
+    window: String,
+    max_cost_usd: Option<f64>,
+    max_tokens: Option<u64>,
+    max_steps: Option<u64>,
+    max_runs: Option<u64>,
+    max_concurrent_runs: Option<u64>,
+    /// The files and keys that declare it, highest precedence first.
+    declared_in: Vec<String>,
+}
+
+/// The pools of the config, and which a run with `args` would join.
+fn pool_lines(
+    args: &ConfigArgs,
+    loaded: &LoadedConfig,
+    limits: &Limits,
+) -> anyhow::Result<Vec<PoolLine>> {
+    let cwd = std::env::current_dir()?;
+    let repository = crate::repository::of(&cwd);
+    let facts = RunFacts {
+        task_type: args.budget.task_type.as_deref(),
+        provider: args.provider.as_deref().unwrap_or_default(),
+        profile: limits.budget.profile.as_deref(),
+        repository: repository.as_deref(),
+    };
+    let joined = crate::pools::select(&loaded.model, &facts, &args.pools)?;
+    Ok(loaded
+        .model
+        .pools
+        .values()
+        .map(|p| PoolLine {
+            name: p.name.clone(),
+            joins_by: if !joined.iter().any(|j| j.name == p.name) {
+                None
+            } else if p.matcher.matches(&facts) {
+                Some("match")
+            } else {
+                Some("--pool")
+            },
+            r#match: p.matcher.to_string(),
+            window: p.window.to_string(),
+            max_cost_usd: p.max_cost_usd,
+            max_tokens: p.max_tokens,
+            max_steps: p.max_steps,
+            max_runs: p.max_runs,
+            max_concurrent_runs: p.max_concurrent_runs,
+            declared_in: p
+                .origins
+                .iter()
+                .map(|o| format!("{} in {}", o.label(), o.file().unwrap_or("?")))
+                .collect(),
+        })
+        .collect())
+}
+
+fn print_pools(pools: &[PoolLine]) -> std::io::Result<()> {
+    if pools.is_empty() {
+        return Ok(());
+    }
+    output::line("pools:")?;
+    for p in pools {
+        let joins = match p.joins_by {
+            Some("match") => "joins (its match)",
+            Some(_) => "joins (--pool)",
+            None => "does not join",
+        };
+        let caps: Vec<String> = [
+            p.max_cost_usd.map(|v| format!("max_cost_usd = {v}")),
+            p.max_tokens.map(|v| format!("max_tokens = {v}")),
+            p.max_steps.map(|v| format!("max_steps = {v}")),
+            p.max_runs.map(|v| format!("max_runs = {v}")),
+            p.max_concurrent_runs
+                .map(|v| format!("max_concurrent_runs = {v}")),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        output::line(format!(
+            "  {}: {joins}; {}; window {}; match {}",
+            p.name,
+            caps.join(", "),
+            p.window,
+            p.r#match
+        ))?;
+        output::line(format!("    declared by {}", p.declared_in.join("; ")))?;
+    }
+    Ok(())
 }
 
 /// The policy in effect: each value with the file and key that set it.
@@ -146,6 +244,7 @@ pub(crate) fn run(cli: &Cli, args: &ConfigArgs) -> anyhow::Result<ExitCode> {
     warnings.extend(limits.loops.warnings.iter().cloned());
     warnings.extend(option_warnings.iter().map(ToString::to_string));
     let mut report = config_report(args, loaded, &limits);
+    report.pools = pool_lines(args, loaded, &limits)?;
     report.errors = errors.iter().map(providers::located).collect();
     report.warnings = warnings;
     let code = if report.errors.is_empty() {
@@ -202,6 +301,7 @@ fn config_report<'a>(
         config_files: loaded.settings_files().map(|f| f.path.as_str()).collect(),
         provider_options,
         policy: policy_report(loaded, args.provider.as_deref()),
+        pools: Vec::new(),
         errors: Vec::new(),
         warnings: Vec::new(),
     }
@@ -263,6 +363,7 @@ fn print_report(report: &ConfigReport<'_>, limits: &Limits) -> std::io::Result<(
         }
     }
     print_policy(&report.policy)?;
+    print_pools(&report.pools)?;
     for (provider, opts) in &report.provider_options {
         output::line(format!("[{provider}] options:"))?;
         for (k, v) in opts {

@@ -10,7 +10,7 @@ use stepguard_store::{Filter, Order, RunRecord, StatsReport, Store};
 
 use crate::args::{Cli, HistoryAction, HistoryArgs, ShowArgs, StatsArgs};
 use crate::exit::UsageError;
-use crate::{output, settings};
+use crate::{history_location, output, settings};
 
 /// Returns where the history database is for this invocation.
 pub(crate) fn db_path(cli: &Cli) -> anyhow::Result<PathBuf> {
@@ -22,11 +22,9 @@ pub(crate) fn db_path(cli: &Cli) -> anyhow::Result<PathBuf> {
             .ok()
             .and_then(|c| c.project_dir())
     };
-    Ok(stepguard_store::default_location(
-        cli.db.as_deref(),
-        project_dir.as_deref(),
-        &cwd,
-    ))
+    let location = history_location::locate(cli.db.as_deref(), project_dir.as_deref(), &cwd)?;
+    location.import_legacy();
+    Ok(location.path)
 }
 
 /// The history database of this invocation, if anything was recorded yet.
@@ -72,6 +70,12 @@ fn filters(args: &HistoryArgs) -> Vec<String> {
     }
     if let Some(t) = &args.task_type {
         given.push(format!("--task-type {t}"));
+    }
+    if let Some(r) = &args.repo {
+        given.push(format!("--repo {r}"));
+    }
+    if let Some(d) = &args.dir {
+        given.push(format!("--dir {}", d.display()));
     }
     if args.failed {
         given.push("--failed".to_owned());
@@ -123,6 +127,34 @@ fn loop_detail(l: &LoopFound) -> String {
     }
 }
 
+/// The runs `history`'s filters select. `--repo .` is the working directory's repository; a
+/// relative `--dir` is taken from the working directory (runs record absolute directories).
+fn filter(args: &HistoryArgs) -> anyhow::Result<Filter> {
+    let cwd = std::env::current_dir()?;
+    let repository = match args.repo.as_deref() {
+        Some(".") => Some(crate::repository::of(&cwd).ok_or_else(|| {
+            UsageError(format!(
+                "--repo .: {} is not in a git repository; name one as recorded (its remote URL \
+                 or top-level path)",
+                cwd.display()
+            ))
+        })?),
+        other => other.map(str::to_owned),
+    };
+    let directory = args.dir.as_ref().map(|d| {
+        let d = cwd.join(d);
+        d.canonicalize().unwrap_or(d).display().to_string()
+    });
+    Ok(Filter {
+        provider: args.provider.clone(),
+        task_type: args.task_type.clone(),
+        repository,
+        directory,
+        failed: args.failed,
+        last: args.last,
+    })
+}
+
 /// Runs `stepguard history`.
 ///
 /// No runs (none yet, or none matching the filters) is an answer, not an error: `[]` under
@@ -132,12 +164,7 @@ pub(crate) fn history(cli: &Cli, args: &HistoryArgs) -> anyhow::Result<ExitCode>
         return export(cli, args, *otlp);
     }
     let records = match open(cli)? {
-        History::Found(store) => store.list(&Filter {
-            provider: args.provider.clone(),
-            task_type: args.task_type.clone(),
-            failed: args.failed,
-            last: args.last,
-        })?,
+        History::Found(store) => store.list(&filter(args)?)?,
         History::Empty(path) => {
             if args.json {
                 output::json(&Vec::<RunRecord>::new())?;
@@ -167,12 +194,7 @@ pub(crate) fn history(cli: &Cli, args: &HistoryArgs) -> anyhow::Result<ExitCode>
 /// Runs `stepguard history export`: JSON Lines of run records, oldest first, streamed one row at
 /// a time; or an OTLP replay.
 fn export(cli: &Cli, args: &HistoryArgs, otlp: bool) -> anyhow::Result<ExitCode> {
-    let filter = Filter {
-        provider: args.provider.clone(),
-        task_type: args.task_type.clone(),
-        failed: args.failed,
-        last: args.last,
-    };
+    let filter = filter(args)?;
     let store = match open(cli)? {
         History::Found(store) => Some(store),
         History::Empty(path) => {

@@ -6,6 +6,7 @@ pub(crate) mod count;
 pub(crate) mod history;
 pub(crate) mod plugin_template;
 pub(crate) mod plugins;
+pub(crate) mod pools;
 pub(crate) mod prices;
 pub(crate) mod run;
 pub(crate) mod simulate;

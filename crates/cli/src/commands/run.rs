@@ -6,14 +6,16 @@
 use std::io::{self, IsTerminal as _};
 use std::time::{Duration, Instant};
 
-use stepguard_core::ExitCode;
+use stepguard_core::{ExitCode, Outcome, RunRecord};
 use stepguard_runner::{
     Io, LimitPolicy, Limits, RunObserver, RunReport, RunSpec, Runner, StopAtLimit,
 };
+use stepguard_store::{NewRun, Store};
 use stepguard_telemetry::TelemetryObserver;
 
 use crate::args::{Cli, RunArgs};
 use crate::plan::RunPlan;
+use crate::pools::{Membership, PoolRefused};
 use crate::recording::{HistoryRecorder, SummaryFile};
 use crate::session::Session;
 use crate::terminal::{AskOnTerminal, StatusLine};
@@ -27,19 +29,28 @@ const SUMMARY_WAIT: Duration = Duration::from_millis(100);
 pub(crate) fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
     let session = Session::load(cli)?;
     let cwd = std::env::current_dir().unwrap_or_default();
-    let plan = RunPlan::new(args, &session, &cwd, &mut |w| output::diag("warning", w))?;
+    let mut plan = match RunPlan::new(args, &session, &cwd, &mut |w| output::diag("warning", w)) {
+        Ok(plan) => plan,
+        Err(e) => match e.downcast::<PoolRefused>() {
+            Ok(refused) => return refuse(args, &session, &cwd, &refused),
+            Err(e) => return Err(e),
+        },
+    };
     plan.log();
+    let pools = plan.pools.take();
+    let renewer = pools.as_ref().map(Membership::renew);
     let mut status = StatusLine::new(
         plan.observers.status_line,
         &plan.manifest().name,
         plan.unit(),
     );
-    let (history, summary_file) = (
+    let (history, summary_file, repository) = (
         plan.observers.history.clone(),
         plan.observers.summary_file.clone(),
+        plan.repository.clone(),
     );
     let mut spec = spec(plan, &status);
-    let mut recorder = HistoryRecorder::new(history);
+    let mut recorder = HistoryRecorder::new(history, repository);
     let mut summary = SummaryFile(summary_file);
     // OpenTelemetry, when asked for: the run's span is known before the agent starts, so the
     // agent's own traces nest under it (TRACEPARENT). It exports once, at the end, bounded.
@@ -56,9 +67,52 @@ pub(crate) fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
     // From here on stderr is written by a thread of its own: the engine never waits for it.
     let stderr = output::queue_stderr();
     let report = Runner::new(spec).run(&mut observers);
+    if let (Some(pools), Some(renewer)) = (pools, renewer) {
+        pools.finish(&report.record, renewer);
+    }
     let code = report_outcome(&report);
     if let Some(queue) = stderr {
         queue.settle(report.exit_by.max(Instant::now() + SUMMARY_WAIT));
+    }
+    Ok(code)
+}
+
+/// A run a pool refused at the start: recorded (unless `--no-record`) as failed with the slug
+/// (`pool_exhausted`, `pool_busy`) and the message, which is printed; exit 3. The agent never
+/// started.
+fn refuse(
+    args: &RunArgs,
+    session: &Session<'_>,
+    cwd: &std::path::Path,
+    refused: &PoolRefused,
+) -> anyhow::Result<ExitCode> {
+    output::diag("error", format!("{}: {}", refused.slug, refused.message));
+    let code = ExitCode::BudgetExceeded;
+    if args.no_record {
+        return Ok(code);
+    }
+    let mut record = RunRecord::new(args.provider.clone(), Outcome::Failed);
+    record.verdict.error_type = Some(refused.slug.into());
+    record.verdict.message = Some(refused.message.clone());
+    record.verdict.exit_code = Some(i32::from(code.code()));
+    let now = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string();
+    record.invocation.ended_at = Some(now.clone());
+    let run = NewRun {
+        provider: args.provider.clone(),
+        task_type: args.budget.task_type.clone(),
+        profile: args.budget.profile.clone(),
+        command: args.command.clone(),
+        cwd: Some(cwd.display().to_string()),
+        repository: crate::repository::of(cwd),
+        started_at: Some(now),
+        ..NewRun::default()
+    };
+    let recorded = Store::open(&session.history_db(cwd)?).and_then(|store| {
+        let id = store.begin_run(&run)?;
+        store.finish_run(id, &record)
+    });
+    if let Err(e) = recorded {
+        output::diag("warning", format!("not recording this run: {e}"));
     }
     Ok(code)
 }

@@ -1,0 +1,268 @@
+//! A run's pools: which it joins (`match` and `--pool`), its admission at the start (refused
+//! when a pool is spent or full, or waiting for a slot with `--wait-for-pool`), its budgets
+//! lowered to each pool's share, its lease renewed by a thread of its own, and its spend
+//! charged when it ends.
+
+use std::sync::Arc;
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime};
+
+use stepguard_config::{ConfigModel, Origin, PoolConfig, RunFacts};
+use stepguard_core::{FailureSlug, RunRecord, StepLimit};
+use stepguard_ledger::{
+    Admission, ChargeKey, Exhaustion, Ledger, Measure, RunKey, Share, Usage, micros_to_usd,
+    usd_to_micros,
+};
+
+use crate::exit::UsageError;
+use crate::output;
+use crate::settings::Limits;
+
+/// How often `--wait-for-pool` asks again for a slot.
+const WAIT_POLL: Duration = Duration::from_millis(250);
+
+/// A run refused at the start by a pool: `pool_exhausted` or `pool_busy` (exit 3).
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub(crate) struct PoolRefused {
+    /// The slug of the refusal.
+    pub slug: FailureSlug,
+    /// What the user reads: the pool, what is spent and when the window frees enough.
+    pub message: String,
+}
+
+/// The pools a run joins: every pool whose `match` it meets, and those `named` (`--pool`); an
+/// unknown name is an error naming the pools there are.
+pub(crate) fn select(
+    model: &ConfigModel,
+    run: &RunFacts<'_>,
+    named: &[String],
+) -> anyhow::Result<Vec<PoolConfig>> {
+    for name in named {
+        if !model.pools.contains_key(name) {
+            let known: Vec<&str> = model.pools.keys().map(String::as_str).collect();
+            let known = if known.is_empty() {
+                "no pool is declared; add a [pools.NAME] table to a config file".to_owned()
+            } else {
+                format!("the pools are: {}", known.join(", "))
+            };
+            return Err(UsageError(format!("--pool {name}: no such pool; {known}")).into());
+        }
+    }
+    Ok(model
+        .pools
+        .values()
+        .filter(|p| p.matcher.matches(run) || named.contains(&p.name))
+        .cloned()
+        .collect())
+}
+
+/// A run admitted to its pools.
+pub(crate) struct Membership {
+    ledger: Arc<dyn Ledger>,
+    run: RunKey,
+    pools: Vec<PoolConfig>,
+    shares: Vec<Share>,
+}
+
+/// A name for this run unique across hosts: host, boot, pid and the start time.
+pub(crate) fn run_key() -> RunKey {
+    let read = |p: &str| {
+        std::fs::read_to_string(p)
+            .map(|s| s.trim().to_owned())
+            .unwrap_or_default()
+    };
+    let nanos = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    RunKey::new(format!(
+        "{}/{}/{}/{nanos}",
+        read("/proc/sys/kernel/hostname"),
+        read("/proc/sys/kernel/random/boot_id"),
+        std::process::id()
+    ))
+}
+
+/// Joins `pools`, waiting up to `wait` while a concurrency cap is full; a spent pool, or a full
+/// one past the wait, is a [`PoolRefused`].
+pub(crate) fn admit(
+    ledger: Arc<dyn Ledger>,
+    pools: Vec<PoolConfig>,
+    wait: Option<Duration>,
+) -> anyhow::Result<Membership> {
+    let run = run_key();
+    let specs: Vec<_> = pools.iter().map(PoolConfig::spec).collect();
+    let deadline = wait.map(|w| Instant::now() + w);
+    loop {
+        match ledger.join(&run, &specs, SystemTime::now())? {
+            Admission::Admitted(shares) => {
+                return Ok(Membership {
+                    ledger,
+                    run,
+                    pools,
+                    shares,
+                });
+            }
+            Admission::Exhausted(e) => {
+                return Err(PoolRefused {
+                    slug: FailureSlug::PoolExhausted,
+                    message: exhausted(&e),
+                }
+                .into());
+            }
+            Admission::Busy(b) if deadline.is_some_and(|d| Instant::now() < d) => {
+                tracing::debug!(pool = %b.pool, running = b.running, "waiting for a slot");
+                std::thread::sleep(WAIT_POLL);
+            }
+            Admission::Busy(b) => {
+                let waited = wait.map_or_else(String::new, |w| {
+                    format!(" after waiting {}", humantime::format_duration(w))
+                });
+                let message = format!(
+                    "pool `{}` is full: {} of {} concurrent runs{waited}; try again later, or wait \
+                     for a slot with --wait-for-pool DUR",
+                    b.pool, b.running, b.cap
+                );
+                return Err(PoolRefused {
+                    slug: FailureSlug::PoolBusy,
+                    message,
+                }
+                .into());
+            }
+        }
+    }
+}
+
+/// What a refusal says: the pool, what is spent of what, and when the window frees enough.
+fn exhausted(e: &Exhaustion) -> String {
+    let amount = |v: u64| match e.measure {
+        Measure::Cost => format!("${:.2}", micros_to_usd(v)),
+        Measure::Tokens => format!("{v} tokens"),
+        Measure::Steps => format!("{v} steps"),
+        Measure::Runs => format!("{v} runs"),
+    };
+    let when = match e.frees_at {
+        Some(t) => format!(
+            "the window frees enough at {}",
+            humantime::format_rfc3339_seconds(t)
+        ),
+        None => "its window never frees (window = \"none\"): raise the cap".to_owned(),
+    };
+    format!(
+        "pool `{}` is spent: {} of {} ({}); {when}",
+        e.pool,
+        amount(e.spent),
+        amount(e.cap),
+        e.measure.key()
+    )
+}
+
+impl Membership {
+    /// The names of the pools joined, for the record.
+    pub(crate) fn names(&self) -> Vec<String> {
+        self.pools.iter().map(|p| p.name.clone()).collect()
+    }
+
+    /// Lowers the run's own budgets to the least pool share: the steps, tokens and cost a pool
+    /// has left become the run's budget when they are tighter, with `pool NAME` as its source.
+    pub(crate) fn clamp(&self, limits: &mut Limits) {
+        for (share, pool) in self.shares.iter().zip(&self.pools) {
+            let file = match pool.origins.first() {
+                Some(Origin::File { path, .. }) => Some(path.clone()),
+                _ => None,
+            };
+            let source = format!("pool {}", pool.name);
+            if let Some(left) = share.tokens {
+                let t = &mut limits.spend.tokens;
+                if t.value.is_none_or(|v| left < v) {
+                    (t.value, t.source, t.source_file) = (Some(left), source.clone(), file.clone());
+                }
+            }
+            if let Some(left) = share.cost_micros.map(micros_to_usd) {
+                let c = &mut limits.spend.cost;
+                if c.value.is_none_or(|v| left < v) {
+                    (c.value, c.source, c.source_file) = (Some(left), source.clone(), file.clone());
+                }
+            }
+            if let Some(left) = share.steps.map(|s| u32::try_from(s).unwrap_or(u32::MAX)) {
+                let b = &mut limits.budget;
+                if b.max_steps.get().is_none_or(|v| left < v) {
+                    (b.max_steps, b.source, b.source_file) =
+                        (StepLimit::Limited(left), source.clone(), file);
+                }
+            }
+        }
+    }
+
+    /// Starts renewing the run's lease, a third of the lease time apart, on a thread of its own.
+    pub(crate) fn renew(&self) -> Renewer {
+        let (stop, stopped) = mpsc::channel::<()>();
+        let (ledger, run) = (Arc::clone(&self.ledger), self.run.clone());
+        let every = ledger.lease_time() / 3;
+        let thread = std::thread::Builder::new()
+            .name("stepguard-lease".into())
+            .spawn(move || {
+                let mut warned = false;
+                while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(every) {
+                    if let Err(e) = ledger.renew(&run, SystemTime::now())
+                        && !std::mem::replace(&mut warned, true)
+                    {
+                        output::diag(
+                            "warning",
+                            format!(
+                                "cannot renew this run's place in its pools ({e}); the run goes \
+                                 on under its own budget and the pools' share it started with"
+                            ),
+                        );
+                    }
+                }
+            })
+            .ok();
+        Renewer { stop, thread }
+    }
+
+    /// Charges what the run spent (steps, tokens, cost from its record) to its pools, once, and
+    /// leaves them; a ledger fault is a warning.
+    pub(crate) fn finish(self, record: &RunRecord, renewer: Renewer) {
+        renewer.stop();
+        let usage = Usage {
+            tokens: record
+                .usage
+                .tokens
+                .map_or(0, |t| t.input_tokens.saturating_add(t.output_tokens)),
+            cost_micros: record.usage.cost_usd.map_or(0, usd_to_micros),
+            steps: record.counts.num_steps_computed.unwrap_or(0),
+        };
+        let now = SystemTime::now();
+        let key = ChargeKey {
+            run: self.run.clone(),
+            seq: 1,
+        };
+        let done = self
+            .ledger
+            .charge(&key, usage, now)
+            .and_then(|_| self.ledger.leave(&self.run, now));
+        if let Err(e) = done {
+            output::diag(
+                "warning",
+                format!("cannot charge this run to its pools: {e}"),
+            );
+        }
+    }
+}
+
+/// The thread renewing a run's lease.
+pub(crate) struct Renewer {
+    stop: mpsc::Sender<()>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Renewer {
+    fn stop(self) {
+        drop(self.stop);
+        if let Some(t) = self.thread {
+            let _ = t.join();
+        }
+    }
+}
