@@ -23,6 +23,9 @@
 //!   lost between or during calls is made again on the next call (once within a call: every
 //!   method is idempotent, so a call whose answer was lost runs again without charging twice).
 //!   Statements and lock waits are bounded (30 s, 20 s).
+//! * **Running totals.** A window's spend is not summed per call: each pool row keeps the
+//!   totals ever charged, each charge is numbered in time order with the totals after it, so
+//!   the spend in a window is two index lookups however many charges it holds.
 //! * **Tables** (`stepguard_schema`, `stepguard_pools`, `stepguard_pool_members`,
 //!   `stepguard_pool_spend`) are versioned like the history store's: numbered steps applied in
 //!   order under an advisory lock; a database newer than this build is refused.
