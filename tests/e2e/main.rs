@@ -19,6 +19,7 @@ mod count_cmd;
 mod dist;
 mod docs;
 mod fail_closed;
+mod fleet;
 mod gateway_bounds;
 mod gemini;
 mod history_cmd;

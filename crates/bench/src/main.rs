@@ -34,6 +34,7 @@ use stepguard_plugin_api::{CounterRequest, ProviderPlugin};
 mod gateway;
 mod history;
 mod ledger;
+mod ledger_pg;
 mod loops;
 mod prices;
 
@@ -147,6 +148,23 @@ enum Bench {
         #[arg(long, default_value_t = 5)]
         runs: usize,
     },
+    /// The fleet ledger on PostgreSQL: reserve + settle latency (p50/p99) with one client and
+    /// several on one pool, and runs started per second with a pool; a throwaway server from
+    /// the installed binaries unless `--url` names one.
+    LedgerPg {
+        /// A PostgreSQL URL to use instead of a throwaway server (the ledger's tables are made there).
+        #[arg(long)]
+        url: Option<String>,
+        /// Operations per client.
+        #[arg(long, default_value_t = 2_000)]
+        ops: usize,
+        /// Clients (one connection each) in the contended measurements.
+        #[arg(long, default_value_t = 8)]
+        clients: usize,
+        /// Also measure one client on a pool with this many charges already in its window.
+        #[arg(long, default_value_t = 0)]
+        preload: u64,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -178,6 +196,17 @@ fn main() -> anyhow::Result<()> {
             stepguard,
             runs,
         } => history::read(&db, &stepguard, runs),
+        Bench::LedgerPg {
+            url,
+            ops,
+            clients,
+            preload,
+        } => ledger_pg::run(&ledger_pg::Settings {
+            url,
+            ops,
+            clients,
+            preload,
+        }),
     }
 }
 

@@ -1,5 +1,6 @@
 //! The ledger a command keeps pools in, opened in one place: the local ledger in the history
-//! database today; the fleet ledger (PostgreSQL, `[ledger] url`) plugs in here.
+//! database, or the fleet ledger (PostgreSQL) when `STEPGUARD_LEDGER_URL` names one
+//! (`ledger_pg`).
 
 use std::path::Path;
 
@@ -29,11 +30,15 @@ fn lease() -> anyhow::Result<std::time::Duration> {
         })
 }
 
-/// Opens the ledger for a run or a command whose history database is `history`: the local
+/// Opens the ledger for a run or a command whose history database is `history`: the fleet
+/// ledger when `STEPGUARD_LEDGER_URL` is set, else the local
 /// ledger's tables live in that file (created with its directory when missing, as the history
 /// is). A ledger that cannot be opened is [`LedgerError::Unreachable`] (exit 2 at a run's start);
 /// the lease is `STEPGUARD_POOL_LEASE`'s.
 pub(crate) fn open(history: &Path) -> anyhow::Result<Box<dyn Ledger>> {
+    if let Some(url) = crate::ledger_pg::url() {
+        return Ok(crate::ledger_pg::open(&url, lease()?)?);
+    }
     if let Some(dir) = history.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|e| LedgerError::Unreachable {
             ledger: history.display().to_string(),

@@ -16,6 +16,7 @@ mod commands;
 mod exit;
 mod history_location;
 mod ledger;
+mod ledger_pg;
 mod output;
 mod plan;
 mod pools;
