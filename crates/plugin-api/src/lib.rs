@@ -226,7 +226,7 @@ pub const REPOSITORY: &str = env!("CARGO_PKG_REPOSITORY");
 
 /// The newest version of the JSON protocol this API crate speaks: what a host built with it
 /// accepts. A plugin declares the oldest it needs instead ([`Manifest::min_protocol`]).
-pub const PROTOCOL_VERSION: &str = "1.6.0";
+pub const PROTOCOL_VERSION: &str = "1.7.0";
 
 /// The name of the plain `extern "C" fn() -> u32` symbol carrying the ABI generation.
 pub const ABI_GENERATION_SYMBOL: &str = "stepguard_plugin_abi_generation";

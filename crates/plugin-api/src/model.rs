@@ -430,6 +430,19 @@ pub struct ModelEndpoint {
     pub default_upstream: String,
     /// How the CLI is given a base URL, tried in order; the first that applies is used.
     pub base_url: Vec<BaseUrlRule>,
+    /// The environment variables the CLI reads its API key from (`ANTHROPIC_API_KEY`,
+    /// `ANTHROPIC_AUTH_TOKEN`, …), protocol 1.7. With the gateway on, the agent gets a per-run
+    /// key in each of those that is set, and the gateway swaps the real key back in when it
+    /// forwards, so the real key is never in the agent's environment. Additive: older hosts
+    /// ignore it (the agent then keeps the real key), so it raises no plugin's protocol.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub api_key_env: Vec<String>,
+    /// For a provider chosen by a [`BaseUrlRule::ConfigFlag`] selector: the config key whose
+    /// value names the variable that holds that provider's key; `{}` is the selected name
+    /// (Codex: `model_providers.{}.env_key`), protocol 1.7, additive as
+    /// [`ModelEndpoint::api_key_env`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_env_key: Option<String>,
 }
 
 impl ModelEndpoint {
@@ -439,12 +452,27 @@ impl ModelEndpoint {
             dialect: dialect.to_owned(),
             default_upstream: default_upstream.to_owned(),
             base_url: Vec::new(),
+            api_key_env: Vec::new(),
+            api_key_env_key: None,
         }
     }
 
     /// Adds a way the CLI takes its base URL.
     pub fn base_url(mut self, rule: BaseUrlRule) -> Self {
         self.base_url.push(rule);
+        self
+    }
+
+    /// Adds an environment variable the CLI reads its API key from (protocol 1.7).
+    pub fn api_key_env(mut self, name: &str) -> Self {
+        self.api_key_env.push(name.to_owned());
+        self
+    }
+
+    /// Names the config key whose value names the key's variable of a provider chosen by a
+    /// selector, `{}` standing for its name (protocol 1.7).
+    pub fn api_key_env_key(mut self, key: &str) -> Self {
+        self.api_key_env_key = Some(key.to_owned());
         self
     }
 }

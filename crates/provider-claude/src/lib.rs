@@ -92,11 +92,13 @@ impl ProviderPlugin for ClaudePlugin {
                 0,
             )
             .model_endpoint(
-                ModelEndpoint::new("anthropic-messages", "https://api.anthropic.com").base_url(
-                    BaseUrlRule::Env {
+                ModelEndpoint::new("anthropic-messages", "https://api.anthropic.com")
+                    .base_url(BaseUrlRule::Env {
                         name: "ANTHROPIC_BASE_URL".into(),
-                    },
-                ),
+                    })
+                    // `x-api-key` and `Authorization: Bearer`, in that order.
+                    .api_key_env("ANTHROPIC_API_KEY")
+                    .api_key_env("ANTHROPIC_AUTH_TOKEN"),
             )
             .expects("JSONL events of `claude -p --output-format stream-json --verbose` (`system`, `assistant`, `user`, `result`)")
             .preflight(PreflightRule::new(

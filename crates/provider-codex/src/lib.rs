@@ -124,7 +124,11 @@ impl ProviderPlugin for CodexPlugin {
                         selector: String::new(),
                         key: "openai_base_url".into(),
                         files: codex_config(),
-                    }),
+                    })
+                    // The built-in provider's key; a chosen provider names its own variable.
+                    .api_key_env("OPENAI_API_KEY")
+                    .api_key_env("CODEX_API_KEY")
+                    .api_key_env_key("model_providers.{}.env_key"),
             )
             .expects("JSONL events of `codex exec --json` (`thread.started`, `turn.started`, `item.completed`, …)")
             .preflight(PreflightRule::new(

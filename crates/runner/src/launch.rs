@@ -48,18 +48,32 @@ pub(crate) fn start_gateway(
     // Where the CLI would have gone is found first: the gateway forwards there.
     let probe =
         point_at(w, command, env, "http://127.0.0.1:1/probe").map_err(std::io::Error::other)?;
-    let gw = gateway(w, probe.upstream, pace, events)?;
+    // The variables that hold the CLI's real key: the gateway keeps them, the agent gets
+    // per-run keys in their place.
+    let held: Vec<(String, String)> = probe
+        .keys
+        .iter()
+        .filter_map(|name| {
+            let value = lookup(env, name).filter(|v| !v.trim().is_empty())?;
+            Some((name.clone(), value))
+        })
+        .collect();
+    let real = held.iter().map(|(_, v)| v.clone()).collect();
+    let gw = gateway(w, probe.upstream, real, pace, events)?;
     let pointing = point_at(w, command, env, gw.url()).map_err(std::io::Error::other)?;
     tracing::info!(
         gateway = %gw.addr(),
         upstream = %pointing.upstream,
         from = %pointing.upstream_source,
+        keys = held.len(),
         "model gateway started"
     );
     *command = pointing.command;
     let bypass = no_proxy_for_loopback(env);
     env.extend(pointing.env.into_iter().map(|(k, v)| (k.into(), v.into())));
     env.extend(bypass);
+    let per_run = held.into_iter().zip(gw.run_keys());
+    env.extend(per_run.map(|((name, _), key)| (name.into(), key.into())));
     Ok(gw)
 }
 
@@ -67,6 +81,7 @@ pub(crate) fn start_gateway(
 fn gateway(
     w: &WrapUp,
     upstream: String,
+    api_keys: Vec<String>,
     pace: Pace,
     events: &Sender<Event>,
 ) -> std::io::Result<Gateway> {
@@ -84,6 +99,7 @@ fn gateway(
         }),
         connect_timeout: Duration::from_secs(10),
         body_memory: stepguard_gateway::DEFAULT_BODY_MEMORY,
+        api_keys,
     };
     Gateway::start(config).map_err(std::io::Error::other)
 }
