@@ -30,6 +30,7 @@ mod options;
 mod plugins;
 mod record_schema;
 mod run_cmd;
+mod secrets;
 mod simulate_cmd;
 mod spend;
 mod stalled_output;

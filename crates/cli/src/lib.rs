@@ -18,6 +18,7 @@ mod output;
 mod plan;
 mod providers;
 mod recording;
+mod reexec;
 mod session;
 mod settings;
 mod terminal;
@@ -66,7 +67,14 @@ fn guardian(args: &[OsString]) -> ExitCode {
 
 /// Runs the binary with the process's arguments.
 pub fn main() -> std::process::ExitCode {
-    exit::to_process(run(std::env::args_os()))
+    // First of all: a run's API keys and model URLs out of this process's image.
+    match reexec::seal(std::env::args_os().collect()) {
+        Ok(argv) => exit::to_process(run(argv)),
+        Err(e) => {
+            output::diag("error", e.to_string());
+            exit::to_process(ExitCode::Usage)
+        }
+    }
 }
 
 /// Runs stepguard with the given arguments and returns its exit code.

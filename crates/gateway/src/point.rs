@@ -278,6 +278,7 @@ fn config_flag(
     let value = format!("{full_key}={}", toml::Value::String(gateway_url.to_owned()));
     let at = (last + 1).min(command.len());
     command.splice(at..at, [flag.to_owned(), value]);
+    scrub(&mut command, flag, &upstream, gateway_url);
     Ok(Some(Pointing {
         command,
         env: Vec::new(),
@@ -285,6 +286,21 @@ fn config_flag(
         upstream_source,
         keys,
     }))
+}
+
+/// Puts the gateway's URL in place of the upstream in every value of `flag`, so that the
+/// agent's own command line does not tell it where the upstream is (the override added after
+/// them already wins).
+fn scrub(command: &mut [String], flag: &str, upstream: &str, gateway_url: &str) {
+    if upstream.is_empty() {
+        return;
+    }
+    let at: Vec<usize> = flag_values(flag, command).iter().map(|(i, _)| *i).collect();
+    for i in at {
+        if command[i].contains(upstream) {
+            command[i] = command[i].replace(upstream, gateway_url);
+        }
+    }
 }
 
 /// The string a chosen provider's `full_key` has: set directly, or inside the provider's table
@@ -348,6 +364,7 @@ fn built_in(
     let value = format!("{key}={}", toml::Value::String(gateway_url.to_owned()));
     let at = at.min(command.len());
     command.splice(at..at, [flag.to_owned(), value]);
+    scrub(&mut command, flag, upstream.trim(), gateway_url);
     Pointing {
         command,
         env: Vec::new(),
@@ -570,6 +587,17 @@ mod tests {
         );
         assert_eq!(p.command.last().map(String::as_str), Some("do it"));
         assert!(p.env.is_empty());
+        // The agent's own command no longer says where the upstream is.
+        assert!(
+            !p.command.iter().any(|a| a.contains("127.0.0.1:5")),
+            "{:?}",
+            p.command
+        );
+        assert!(
+            p.command[6].contains(&format!("base_url=\"{GW}\"")),
+            "{}",
+            p.command[6]
+        );
         // A direct key, quoted selector and the long flag.
         let c = cmd(&[
             "codex",
