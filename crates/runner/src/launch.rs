@@ -77,6 +77,28 @@ pub(crate) fn start_gateway(
     Ok(gw)
 }
 
+/// `arg` with every `http://…` and `https://…` in it shown as `<hidden>`: where the upstream is
+/// stays out of what stepguard records of a run with the gateway.
+pub(crate) fn hide_urls(arg: &str) -> String {
+    let mut out = String::with_capacity(arg.len());
+    let mut rest = arg;
+    while let Some(at) = ["http://", "https://"]
+        .iter()
+        .filter_map(|scheme| rest.find(scheme))
+        .min()
+    {
+        out.push_str(&rest[..at]);
+        out.push_str("<hidden>");
+        let tail = &rest[at..];
+        let end = tail
+            .find(|c: char| c.is_whitespace() || "\"',}]".contains(c))
+            .unwrap_or(tail.len());
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
 /// Starts a gateway forwarding to `upstream`; its events reach the engine's channel.
 fn gateway(
     w: &WrapUp,
@@ -312,4 +334,27 @@ pub(crate) fn listen_for_signals(events: Sender<Event>) -> Option<signal_hook::i
         })
         .ok()?;
     Some(handle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_hidden_wherever_they_are_in_an_argument() {
+        assert_eq!(
+            hide_urls(r#"model_providers.m={name="m", base_url="http://127.0.0.1:5/v1", x=1}"#),
+            r#"model_providers.m={name="m", base_url="<hidden>", x=1}"#
+        );
+        assert_eq!(
+            hide_urls("openai_base_url=https://llm.example/v1"),
+            "openai_base_url=<hidden>"
+        );
+        assert_eq!(
+            hide_urls("see http://a/b and 'https://c'"),
+            "see <hidden> and '<hidden>'"
+        );
+        assert_eq!(hide_urls("exec"), "exec");
+        assert_eq!(hide_urls(""), "");
+    }
 }
