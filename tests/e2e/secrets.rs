@@ -108,9 +108,8 @@ fn source(text: &str, needle: &str) -> String {
         let line = &text[h..];
         &line[..line.find('\n').unwrap_or(line.len())]
     });
-    let from = text.floor_char_boundary(at.saturating_sub(120));
-    let to = text.ceil_char_boundary((at + 120).min(text.len()));
-    format!("{heading}: …{}…", &text[from..to])
+    let around: String = text[at..].chars().take(240).collect();
+    format!("{heading}: …{around}…")
 }
 
 fn header<'a>(r: &'a RecordedRequest, name: &str) -> Option<&'a str> {
