@@ -42,6 +42,25 @@ fn guardian(args: &[OsString]) -> ExitCode {
             );
             ExitCode::Success
         }
+        guard::GuardianEnd::Unconfirmed { pids } => {
+            let mut why = String::from(
+                "guardian: the supervising stepguard is gone; the agent's process group and \
+                 descendants were stopped, but without a cgroup a process that left them \
+                 (given to another parent when stepguard died, such as a PID hopper in a new \
+                 session) cannot be found, so the end is not confirmed (`--containment cgroup` \
+                 confirms it)",
+            );
+            if !pids.is_empty() {
+                let list: Vec<String> = pids.iter().map(u32::to_string).collect();
+                why.push_str(&format!(
+                    "; processes of the run in stepguard's own process group, which others \
+                     share, survived (pids {})",
+                    list.join(", ")
+                ));
+            }
+            output::diag("warning", why);
+            ExitCode::Success
+        }
         guard::GuardianEnd::Survivors { pids, cgroup } => {
             let mut why = String::from("guardian: the supervising stepguard is gone; ");
             if !pids.is_empty() {
