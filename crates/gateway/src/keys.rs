@@ -2,14 +2,19 @@
 //! as it forwards.
 //!
 //! For every variable that held the CLI's real key, the gateway makes a fresh per-run key (128
-//! random bits); the agent gets that in its place. A request must carry one of them wherever
-//! the provider APIs take a key (`x-api-key`, `Authorization: Bearer`, `x-goog-api-key`,
-//! `api-key`, a `key=` query parameter), and nothing else there: a request with no key, a key of
-//! another run or the real key itself is refused with 401 and never forwarded. The gateway
-//! never forwards a credential it did not issue, so a real key that leaked to the agent (from a
-//! file, an ancestor's environment) cannot be spent through it unseen either.
+//! random bits); the agent gets that in its place. Wherever the provider APIs take a key
+//! (`x-api-key`, `Authorization: Bearer`, `x-goog-api-key`, `api-key`, a `key=` query
+//! parameter), a per-run key of the run is swapped for its real key; the real key itself (it
+//! leaked to the agent, from a file or an ancestor's environment) and a per-run key of another
+//! run are refused with 401 and never forwarded. Anything else passes untouched: no key at all,
+//! or a credential the gateway did not make (the CLI's own login, such as Codex's ChatGPT token
+//! while `OPENAI_API_KEY` is set for other tools), as without per-run keys; every call that
+//! passes is counted.
 
 use hyper::header::{HeaderMap, HeaderName, HeaderValue};
+
+/// How every per-run key starts.
+const PREFIX: &str = "sg-run-";
 
 /// Headers that carry an API key in one of the dialects (`authorization` as `Bearer KEY`).
 const KEY_HEADERS: [&str; 4] = ["x-api-key", "authorization", "x-goog-api-key", "api-key"];
@@ -24,9 +29,9 @@ pub(crate) struct RunKeys {
 /// Why a request's credentials were refused.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum KeyRefusal {
-    /// No key anywhere a key goes.
-    Missing,
-    /// A key that is not one of this run's per-run keys.
+    /// The real key itself: it leaked to the agent.
+    Real,
+    /// A per-run key of another run (or a bad copy of this run's).
     Foreign,
 }
 
@@ -34,13 +39,13 @@ impl KeyRefusal {
     /// The text of the 401 answer (never the key itself).
     pub(crate) fn message(&self) -> &'static str {
         match self {
-            KeyRefusal::Missing => {
-                "stepguard gateway: the request carries no API key; the run's key is in the \
-                 agent's environment"
+            KeyRefusal::Real => {
+                "stepguard gateway: the request carries the real API key, which the agent must \
+                 not hold; use the run's key from the agent's environment"
             }
             KeyRefusal::Foreign => {
-                "stepguard gateway: the request's API key is not this run's key; the gateway \
-                 accepts only the per-run key it gave the agent"
+                "stepguard gateway: the request's API key is another run's; use the run's key \
+                 from the agent's environment"
             }
         }
     }
@@ -54,7 +59,7 @@ impl RunKeys {
     ) -> std::io::Result<Self> {
         let mut pairs = Vec::new();
         for key in real {
-            pairs.push((format!("sg-run-{}", make()?), key.clone()));
+            pairs.push((format!("{PREFIX}{}", make()?), key.clone()));
         }
         Ok(RunKeys { pairs })
     }
@@ -64,19 +69,27 @@ impl RunKeys {
         self.pairs.iter().map(|(run, _)| run.clone()).collect()
     }
 
-    /// The real key for a per-run `key` (compared without an early exit).
-    fn real(&self, key: &str) -> Option<&str> {
-        let mut found = None;
-        for (run, real) in &self.pairs {
+    /// What goes upstream in place of `key`: the real key for a per-run one of this run,
+    /// `None` to leave it as it is, or the refusal (compared without an early exit).
+    fn replace(&self, key: &str) -> Result<Option<&str>, KeyRefusal> {
+        let (mut swapped, mut real) = (None, false);
+        for (run, secret) in &self.pairs {
             if crate::proxy::same(run.as_bytes(), key.as_bytes()) {
-                found = Some(real.as_str());
+                swapped = Some(secret.as_str());
             }
+            real |= crate::proxy::same(secret.as_bytes(), key.as_bytes());
         }
-        found
+        match swapped {
+            Some(secret) => Ok(Some(secret)),
+            None if real => Err(KeyRefusal::Real),
+            None if key.starts_with(PREFIX) => Err(KeyRefusal::Foreign),
+            None => Ok(None),
+        }
     }
 
-    /// Checks a request's keys and swaps the real ones in: in `headers`, and in the `key=`
-    /// parameter of `rest`'s query. With no keys held, nothing is checked or changed.
+    /// Swaps the real keys in for this run's per-run keys: in `headers`, and in the `key=`
+    /// parameter of `rest`'s query; refuses the real key and another run's. With no keys held,
+    /// nothing is checked or changed.
     pub(crate) fn swap(
         &self,
         headers: &mut HeaderMap,
@@ -85,7 +98,6 @@ impl RunKeys {
         if self.pairs.is_empty() {
             return Ok(());
         }
-        let mut seen = false;
         for name in KEY_HEADERS {
             let name = HeaderName::from_static(name);
             let values: Vec<HeaderValue> = headers.get_all(&name).iter().cloned().collect();
@@ -96,46 +108,41 @@ impl RunKeys {
             for value in values {
                 let swapped = self.header(name.as_str(), &value)?;
                 headers.append(name.clone(), swapped);
-                seen = true;
             }
         }
         if let Some((path, query)) = rest.split_once('?') {
             let mut parts = Vec::new();
             for kv in query.split('&') {
-                match kv.strip_prefix("key=") {
-                    Some(key) => {
-                        let real = self.real(key).ok_or(KeyRefusal::Foreign)?;
-                        parts.push(format!("key={}", escape(real)));
-                        seen = true;
-                    }
-                    None => parts.push(kv.to_owned()),
+                match kv.strip_prefix("key=").map(|key| self.replace(key)) {
+                    Some(Ok(Some(real))) => parts.push(format!("key={}", escape(real))),
+                    Some(Err(refused)) => return Err(refused),
+                    _ => parts.push(kv.to_owned()),
                 }
             }
             *rest = format!("{path}?{}", parts.join("&"));
         }
-        if seen {
-            Ok(())
-        } else {
-            Err(KeyRefusal::Missing)
-        }
+        Ok(())
     }
 
-    /// One key header with the real key in place of the per-run one.
+    /// One key header with the real key in place of a per-run one (others as they came).
     fn header(&self, name: &str, value: &HeaderValue) -> Result<HeaderValue, KeyRefusal> {
-        let text = value.to_str().map_err(|_| KeyRefusal::Foreign)?.trim();
-        let (scheme, key) = match name {
-            "authorization" => match text.split_once(' ') {
-                Some((s, k)) if s.eq_ignore_ascii_case("bearer") => (Some(s), k.trim()),
-                _ => return Err(KeyRefusal::Foreign),
-            },
+        let Ok(text) = value.to_str() else {
+            return Ok(value.clone());
+        };
+        let text = text.trim();
+        let (scheme, key) = match (name, text.split_once(' ')) {
+            ("authorization", Some((s, k))) => (Some(s), k.trim()),
+            ("authorization", None) => (None, text),
             _ => (None, text),
         };
-        let real = self.real(key).ok_or(KeyRefusal::Foreign)?;
+        let Some(real) = self.replace(key)? else {
+            return Ok(value.clone());
+        };
         let text = match scheme {
             Some(s) => format!("{s} {real}"),
             None => real.to_owned(),
         };
-        let mut value = HeaderValue::from_str(&text).map_err(|_| KeyRefusal::Foreign)?;
+        let mut value = HeaderValue::from_str(&text).map_err(|_| KeyRefusal::Real)?;
         value.set_sensitive(true);
         Ok(value)
     }
@@ -198,43 +205,48 @@ mod tests {
     }
 
     #[test]
-    fn no_key_another_runs_key_or_the_real_key_is_refused() {
+    fn another_runs_key_and_the_real_key_are_refused_and_other_credentials_pass() {
         let k = keys();
         let a = k.per_run()[0].clone();
         let refused = |pairs: &[(&'static str, &str)], rest: &str| {
             let mut rest = rest.to_owned();
             k.swap(&mut headers(pairs), &mut rest).unwrap_err()
         };
-        assert_eq!(refused(&[], "/v1/messages"), KeyRefusal::Missing);
+        let other_run = "sg-run-00000000000000000000000000000009";
         assert_eq!(
-            refused(&[("x-other", &a)], "/v1/messages?x=1"),
-            KeyRefusal::Missing
-        );
-        assert_eq!(
-            refused(
-                &[("x-api-key", "sg-run-00000000000000000000000000000009")],
-                "/v1"
-            ),
+            refused(&[("x-api-key", other_run)], "/v1"),
             KeyRefusal::Foreign
         );
         assert_eq!(
             refused(&[("x-api-key", "sk-real-a")], "/v1"),
-            KeyRefusal::Foreign
+            KeyRefusal::Real
         );
         assert_eq!(
-            refused(&[("authorization", "Bearer sk-real-a")], "/v1"),
-            KeyRefusal::Foreign
+            refused(&[("authorization", "Bearer real b/+")], "/v1"),
+            KeyRefusal::Real
         );
         assert_eq!(
-            refused(&[("authorization", &a)], "/v1"),
+            refused(&[("authorization", "sk-real-a")], "/v1"),
+            KeyRefusal::Real
+        );
+        assert_eq!(refused(&[], "/m?key=sk-real-a"), KeyRefusal::Real);
+        assert_eq!(
+            refused(&[], &format!("/m?key={other_run}")),
             KeyRefusal::Foreign
         );
-        assert_eq!(refused(&[], "/m?key=sk-real-a"), KeyRefusal::Foreign);
         // One good key does not carry a bad one along.
         assert_eq!(
             refused(&[("x-api-key", &a), ("x-goog-api-key", "sk-real-a")], "/v1"),
-            KeyRefusal::Foreign
+            KeyRefusal::Real
         );
+        // No key, and a credential the gateway did not make (a login's token), pass untouched.
+        for pairs in [vec![], vec![("authorization", "Bearer oauth-token-1")]] {
+            let mut h = headers(&pairs);
+            let mut rest = "/v1/responses?x=1".to_owned();
+            assert_eq!(k.swap(&mut h, &mut rest), Ok(()));
+            assert_eq!(rest, "/v1/responses?x=1");
+            assert_eq!(h, headers(&pairs));
+        }
     }
 
     #[test]

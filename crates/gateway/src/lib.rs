@@ -28,7 +28,8 @@
 //!
 //! The CLI's real API keys stay in the gateway ([`GatewayConfig::api_keys`]): the agent gets
 //! per-run keys ([`Gateway::run_keys`]) and the gateway swaps the real key in as it forwards; a
-//! request without a per-run key (none, another run's, the real key itself) gets 401.
+//! request with the real key itself or another run's per-run key gets 401, one with no key or a
+//! credential the gateway did not make (the CLI's own login) passes as it came.
 //!
 //! Requests without the token get 403, and the gateway forwards only to its one upstream: it is
 //! never an open proxy. An upstream that cannot be reached is answered with 502 at once and
@@ -177,8 +178,9 @@ pub struct GatewayConfig {
     pub body_memory: usize,
     /// The CLI's real API keys (the values of the variables [`Pointing::keys`] names that were
     /// set). The gateway makes a per-run key for each ([`Gateway::run_keys`]), gives the
-    /// upstream the real one in its place, and refuses requests without a per-run key; empty,
-    /// credentials pass through untouched (a CLI logged in by OAuth).
+    /// upstream the real one in its place, and refuses requests that carry a real key or
+    /// another run's per-run key; empty, credentials pass through untouched (a CLI logged in
+    /// by OAuth).
     pub api_keys: Vec<String>,
 }
 

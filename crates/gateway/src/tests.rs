@@ -800,7 +800,6 @@ fn the_upstream_gets_the_real_key_only_for_the_runs_own_per_run_key() {
     let other_key = other.run_keys().remove(0);
     let messages = path(&gw, "/v1/messages");
     let refused = [
-        vec![],
         vec![("x-api-key", other_key.as_str())],
         vec![("x-api-key", "sk-real-1")],
         vec![("authorization", "Bearer sk-real-2")],
@@ -837,8 +836,11 @@ fn the_upstream_gets_the_real_key_only_for_the_runs_own_per_run_key() {
         &anthropic(1, true),
     );
     assert_eq!(status, 200);
+    // No key at all (a CLI that authenticates otherwise) passes as it came.
+    let (status, _) = send(gw.addr(), "POST", &messages, &[], &anthropic(2, true));
+    assert_eq!(status, 200);
     let seen = server.requests();
-    assert_eq!(seen.len(), 2);
+    assert_eq!(seen.len(), 3);
     let header = |i: usize, name: &str| {
         seen[i]
             .headers
@@ -851,6 +853,8 @@ fn the_upstream_gets_the_real_key_only_for_the_runs_own_per_run_key() {
         header(1, "authorization").as_deref(),
         Some("Bearer sk-real-2")
     );
+    assert_eq!(header(2, "x-api-key"), None);
+    assert_eq!(header(2, "authorization"), None);
     assert!(
         seen.iter()
             .flat_map(|r| &r.headers)
