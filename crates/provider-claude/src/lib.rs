@@ -1032,7 +1032,7 @@ mod tests {
     fn tool_calls_are_declared_and_taken_once() {
         let m = ClaudePlugin.manifest();
         assert!(m.tool_calls);
-        assert_eq!(m.min_protocol(), "1.6.0");
+        assert_eq!(m.min_protocol(), "1.7.0");
         assert!(m.tool_results);
         let mut counter = ClaudePlugin
             .open_counter(&CounterRequest::new("message"))

@@ -1162,7 +1162,7 @@ mod tests {
     fn tool_calls_are_declared() {
         let m = CodexPlugin.manifest();
         assert!(m.tool_calls);
-        assert_eq!(m.min_protocol(), "1.6.0");
+        assert_eq!(m.min_protocol(), "1.7.0");
         assert!(m.tool_results);
     }
 
