@@ -196,3 +196,97 @@ fn a_hopper_in_stepguards_own_group_is_stopped() {
 fn a_hopper_making_a_new_session_every_generation_is_stopped() {
     hopper_is_stopped("new-session", "sghop-session");
 }
+
+/// Starts a run on the process walk whose agent starts the hopper, SIGKILLs stepguard once the
+/// hopper runs, and returns what stepguard and its guardian wrote (the guardian's message
+/// waited for).
+fn kill_stepguard_with_hopper(sb: &Sandbox, hopper: &Path, kind: &str) -> String {
+    let pidfile = sb.root().join(format!("{kind}-killed.pid"));
+    let body = format!(
+        "#!/bin/sh\n{} {kind} {} || exit 9\necho '{{\"type\":\"thread.started\",\"thread_id\":\"t\"}}'\nsleep 30\n",
+        hopper.display(),
+        pidfile.display(),
+    );
+    let agent = sb.write(&format!("{kind}-killed.sh"), body);
+    std::fs::set_permissions(&agent, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let agent = agent.display().to_string();
+    let err_path = sb.root().join("killed.err");
+    let mut cmd = sb.cmd(&[
+        "run",
+        "-q",
+        "--no-record",
+        "-p",
+        "codex",
+        "--containment",
+        "process-walk",
+        "--",
+        &agent,
+    ]);
+    cmd.stdout(Stdio::null())
+        .stderr(std::fs::File::create(&err_path).unwrap());
+    // Its own group, as a command started from a shell has: the own-group hopper joins it.
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    let mut child = cmd.spawn().unwrap();
+    let until = Instant::now() + Duration::from_secs(20);
+    while std::fs::read_to_string(&pidfile)
+        .unwrap_or_default()
+        .trim()
+        .is_empty()
+        && Instant::now() < until
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let until = Instant::now() + Duration::from_secs(15);
+    loop {
+        let text = std::fs::read_to_string(&err_path).unwrap_or_default();
+        if text.contains("guardian:") || Instant::now() >= until {
+            return text;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn the_guardian_of_a_sigkilled_stepguard_stops_a_hopper_in_its_group() {
+    let sb = Sandbox::new();
+    let hopper = compile(&sb, "sghop-gkill");
+    let stderr = kill_stepguard_with_hopper(&sb, &hopper, "own-group");
+    let started =
+        std::fs::read_to_string(sb.root().join("own-group-killed.pid")).unwrap_or_default();
+    let survived = (0..20).any(|_| {
+        std::thread::sleep(Duration::from_millis(10));
+        !named("sghop-gkill").is_empty()
+    });
+    clean_up("sghop-gkill");
+    assert!(
+        !started.trim().is_empty(),
+        "the hopper never started; {stderr}"
+    );
+    assert!(
+        !survived,
+        "the hopper in stepguard's group survived the guardian; {stderr}"
+    );
+    // What it cannot see is not claimed: without a cgroup the end is not confirmed.
+    assert!(stderr.contains("the end is not confirmed"), "{stderr}");
+    assert!(!stderr.contains("survived (pids"), "{stderr}");
+}
+
+#[test]
+fn the_guardian_of_a_sigkilled_stepguard_says_a_new_session_hopper_is_not_confirmed_gone() {
+    let sb = Sandbox::new();
+    let hopper = compile(&sb, "sghop-skill");
+    let stderr = kill_stepguard_with_hopper(&sb, &hopper, "new-session");
+    let started =
+        std::fs::read_to_string(sb.root().join("new-session-killed.pid")).unwrap_or_default();
+    clean_up("sghop-skill");
+    assert!(
+        !started.trim().is_empty(),
+        "the hopper never started; {stderr}"
+    );
+    // A hopper in a new session every generation, given to another parent when stepguard
+    // died, cannot be found without a cgroup: the guardian says so instead of "stopped".
+    assert!(stderr.contains("the end is not confirmed"), "{stderr}");
+    assert!(!stderr.contains("processes were stopped"), "{stderr}");
+}

@@ -33,6 +33,7 @@ mod plugins;
 mod pools;
 mod record_schema;
 mod run_cmd;
+mod secrets;
 mod simulate_cmd;
 mod spend;
 mod stalled_output;

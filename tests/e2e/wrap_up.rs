@@ -140,7 +140,7 @@ fn opencode_wraps_up_at_the_budgets_last_step() {
 #[ignore = "runs the real agent CLIs: .ci/install-agent-clis, then --run-ignored all"]
 fn codex_default_provider_wraps_up_through_the_gateway() {
     // Codex's built-in OpenAI provider, `-c openai_base_url=…` on the user's command (the
-    // record keeps the user's command; stepguard's override after it named the gateway), no
+    // record keeps the user's command, its URL hidden; stepguard's override named the gateway), no
     // custom provider: every model call went through the gateway, the last one tool-less.
     let agent = Agent::start_default(Cli::Codex, twelve_rounds());
     let (agent, _, rec) = wraps_up_agent(agent, &[], 5, 5);
@@ -154,8 +154,13 @@ fn codex_default_provider_wraps_up_through_the_gateway() {
         !command.iter().any(|a| a.contains("model_provider")),
         "no custom provider: {command:?}"
     );
-    let users = format!("openai_base_url={}/v1", agent.server.url());
-    assert!(command.contains(&users.as_str()), "{command:?}");
+    // The user's own base URL, hidden in the record (the agent's user can read the history).
+    assert!(command.contains(&"openai_base_url=<hidden>"), "{command:?}");
+    let upstream = agent.server.addr().to_string();
+    assert!(
+        !command.iter().any(|a| a.contains(&upstream)),
+        "{command:?}"
+    );
     // The gateway answered Codex's WebSocket attempt 426, so it went to HTTP at once: no
     // reconnects, no error item spent as a step.
     let gets = agent.server.count(|r| r.method == "GET");

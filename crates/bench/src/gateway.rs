@@ -380,6 +380,7 @@ pub(crate) fn run(requests: usize) -> anyhow::Result<()> {
         on_event: Box::new(|_| {}),
         connect_timeout: Duration::from_secs(5),
         body_memory: stepguard_gateway::DEFAULT_BODY_MEMORY,
+        api_keys: Vec::new(),
     })?;
     // The URL's path is the run's token.
     let token = gateway

@@ -22,6 +22,7 @@ mod plan;
 mod pools;
 mod providers;
 mod recording;
+mod reexec;
 mod repository;
 mod session;
 mod settings;
@@ -44,6 +45,25 @@ fn guardian(args: &[OsString]) -> ExitCode {
             output::note(
                 "guardian: the supervising stepguard is gone; the run's processes were stopped",
             );
+            ExitCode::Success
+        }
+        guard::GuardianEnd::Unconfirmed { pids } => {
+            let mut why = String::from(
+                "guardian: the supervising stepguard is gone; the agent's process group and \
+                 descendants were stopped, but without a cgroup a process that left them \
+                 (given to another parent when stepguard died, such as a PID hopper in a new \
+                 session) cannot be found, so the end is not confirmed (`--containment cgroup` \
+                 confirms it)",
+            );
+            if !pids.is_empty() {
+                let list: Vec<String> = pids.iter().map(u32::to_string).collect();
+                why.push_str(&format!(
+                    "; processes of the run in stepguard's own process group, which others \
+                     share, survived (pids {})",
+                    list.join(", ")
+                ));
+            }
+            output::diag("warning", why);
             ExitCode::Success
         }
         guard::GuardianEnd::Survivors { pids, cgroup } => {
@@ -71,7 +91,14 @@ fn guardian(args: &[OsString]) -> ExitCode {
 
 /// Runs the binary with the process's arguments.
 pub fn main() -> std::process::ExitCode {
-    exit::to_process(run(std::env::args_os()))
+    // First of all: a run's API keys and model URLs out of this process's image.
+    match reexec::seal(std::env::args_os().collect()) {
+        Ok(argv) => exit::to_process(run(argv)),
+        Err(e) => {
+            output::diag("error", e.to_string());
+            exit::to_process(ExitCode::Usage)
+        }
+    }
 }
 
 /// Runs stepguard with the given arguments and returns its exit code.

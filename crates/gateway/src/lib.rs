@@ -16,7 +16,7 @@
 //!   upstream never sees more model calls than the budget.
 //! * Response bodies stream back frame by frame (SSE included) with constant memory; only the
 //!   last reply's first MiB is kept, for its text ([`Gateway::final_text`]).
-//! * Headers, credentials included, pass as they are and are never logged; request bodies are
+//! * Headers pass as they are (the per-run key swapped for the real one) and are never logged; request bodies are
 //!   never stored unless [`GatewayConfig::record_requests`] asks (then without credentials).
 //!
 //! * Model request bodies are read whole (at most [`MAX_MODEL_REQUEST`] each), all of them
@@ -26,6 +26,11 @@
 //! * With a token or cost budget, the run's first calls go one at a time until one has settled
 //!   (there is no estimate before), then calls under way are reserved at the estimate.
 //!
+//! The CLI's real API keys stay in the gateway ([`GatewayConfig::api_keys`]): the agent gets
+//! per-run keys ([`Gateway::run_keys`]) and the gateway swaps the real key in as it forwards; a
+//! request with the real key itself or another run's per-run key gets 401, one with no key or a
+//! credential the gateway did not make (the CLI's own login) passes as it came.
+//!
 //! Requests without the token get 403, and the gateway forwards only to its one upstream: it is
 //! never an open proxy. An upstream that cannot be reached is answered with 502 at once and
 //! reported ([`GatewayEvent::UpstreamFailed`]), so the run ends promptly as `provider_error`.
@@ -33,6 +38,7 @@
 //! synchronous.
 
 mod dialect;
+mod keys;
 mod point;
 mod proxy;
 mod usage;
@@ -170,6 +176,12 @@ pub struct GatewayConfig {
     /// ([`DEFAULT_BODY_MEMORY`] unless a caller knows better); a request that would pass it is
     /// answered 503 with `Retry-After` and not forwarded.
     pub body_memory: usize,
+    /// The CLI's real API keys (the values of the variables [`Pointing::keys`] names that were
+    /// set). The gateway makes a per-run key for each ([`Gateway::run_keys`]), gives the
+    /// upstream the real one in its place, and refuses requests that carry a real key or
+    /// another run's per-run key; empty, credentials pass through untouched (a CLI logged in
+    /// by OAuth).
+    pub api_keys: Vec<String>,
 }
 
 /// The default cap on model request bodies held at once: two of the largest requests.
@@ -326,6 +338,7 @@ impl Tally {
 pub(crate) struct Shared {
     pub(crate) config: GatewayConfig,
     pub(crate) token: String,
+    pub(crate) keys: keys::RunKeys,
     pub(crate) tally: Mutex<Tally>,
     /// Woken whenever an admitted model call settles (see [`Shared::admit`]).
     pub(crate) settled: tokio::sync::Notify,
@@ -581,6 +594,7 @@ impl Gateway {
             })?;
         }
         let token = token()?;
+        let keys = keys::RunKeys::new(&config.api_keys, self::token)?;
         let listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
@@ -595,6 +609,7 @@ impl Gateway {
             }),
             config,
             token: token.clone(),
+            keys,
             settled: tokio::sync::Notify::new(),
             held: AtomicUsize::new(0),
         });
@@ -617,6 +632,12 @@ impl Gateway {
     /// The base URL to give the CLI: loopback, with the run's token as its first path segment.
     pub fn url(&self) -> &str {
         &self.url
+    }
+
+    /// The per-run keys to give the agent, one for each of [`GatewayConfig::api_keys`] in its
+    /// order.
+    pub fn run_keys(&self) -> Vec<String> {
+        self.shared.keys.per_run()
     }
 
     /// The socket the gateway listens on.

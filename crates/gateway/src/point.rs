@@ -17,6 +17,9 @@ pub struct Pointing {
     pub upstream: String,
     /// Where the upstream came from, for messages (`ANTHROPIC_BASE_URL`, `the default`, …).
     pub upstream_source: String,
+    /// The environment variables that may hold the CLI's API key (the manifest's, and the one
+    /// a chosen provider names), in order: the agent gets a per-run key in their place.
+    pub keys: Vec<String>,
 }
 
 /// Why the CLI cannot be pointed at the gateway.
@@ -68,7 +71,7 @@ pub fn point(
                 if selector.is_empty() {
                     Some(built_in(endpoint, &flags, command, gateway_url))
                 } else {
-                    config_flag(&flags, selector, command, gateway_url)?
+                    config_flag(endpoint, &flags, selector, command, gateway_url)?
                 }
             }
             BaseUrlRule::JsonConfig {
@@ -76,7 +79,14 @@ pub fn point(
                 env: var,
                 model_flags,
                 key,
-            } => json_config(file, var, model_flags, key, command, env, cwd, gateway_url)?,
+            } => {
+                json_config(file, var, model_flags, key, command, env, cwd, gateway_url)?.map(|p| {
+                    Pointing {
+                        keys: endpoint.api_key_env.clone(),
+                        ..p
+                    }
+                })
+            }
             // A rule of a newer protocol: the next one may apply.
             _ => None,
         };
@@ -115,6 +125,7 @@ fn by_env(
         env: vec![(name.to_owned(), gateway_url.to_owned())],
         upstream,
         upstream_source,
+        keys: endpoint.api_key_env.clone(),
     }
 }
 
@@ -224,6 +235,7 @@ fn cli_config(
 }
 
 fn config_flag(
+    endpoint: &ModelEndpoint,
     rule: &FlagRule<'_>,
     selector: &str,
     command: &[String],
@@ -244,25 +256,15 @@ fn config_flag(
         return Ok(None);
     };
     let full_key = rule.key.replace("{}", &name);
-    // The base URL: set directly, or inside the provider's table (a later override wins);
-    // else the CLI's config file.
-    let (table_key, leaf) = full_key.rsplit_once('.').unwrap_or(("", full_key.as_str()));
-    let mut upstream = None;
-    for (_, k, v) in &pairs {
-        if *k == full_key {
-            upstream = v
-                .as_str()
-                .map(|url| (url.to_owned(), format!("{flag} {full_key}")));
-        } else if *k == table_key
-            && let Some(url) = v.get(leaf).and_then(toml::Value::as_str)
-        {
-            upstream = Some((url.to_owned(), format!("{flag} {full_key}")));
-        }
+    let upstream = provider_value(rule, &pairs, &full_key);
+    // The variable the chosen provider reads its key from, when it names one.
+    let mut keys = endpoint.api_key_env.clone();
+    if let Some(env_key) = &endpoint.api_key_env_key
+        && let Some((var, _)) = provider_value(rule, &pairs, &env_key.replace("{}", &name))
+        && !keys.contains(&var)
+    {
+        keys.push(var);
     }
-    let upstream = upstream.or_else(|| {
-        let file = rule.file?;
-        Some((file.string(&full_key)?, format!("{} {full_key}", file.path)))
-    });
     let Some((upstream, upstream_source)) = upstream else {
         return Err(PointError::Missing(format!(
             "the command selects model provider `{name}` ({selector}={name}) but gives no \
@@ -276,12 +278,56 @@ fn config_flag(
     let value = format!("{full_key}={}", toml::Value::String(gateway_url.to_owned()));
     let at = (last + 1).min(command.len());
     command.splice(at..at, [flag.to_owned(), value]);
+    scrub(&mut command, flag, &upstream, gateway_url);
     Ok(Some(Pointing {
         command,
         env: Vec::new(),
         upstream,
         upstream_source,
+        keys,
     }))
+}
+
+/// Puts the gateway's URL in place of the upstream in every value of `flag`, so that the
+/// agent's own command line does not tell it where the upstream is (the override added after
+/// them already wins).
+fn scrub(command: &mut [String], flag: &str, upstream: &str, gateway_url: &str) {
+    if upstream.is_empty() {
+        return;
+    }
+    let at: Vec<usize> = flag_values(flag, command).iter().map(|(i, _)| *i).collect();
+    for i in at {
+        if command[i].contains(upstream) {
+            command[i] = command[i].replace(upstream, gateway_url);
+        }
+    }
+}
+
+/// The string a chosen provider's `full_key` has: set directly, or inside the provider's table
+/// (a later override wins); else the CLI's config file's. With where it came from.
+fn provider_value(
+    rule: &FlagRule<'_>,
+    pairs: &[(usize, String, toml::Value)],
+    full_key: &str,
+) -> Option<(String, String)> {
+    let flag = rule.flag;
+    let (table_key, leaf) = full_key.rsplit_once('.').unwrap_or(("", full_key));
+    let mut found = None;
+    for (_, k, v) in pairs {
+        if *k == full_key {
+            found = v
+                .as_str()
+                .map(|s| (s.to_owned(), format!("{flag} {full_key}")));
+        } else if *k == table_key
+            && let Some(s) = v.get(leaf).and_then(toml::Value::as_str)
+        {
+            found = Some((s.to_owned(), format!("{flag} {full_key}")));
+        }
+    }
+    found.or_else(|| {
+        let file = rule.file?;
+        Some((file.string(full_key)?, format!("{} {full_key}", file.path)))
+    })
 }
 
 /// The CLI's built-in provider, whose base URL is the config key `key` itself (Codex's
@@ -318,11 +364,13 @@ fn built_in(
     let value = format!("{key}={}", toml::Value::String(gateway_url.to_owned()));
     let at = at.min(command.len());
     command.splice(at..at, [flag.to_owned(), value]);
+    scrub(&mut command, flag, upstream.trim(), gateway_url);
     Pointing {
         command,
         env: Vec::new(),
         upstream: upstream.trim().to_owned(),
         upstream_source,
+        keys: endpoint.api_key_env.clone(),
     }
 }
 
@@ -436,6 +484,7 @@ fn json_config(
         env: vec![(var.to_owned(), merged.to_string())],
         upstream,
         upstream_source: format!("{file} {full_key}"),
+        keys: Vec::new(),
     }))
 }
 
@@ -475,6 +524,8 @@ mod tests {
                 key: "openai_base_url".into(),
                 files: codex_files(),
             })
+            .api_key_env("OPENAI_API_KEY")
+            .api_key_env_key("model_providers.{}.env_key")
     }
 
     fn codex_files() -> Vec<String> {
@@ -536,6 +587,17 @@ mod tests {
         );
         assert_eq!(p.command.last().map(String::as_str), Some("do it"));
         assert!(p.env.is_empty());
+        // The agent's own command no longer says where the upstream is.
+        assert!(
+            !p.command.iter().any(|a| a.contains("127.0.0.1:5")),
+            "{:?}",
+            p.command
+        );
+        assert!(
+            p.command[6].contains(&format!("base_url=\"{GW}\"")),
+            "{}",
+            p.command[6]
+        );
         // A direct key, quoted selector and the long flag.
         let c = cmd(&[
             "codex",
@@ -557,6 +619,44 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("model_providers.x.base_url"), "{err}");
+    }
+
+    #[test]
+    fn the_key_variables_are_the_manifests_and_the_one_a_chosen_provider_names() {
+        let c = cmd(&[
+            "codex",
+            "-c",
+            r#"model_providers.m={base_url="http://127.0.0.1:5/v1", env_key="MOCK_KEY"}"#,
+            "-c",
+            "model_provider=m",
+            "exec",
+        ]);
+        let p = point(&codex(), &c, &no_env, Path::new("."), GW).unwrap();
+        assert_eq!(p.keys, ["OPENAI_API_KEY", "MOCK_KEY"]);
+        let c = cmd(&[
+            "codex",
+            "-c",
+            "model_provider=m",
+            "-c",
+            "model_providers.m.base_url=http://x/v1",
+            "-c",
+            "model_providers.m.env_key=K2",
+        ]);
+        let p = point(&codex(), &c, &no_env, Path::new("."), GW).unwrap();
+        assert_eq!(p.keys, ["OPENAI_API_KEY", "K2"]);
+        // The built-in provider: the manifest's variables only.
+        let p = point(
+            &codex(),
+            &cmd(&["codex", "exec"]),
+            &no_env,
+            Path::new("."),
+            GW,
+        )
+        .unwrap();
+        assert_eq!(p.keys, ["OPENAI_API_KEY"]);
+        let claude = claude().api_key_env("ANTHROPIC_API_KEY");
+        let p = point(&claude, &cmd(&["claude"]), &no_env, Path::new("."), GW).unwrap();
+        assert_eq!(p.keys, ["ANTHROPIC_API_KEY"]);
     }
 
     #[test]

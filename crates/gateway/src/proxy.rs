@@ -153,7 +153,7 @@ fn plain(status: StatusCode, text: &str) -> Response<GBody> {
 }
 
 /// Compares without an early exit, so the token cannot be found byte by byte by timing.
-fn same(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
@@ -246,7 +246,7 @@ fn forward_headers(from: &HeaderMap, to: &mut HeaderMap, drop_length: bool) {
     }
 }
 
-async fn handle(ctx: &Ctx, req: Request<Incoming>) -> Response<GBody> {
+async fn handle(ctx: &Ctx, mut req: Request<Incoming>) -> Response<GBody> {
     let shared = &ctx.shared;
     let target_text = req
         .uri()
@@ -260,7 +260,7 @@ async fn handle(ctx: &Ctx, req: Request<Incoming>) -> Response<GBody> {
         );
     };
     // What is classified is what is forwarded: the path made canonical, or refused.
-    let rest = match canonical(rest) {
+    let mut rest = match canonical(rest) {
         Ok(rest) => rest,
         Err(why) => {
             return plain(
@@ -269,6 +269,10 @@ async fn handle(ctx: &Ctx, req: Request<Incoming>) -> Response<GBody> {
             );
         }
     };
+    // Only this run's per-run key goes in; the real key goes out in its place.
+    if let Err(refused) = shared.keys.swap(req.headers_mut(), &mut rest) {
+        return plain(StatusCode::UNAUTHORIZED, refused.message());
+    }
     let Ok(uri) = target(&ctx.upstream, &rest) else {
         return plain(
             StatusCode::BAD_REQUEST,

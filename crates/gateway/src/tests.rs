@@ -34,6 +34,7 @@ fn config(upstream: &str, limit: Option<u64>, steps: Arc<AtomicU64>) -> (Gateway
         on_event: Box::new(move |e| log.lock().unwrap().push(e)),
         connect_timeout: Duration::from_secs(5),
         body_memory: crate::DEFAULT_BODY_MEMORY,
+        api_keys: Vec::new(),
     };
     (config, seen)
 }
@@ -780,5 +781,84 @@ fn a_last_call_too_deep_to_rewrite_is_refused_not_sent_with_its_tools() {
             .iter()
             .any(|e| matches!(e, GatewayEvent::Unreadable { .. })),
         "the run is told"
+    );
+}
+
+#[test]
+fn the_upstream_gets_the_real_key_only_for_the_runs_own_per_run_key() {
+    let server = ModelServer::start(Script::tool_rounds(3)).unwrap();
+    let (mut cfg, _) = config(&server.url(), Some(5), Arc::default());
+    cfg.api_keys = vec!["sk-real-1".into(), "sk-real-2".into()];
+    let gw = Gateway::start(cfg).unwrap();
+    let run_keys = gw.run_keys();
+    assert_eq!(run_keys.len(), 2);
+    assert!(run_keys.iter().all(|k| !k.contains("sk-real")));
+    let (cfg, _) = config(&server.url(), Some(5), Arc::default());
+    let mut other_cfg = cfg;
+    other_cfg.api_keys = vec!["sk-real-1".into()];
+    let other = Gateway::start(other_cfg).unwrap();
+    let other_key = other.run_keys().remove(0);
+    let messages = path(&gw, "/v1/messages");
+    let refused = [
+        vec![("x-api-key", other_key.as_str())],
+        vec![("x-api-key", "sk-real-1")],
+        vec![("authorization", "Bearer sk-real-2")],
+        vec![
+            ("x-api-key", run_keys[0].as_str()),
+            ("x-goog-api-key", "sk-real-1"),
+        ],
+    ];
+    for headers in &refused {
+        let (status, body) = send(gw.addr(), "POST", &messages, headers, &anthropic(0, true));
+        assert_eq!(status, 401, "{headers:?}: {body}");
+        assert!(!body.contains("sk-real"), "{body}");
+    }
+    assert!(
+        server.requests().is_empty(),
+        "nothing refused reached the upstream"
+    );
+    assert_eq!(gw.forwarded(), 0);
+    // The run's keys, in either place the dialect takes them, go out as the real ones.
+    let (status, _) = send(
+        gw.addr(),
+        "POST",
+        &messages,
+        &[("x-api-key", &run_keys[0])],
+        &anthropic(0, true),
+    );
+    assert_eq!(status, 200);
+    let bearer = format!("Bearer {}", run_keys[1]);
+    let (status, _) = send(
+        gw.addr(),
+        "POST",
+        &messages,
+        &[("authorization", &bearer)],
+        &anthropic(1, true),
+    );
+    assert_eq!(status, 200);
+    // No key at all (a CLI that authenticates otherwise) passes as it came.
+    let (status, _) = send(gw.addr(), "POST", &messages, &[], &anthropic(2, true));
+    assert_eq!(status, 200);
+    let seen = server.requests();
+    assert_eq!(seen.len(), 3);
+    let header = |i: usize, name: &str| {
+        seen[i]
+            .headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+    };
+    assert_eq!(header(0, "x-api-key").as_deref(), Some("sk-real-1"));
+    assert_eq!(
+        header(1, "authorization").as_deref(),
+        Some("Bearer sk-real-2")
+    );
+    assert_eq!(header(2, "x-api-key"), None);
+    assert_eq!(header(2, "authorization"), None);
+    assert!(
+        seen.iter()
+            .flat_map(|r| &r.headers)
+            .all(|(_, v)| !v.contains("sg-run-")),
+        "no per-run key reaches the upstream"
     );
 }

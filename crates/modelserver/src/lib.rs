@@ -272,6 +272,8 @@ pub struct RecordedRequest {
     pub method: String,
     /// Request target, query included.
     pub target: String,
+    /// Its headers as sent, names lowercase (for what credentials reached the server).
+    pub headers: Vec<(String, String)>,
     /// Its dialect, for model requests.
     pub api: Option<Api>,
     /// Whether it asked for a streamed reply.
@@ -543,6 +545,11 @@ fn answer(request: &Request, shared: &Shared) -> (RecordedRequest, Response) {
         received: Instant::now(),
         method: request.method.clone(),
         target: request.target.clone(),
+        headers: request
+            .headers
+            .iter()
+            .map(|(k, v)| (k.to_ascii_lowercase(), v.clone()))
+            .collect(),
         api: None,
         stream: false,
         tool_results: 0,

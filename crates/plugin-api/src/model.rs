@@ -271,7 +271,8 @@ impl Manifest {
     /// what its fields need (1.0; `native_limit` 1.1; `expects` or `preflight` 1.2;
     /// `tool_calls` 1.3; `model_endpoint` or a unit's `reply_cost` 1.4; `reports_usage`,
     /// `native_token_limit`, `native_cost_limit` or a native limit placed
-    /// [after the program](NativeLimit::after_program) 1.5; `tool_results` 1.6).
+    /// [after the program](NativeLimit::after_program) 1.5; `tool_results` 1.6; a model
+    /// endpoint's `api_key_env` or `api_key_env_key` 1.7).
     ///
     /// This is the `protocol` the plugin sends to the host (the adapter fills it in when it
     /// serialises the manifest), so setting a field directly cannot understate it.
@@ -297,7 +298,13 @@ impl Manifest {
         ]
         .into_iter()
         .any(|l| l.as_ref().is_some_and(|l| l.after_program));
-        let minor = if self.tool_results {
+        let keys = self
+            .model_endpoint
+            .as_ref()
+            .is_some_and(|e| !e.api_key_env.is_empty() || e.api_key_env_key.is_some());
+        let minor = if keys {
+            7
+        } else if self.tool_results {
             6
         } else if self.reports_usage
             || self.native_token_limit.is_some()
@@ -430,6 +437,18 @@ pub struct ModelEndpoint {
     pub default_upstream: String,
     /// How the CLI is given a base URL, tried in order; the first that applies is used.
     pub base_url: Vec<BaseUrlRule>,
+    /// The environment variables the CLI reads its API key from (`ANTHROPIC_API_KEY`,
+    /// `ANTHROPIC_AUTH_TOKEN`, …), protocol 1.7. With the gateway on, the agent gets a per-run
+    /// key in each of those that is set, and the gateway swaps the real key back in when it
+    /// forwards, so the real key is never in the agent's environment. It needs protocol 1.7:
+    /// an older host would ignore it and leave the real key with the agent.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub api_key_env: Vec<String>,
+    /// For a provider chosen by a [`BaseUrlRule::ConfigFlag`] selector: the config key whose
+    /// value names the variable that holds that provider's key; `{}` is the selected name
+    /// (Codex: `model_providers.{}.env_key`), protocol 1.7 as [`ModelEndpoint::api_key_env`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_env_key: Option<String>,
 }
 
 impl ModelEndpoint {
@@ -439,12 +458,27 @@ impl ModelEndpoint {
             dialect: dialect.to_owned(),
             default_upstream: default_upstream.to_owned(),
             base_url: Vec::new(),
+            api_key_env: Vec::new(),
+            api_key_env_key: None,
         }
     }
 
     /// Adds a way the CLI takes its base URL.
     pub fn base_url(mut self, rule: BaseUrlRule) -> Self {
         self.base_url.push(rule);
+        self
+    }
+
+    /// Adds an environment variable the CLI reads its API key from (protocol 1.7).
+    pub fn api_key_env(mut self, name: &str) -> Self {
+        self.api_key_env.push(name.to_owned());
+        self
+    }
+
+    /// Names the config key whose value names the key's variable of a provider chosen by a
+    /// selector, `{}` standing for its name (protocol 1.7).
+    pub fn api_key_env_key(mut self, key: &str) -> Self {
+        self.api_key_env_key = Some(key.to_owned());
         self
     }
 }
@@ -1379,7 +1413,10 @@ mod tests {
             .expects("JSON")
             .preflight(PreflightRule::new("p", &[], "fix"))
             .reports_tool_calls()
-            .model_endpoint(ModelEndpoint::new("gemini", "https://example.invalid"))
+            .model_endpoint(
+                ModelEndpoint::new("gemini", "https://example.invalid")
+                    .api_key_env("GEMINI_API_KEY"),
+            )
             .reports_usage()
             .native_token_limit(NativeLimit::new(&[], &[]).after_program())
             .native_cost_limit(NativeLimit::new(&[], &[]))

@@ -92,11 +92,13 @@ impl ProviderPlugin for ClaudePlugin {
                 0,
             )
             .model_endpoint(
-                ModelEndpoint::new("anthropic-messages", "https://api.anthropic.com").base_url(
-                    BaseUrlRule::Env {
+                ModelEndpoint::new("anthropic-messages", "https://api.anthropic.com")
+                    .base_url(BaseUrlRule::Env {
                         name: "ANTHROPIC_BASE_URL".into(),
-                    },
-                ),
+                    })
+                    // `x-api-key` and `Authorization: Bearer`, in that order.
+                    .api_key_env("ANTHROPIC_API_KEY")
+                    .api_key_env("ANTHROPIC_AUTH_TOKEN"),
             )
             .expects("JSONL events of `claude -p --output-format stream-json --verbose` (`system`, `assistant`, `user`, `result`)")
             .preflight(PreflightRule::new(
@@ -1030,7 +1032,7 @@ mod tests {
     fn tool_calls_are_declared_and_taken_once() {
         let m = ClaudePlugin.manifest();
         assert!(m.tool_calls);
-        assert_eq!(m.min_protocol(), "1.6.0");
+        assert_eq!(m.min_protocol(), "1.7.0");
         assert!(m.tool_results);
         let mut counter = ClaudePlugin
             .open_counter(&CounterRequest::new("message"))

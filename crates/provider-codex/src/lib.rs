@@ -124,7 +124,11 @@ impl ProviderPlugin for CodexPlugin {
                         selector: String::new(),
                         key: "openai_base_url".into(),
                         files: codex_config(),
-                    }),
+                    })
+                    // The built-in provider's key; a chosen provider names its own variable.
+                    .api_key_env("OPENAI_API_KEY")
+                    .api_key_env("CODEX_API_KEY")
+                    .api_key_env_key("model_providers.{}.env_key"),
             )
             .expects("JSONL events of `codex exec --json` (`thread.started`, `turn.started`, `item.completed`, …)")
             .preflight(PreflightRule::new(
@@ -1158,7 +1162,7 @@ mod tests {
     fn tool_calls_are_declared() {
         let m = CodexPlugin.manifest();
         assert!(m.tool_calls);
-        assert_eq!(m.min_protocol(), "1.6.0");
+        assert_eq!(m.min_protocol(), "1.7.0");
         assert!(m.tool_results);
     }
 

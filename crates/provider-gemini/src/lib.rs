@@ -66,11 +66,13 @@ impl ProviderPlugin for GeminiPlugin {
                 1,
             )
             .model_endpoint(
-                ModelEndpoint::new("gemini", "https://generativelanguage.googleapis.com").base_url(
-                    BaseUrlRule::Env {
+                ModelEndpoint::new("gemini", "https://generativelanguage.googleapis.com")
+                    .base_url(BaseUrlRule::Env {
                         name: "GOOGLE_GEMINI_BASE_URL".into(),
-                    },
-                ),
+                    })
+                    // Sent as `x-goog-api-key` (or `?key=`).
+                    .api_key_env("GEMINI_API_KEY")
+                    .api_key_env("GOOGLE_API_KEY"),
             )
             .expects("JSONL events of `gemini --output-format stream-json` (`init`, `message`, `tool_use`, `tool_result`, `result`)")
             .preflight(PreflightRule::new(
@@ -652,7 +654,7 @@ mod tests {
     fn tool_calls_are_declared() {
         let m = GeminiPlugin.manifest();
         assert!(m.tool_calls);
-        assert_eq!(m.min_protocol(), "1.6.0");
+        assert_eq!(m.min_protocol(), "1.7.0");
         assert!(m.tool_results);
     }
 

@@ -146,8 +146,13 @@ impl Parts {
             io,
             wrap_up,
         } = spec;
+        let shown = match &wrap_up {
+            Some(_) => command.iter().map(|a| launch::hide_urls(a)).collect(),
+            None => command.clone(),
+        };
         let labels = Labels {
             command,
+            shown,
             budget,
             budget_source,
             meta,
@@ -287,7 +292,7 @@ impl Run {
         for o in observers.iter_mut() {
             o.started(&RunStarted {
                 pid: self.agent.pgid,
-                command: &self.labels.command,
+                command: &self.labels.shown,
                 started_at: self.started_at,
                 budget: self.labels.budget,
                 budget_source: &self.labels.budget_source,

@@ -48,25 +48,62 @@ pub(crate) fn start_gateway(
     // Where the CLI would have gone is found first: the gateway forwards there.
     let probe =
         point_at(w, command, env, "http://127.0.0.1:1/probe").map_err(std::io::Error::other)?;
-    let gw = gateway(w, probe.upstream, pace, events)?;
+    // The variables that hold the CLI's real key: the gateway keeps them, the agent gets
+    // per-run keys in their place.
+    let held: Vec<(String, String)> = probe
+        .keys
+        .iter()
+        .filter_map(|name| {
+            let value = lookup(env, name).filter(|v| !v.trim().is_empty())?;
+            Some((name.clone(), value))
+        })
+        .collect();
+    let real = held.iter().map(|(_, v)| v.clone()).collect();
+    let gw = gateway(w, probe.upstream, real, pace, events)?;
     let pointing = point_at(w, command, env, gw.url()).map_err(std::io::Error::other)?;
     tracing::info!(
         gateway = %gw.addr(),
         upstream = %pointing.upstream,
         from = %pointing.upstream_source,
+        keys = held.len(),
         "model gateway started"
     );
     *command = pointing.command;
     let bypass = no_proxy_for_loopback(env);
     env.extend(pointing.env.into_iter().map(|(k, v)| (k.into(), v.into())));
     env.extend(bypass);
+    let per_run = held.into_iter().zip(gw.run_keys());
+    env.extend(per_run.map(|((name, _), key)| (name.into(), key.into())));
     Ok(gw)
+}
+
+/// `arg` with every `http://…` and `https://…` in it shown as `<hidden>`: where the upstream is
+/// stays out of what stepguard records of a run with the gateway.
+pub(crate) fn hide_urls(arg: &str) -> String {
+    let mut out = String::with_capacity(arg.len());
+    let mut rest = arg;
+    while let Some(at) = ["http://", "https://"]
+        .iter()
+        .filter_map(|scheme| rest.find(scheme))
+        .min()
+    {
+        out.push_str(&rest[..at]);
+        out.push_str("<hidden>");
+        let tail = &rest[at..];
+        let end = tail
+            .find(|c: char| c.is_whitespace() || "\"',}]".contains(c))
+            .unwrap_or(tail.len());
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// Starts a gateway forwarding to `upstream`; its events reach the engine's channel.
 fn gateway(
     w: &WrapUp,
     upstream: String,
+    api_keys: Vec<String>,
     pace: Pace,
     events: &Sender<Event>,
 ) -> std::io::Result<Gateway> {
@@ -84,6 +121,7 @@ fn gateway(
         }),
         connect_timeout: Duration::from_secs(10),
         body_memory: stepguard_gateway::DEFAULT_BODY_MEMORY,
+        api_keys,
     };
     Gateway::start(config).map_err(std::io::Error::other)
 }
@@ -296,4 +334,27 @@ pub(crate) fn listen_for_signals(events: Sender<Event>) -> Option<signal_hook::i
         })
         .ok()?;
     Some(handle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_hidden_wherever_they_are_in_an_argument() {
+        assert_eq!(
+            hide_urls(r#"model_providers.m={name="m", base_url="http://127.0.0.1:5/v1", x=1}"#),
+            r#"model_providers.m={name="m", base_url="<hidden>", x=1}"#
+        );
+        assert_eq!(
+            hide_urls("openai_base_url=https://llm.example/v1"),
+            "openai_base_url=<hidden>"
+        );
+        assert_eq!(
+            hide_urls("see http://a/b and 'https://c'"),
+            "see <hidden> and '<hidden>'"
+        );
+        assert_eq!(hide_urls("exec"), "exec");
+        assert_eq!(hide_urls(""), "");
+    }
 }

@@ -323,7 +323,7 @@ fn judged_stats(ending: &Ending, counted: &Counted, verdict: Verdict) -> RunStat
 fn set_process_fields(record: &mut RunRecord, spec: &Labels, ending: &Ending, exit: ExitCode) {
     record.step_budget.max_steps = spec.budget.get();
     record.step_budget.max_steps_source = Some(spec.budget_source.clone());
-    record.invocation.command = Some(spec.command.clone());
+    record.invocation.command = Some(spec.shown.clone());
     record.invocation.started_at = Some(rfc3339(ending.started_at));
     record.invocation.ended_at = Some(rfc3339(ending.started_at + ending.duration));
     let verdict = &mut record.verdict;

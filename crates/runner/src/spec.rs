@@ -457,6 +457,9 @@ impl LimitPolicy for StopAtLimit {
 /// What the report needs of the spec once the run is under way.
 pub(crate) struct Labels {
     pub command: Vec<String>,
+    /// The command as records and observers see it: with the model gateway, its URLs hidden
+    /// (the history database is readable by the agent's user).
+    pub shown: Vec<String>,
     pub budget: StepLimit,
     pub budget_source: String,
     pub meta: RunMeta,

@@ -74,6 +74,15 @@ pub enum GuardianEnd {
     Released,
     /// The supervisor is gone; every process of the run was stopped and its cgroup removed.
     Stopped,
+    /// The supervisor is gone and the run had no cgroup: the agent's group and descendants were
+    /// stopped, and the supervisor's own group when only the run was left in it, but processes
+    /// that left them were given to another parent when the supervisor died and cannot be found
+    /// (a PID hopper in a new session every generation): the end is not confirmed.
+    Unconfirmed {
+        /// Processes known to be the run's that could not be stopped: members of the
+        /// supervisor's group that started after the agent, when someone else shares the group.
+        pids: Vec<u32>,
+    },
     /// The supervisor is gone and not everything could be stopped within the bound: these
     /// processes are left (e.g. in uninterruptible sleep), and the cgroup, if it could not be
     /// removed.
@@ -93,19 +102,75 @@ pub fn guardian_main(args: &[OsString]) -> GuardianEnd {
     let [cgroup] = args else {
         return GuardianEnd::Released;
     };
+    // The supervisor's group, before leaving it: a process of the run may hide there.
+    let supervisor_group = rustix::process::getpgrp().as_raw_pid() as u32;
     // Out of the supervisor's session and group: killing those must not take the guardian.
     let _ = rustix::process::setsid();
     let cgroup = (cgroup != "-").then(|| PathBuf::from(cgroup));
-    match watch_supervisor() {
-        None => GuardianEnd::Released,
-        Some(pgid) => stop_everything(cgroup.as_deref(), pgid, Duration::from_secs(5)),
+    let agent = match watch_supervisor() {
+        None => return GuardianEnd::Released,
+        Some(agent) => agent,
+    };
+    match (cgroup, agent) {
+        (None, Some(agent)) => stop_walked(&agent, supervisor_group),
+        (cgroup, agent) => stop_everything(
+            cgroup.as_deref(),
+            agent.map(|a| a.pgid),
+            Duration::from_secs(5),
+        ),
     }
 }
 
-/// Reads the supervisor's pipe to its end: `None` when it said "done", else the agent's
-/// process group, when it was told.
-fn watch_supervisor() -> Option<Option<u32>> {
-    let mut pgid: Option<u32> = None;
+/// Stops a run without a cgroup whose supervisor is gone, with the supervisor's own stop
+/// ([`crate::Tree::stop`]) on the agent's tree as it is now: its group, its descendants, every
+/// group they made. The supervisor's group is the run's too when everyone left in it started
+/// after the agent (the supervisor led it, and a process of the run joined it: a PID hopper
+/// there keeps the group while its pid changes); with someone else in it, they are only named.
+fn stop_walked(agent: &Agent, supervisor_group: u32) -> GuardianEnd {
+    let mut tree = crate::Tree::orphaned(agent.pgid);
+    // Started in a later clock tick than the agent: of the run (the supervisor's group was
+    // made before the agent, and nothing but the run joins it after).
+    let of_run = |since: u64| crate::walk::group_members(supervisor_group, since + 1);
+    let late = match agent.started {
+        Some(since) if supervisor_group != agent.pgid => {
+            let (late, early) = of_run(since);
+            if early == 0 {
+                tree.adopt_group(supervisor_group);
+            }
+            late
+        }
+        _ => Vec::new(),
+    };
+    for id in &late {
+        kill(*id);
+    }
+    tree.stop(Signal::KILL, Duration::ZERO);
+    // A hopper's pid changes faster than `/proc` is read: looked for over a while.
+    let pids = match agent.started {
+        Some(since) if !late.is_empty() => (0..20)
+            .find_map(|_| {
+                let left = of_run(since).0;
+                std::thread::sleep(Duration::from_millis(10));
+                (!left.is_empty()).then_some(left)
+            })
+            .unwrap_or_default(),
+        _ => Vec::new(),
+    };
+    GuardianEnd::Unconfirmed { pids }
+}
+
+/// The agent as the supervisor told it: its process group, and when its leader started (clock
+/// ticks since boot, read when told).
+#[derive(Clone, Copy, Debug)]
+struct Agent {
+    pgid: u32,
+    started: Option<u64>,
+}
+
+/// Reads the supervisor's pipe to its end: `None` when it said "done", else the agent, when it
+/// was told.
+fn watch_supervisor() -> Option<Option<Agent>> {
+    let mut pgid: Option<Agent> = None;
     let mut message = Vec::new();
     let mut byte = [0u8; 1];
     loop {
@@ -116,7 +181,11 @@ fn watch_supervisor() -> Option<Option<u32>> {
                 if let Some(digits) = message.strip_prefix(&[GROUP]) {
                     pgid = std::str::from_utf8(digits)
                         .ok()
-                        .and_then(|d| d.parse().ok());
+                        .and_then(|d| d.parse().ok())
+                        .map(|pgid| Agent {
+                            pgid,
+                            started: crate::walk::start_time(pgid),
+                        });
                 }
                 message.clear();
             }

@@ -139,6 +139,12 @@ pub struct StopReport {
 #[derive(Debug)]
 pub struct Tree {
     pgid: u32,
+    /// Whose descendants are the run's: this process (their subreaper), or for a guardian whose
+    /// supervisor is gone, the agent.
+    root: u32,
+    /// Groups known to be the run's though their members are not descendants of `root` (a
+    /// guardian's finding): signalled as groups whoever else is in them.
+    adopted: HashSet<u32>,
     cgroup: Option<RunCgroup>,
     spared: Vec<u32>,
     /// Process groups the run's processes were seen in (the agent's, and every group or
@@ -153,10 +159,29 @@ impl Tree {
     pub fn new(pgid: u32, cgroup: Option<RunCgroup>) -> Self {
         Tree {
             pgid,
+            root: std::process::id(),
+            adopted: HashSet::new(),
             cgroup,
             spared: Vec::new(),
             groups: std::cell::RefCell::new(HashSet::from([pgid])),
         }
+    }
+
+    /// The tree of the agent leading `pgid` once its supervisor is gone, as a guardian sees it:
+    /// the agent's descendants and group (its orphans were given to someone else), and the
+    /// groups [`Tree::adopt_group`] adds.
+    pub(crate) fn orphaned(pgid: u32) -> Self {
+        Tree {
+            root: pgid,
+            ..Tree::new(pgid, None)
+        }
+    }
+
+    /// Counts `group` as the run's, to be signalled as a group until it is empty (the caller
+    /// knows that no one outside the run is in it).
+    pub(crate) fn adopt_group(&mut self, group: u32) {
+        self.adopted.insert(group);
+        self.groups.borrow_mut().insert(group);
     }
 
     /// Never signals `pid` (a helper of the supervisor's own, such as the guardian).
@@ -185,7 +210,7 @@ impl Tree {
 
     /// Walks `/proc` for the run's processes (spared ones left out, cgroup members added).
     fn scan(&self) -> walk::Scan {
-        let mut scan = walk::scan_all(std::process::id());
+        let mut scan = walk::scan_all(self.root);
         scan.descendants.retain(|p| !self.spared.contains(&p.pid));
         let own_group = rustix::process::getpgrp().as_raw_pid() as u32;
         self.groups
@@ -193,6 +218,7 @@ impl Tree {
             .extend(scan.groups.iter().filter(|g| {
                 **g != own_group && !scan.foreign_groups.contains(g) && !self.spared.contains(g)
             }));
+        scan.foreign_groups.retain(|g| !self.adopted.contains(g));
         let found = &mut scan.descendants;
         if let Some(cg) = &self.cgroup {
             for pid in cg.pids() {

@@ -162,6 +162,49 @@ fn children_lists() -> Option<Vec<u32>> {
     found.then_some(kids)
 }
 
+/// When `pid` started, in clock ticks since boot (`/proc/PID/stat` field 22).
+pub(crate) fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat[stat.rfind(')')? + 1..]
+        .split_whitespace()
+        .nth(19)?
+        .parse()
+        .ok()
+}
+
+/// The live members of process group `pgid` (this process left out), split into those that
+/// started at or after `since` (clock ticks since boot) and how many started before.
+pub(crate) fn group_members(pgid: u32, since: u64) -> (Vec<u32>, usize) {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return (Vec::new(), 0);
+    };
+    let me = std::process::id();
+    let (mut late, mut early) = (Vec::new(), 0);
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let Some((_, state, _, group)) = parse_stat(&stat) else {
+            continue;
+        };
+        if group != pgid || pid == me || !is_alive(pid, state) {
+            continue;
+        }
+        match start_time(pid) {
+            Some(t) if t >= since => late.push(pid),
+            _ => early += 1,
+        }
+    }
+    (late, early)
+}
+
 /// Returns the process group of `pid`, when it lives.
 pub(crate) fn pgid_of(pid: u32) -> Option<u32> {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -173,6 +216,24 @@ pub(crate) fn pgid_of(pid: u32) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn group_members_are_split_by_when_they_started() {
+        use std::os::unix::process::CommandExt as _;
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let started = start_time(pid).unwrap();
+        assert!(started >= start_time(std::process::id()).unwrap());
+        assert_eq!(group_members(pid, started), (vec![pid], 0));
+        assert_eq!(group_members(pid, started + 1), (Vec::new(), 1));
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(group_members(pid, 0), (Vec::new(), 0));
+    }
 
     #[test]
     fn stat_lines_with_odd_command_names() {

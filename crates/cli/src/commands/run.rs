@@ -138,7 +138,9 @@ fn spec(plan: RunPlan<'_>, status: &StatusLine) -> RunSpec {
             stdin: plan.stdin,
             output: status.passthrough(),
             stderr: status.agent_stderr(),
-            env: Vec::new(),
+            // What stepguard moved out of its own image goes to the agent (the gateway then
+            // replaces its keys and base URLs).
+            env: crate::reexec::moved(),
         })
         .wrap_up(plan.wrap_up)
         .build()

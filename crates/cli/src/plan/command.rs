@@ -228,7 +228,7 @@ fn wrap_up_spec(
         .into());
     }
     // Where the CLI would have gone must be known now, not after the agent started.
-    let env = |name: &str| std::env::var(name).ok();
+    let env = |name: &str| crate::reexec::var(name);
     let probe =
         stepguard_gateway::point(&endpoint, command, &env, cx.cwd, "http://127.0.0.1:1/probe")
             .map_err(|e| UsageError(format!("--wrap-up with provider {}: {e}", manifest.name)))?;
