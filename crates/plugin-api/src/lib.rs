@@ -136,7 +136,9 @@
 //! [`ToolCall`]: `id`, `program` (of a shell tool, [`ToolCall::shell`]) and `step` (stamped by
 //! the adapter with the steps begun up to the call's line, so that a loop's first step does not
 //! depend on how the stream was chunked). A plugin that reports no results keeps the rule of
-//! identical calls. New fields get
+//! identical calls. 1.7 counter request `tool_calls_unused` ([`CounterRequest::without_tool_calls`]:
+//! the host takes no tool calls or results, so a counter need not find them and the adapter
+//! keeps none; hosts before 1.7 leave it out, which means they are taken). New fields get
 //! `#[serde(default)]`, nothing uses `deny_unknown_fields`, and fields are never removed or
 //! retyped within a protocol major version, so an older host reads a newer plugin's payloads
 //! and ignores what it does not know.
@@ -226,7 +228,7 @@ pub const REPOSITORY: &str = env!("CARGO_PKG_REPOSITORY");
 
 /// The newest version of the JSON protocol this API crate speaks: what a host built with it
 /// accepts. A plugin declares the oldest it needs instead ([`Manifest::min_protocol`]).
-pub const PROTOCOL_VERSION: &str = "1.6.0";
+pub const PROTOCOL_VERSION: &str = "1.7.0";
 
 /// The name of the plain `extern "C" fn() -> u32` symbol carrying the ABI generation.
 pub const ABI_GENERATION_SYMBOL: &str = "stepguard_plugin_abi_generation";
