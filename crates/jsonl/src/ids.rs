@@ -113,9 +113,8 @@ impl<V, S: BuildHasher> IdMap<V, S> {
     fn find(&self, id: &[u8]) -> Option<&Slot<V>> {
         let hash = self.hasher.hash_one(id);
         let arena = &self.arena;
-        self.table.find(hash, |s| {
-            s.hash == hash && arena.get(s.start, s.len) == id
-        })
+        self.table
+            .find(hash, |s| s.hash == hash && arena.get(s.start, s.len) == id)
     }
 
     /// True when `id` is held.
@@ -225,8 +224,14 @@ impl<V, S: BuildHasher> IdMap<V, S> {
 /// assert!(seen.contains(b"toolu_1"));
 /// assert!(seen.remove(b"toolu_1") && seen.is_empty());
 /// ```
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct IdSet<S = FxBuildHasher>(IdMap<(), S>);
+
+impl<S> std::fmt::Debug for IdSet<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("IdSet").field(&self.0).finish()
+    }
+}
 
 impl IdSet {
     /// Creates an empty set.
