@@ -22,6 +22,9 @@ use anyhow::{Context as _, bail};
 
 use crate::{median, timed};
 
+/// `/usr/bin/time`, which gives a command's CPU time and peak memory exactly.
+const GNU_TIME: &str = "/usr/bin/time";
+
 /// The providers the generator writes streams of.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum Provider {
@@ -623,20 +626,64 @@ fn counted_steps(output: &str) -> anyhow::Result<u64> {
         .context("the record has no num_steps_computed")
 }
 
-/// One timed tool: name, median wall time, peak memory (KiB).
+/// One timed tool: name, median wall time, median CPU time (user + system, all its
+/// processes; `None` without `/usr/bin/time`), peak memory (KiB, its largest process).
 struct Timing {
     name: String,
     time: Duration,
+    cpu: Option<Duration>,
     peak_kib: u64,
+}
+
+/// One run of `shell`: wall time, CPU time, peak memory and what it printed. On a loaded
+/// machine the CPU time is the steadier figure: the wall time includes waiting for a core.
+fn measure(shell: &str) -> anyhow::Result<(Duration, Option<Duration>, u64, String)> {
+    if !Path::new(GNU_TIME).is_file() {
+        let (t, peak, out) = timed(shell)?;
+        return Ok((t, None, peak, out));
+    }
+    let report = std::env::temp_dir().join(format!("stepguard-bench-time-{}", std::process::id()));
+    let start = std::time::Instant::now();
+    let output = std::process::Command::new(GNU_TIME)
+        .args(["-f", "%U %S %M", "-o"])
+        .arg(&report)
+        .args(["sh", "-c", shell])
+        .stderr(std::process::Stdio::inherit())
+        .output()?;
+    let wall = start.elapsed();
+    let text = std::fs::read_to_string(&report)?;
+    let _ = std::fs::remove_file(&report);
+    if !output.status.success() {
+        bail!("`{shell}` failed: {}", output.status);
+    }
+    let mut fields = text
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(|f| f.parse::<f64>().unwrap_or(0.0));
+    let (user, system, peak) = (
+        fields.next().unwrap_or(0.0),
+        fields.next().unwrap_or(0.0),
+        fields.next().unwrap_or(0.0),
+    );
+    Ok((
+        wall,
+        Some(Duration::from_secs_f64(user + system)),
+        peak as u64,
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+    ))
 }
 
 fn time_runs(name: String, shell: &str, runs: usize) -> anyhow::Result<(Timing, String)> {
     let mut times = Vec::new();
+    let mut cpus = Vec::new();
     let mut peak = 0;
     let mut last = String::new();
     for _ in 0..runs.max(1) {
-        let (t, p, out) = timed(shell)?;
+        let (t, cpu, p, out) = measure(shell)?;
         times.push(t);
+        cpus.extend(cpu);
         peak = peak.max(p);
         last = out;
     }
@@ -644,6 +691,7 @@ fn time_runs(name: String, shell: &str, runs: usize) -> anyhow::Result<(Timing, 
         Timing {
             name,
             time: median(times),
+            cpu: (!cpus.is_empty()).then(|| median(cpus)),
             peak_kib: peak,
         },
         last,
@@ -756,31 +804,42 @@ pub(crate) fn count_bench(bench: &CountBench<'_>) -> anyhow::Result<()> {
 
 fn report(bytes: u64, timings: &[Timing]) {
     println!(
-        "{:<46} {:>8} {:>8} {:>10}",
-        "tool", "seconds", "MB/s", "peak MiB"
+        "{:<46} {:>8} {:>8} {:>8} {:>10}",
+        "tool", "wall s", "MB/s", "CPU s", "peak MiB"
     );
+    let cpu = |t: &Timing| t.cpu.map_or(f64::NAN, |c| c.as_secs_f64());
     for t in timings {
         println!(
-            "{:<46} {:>8.3} {:>8.0} {:>10.1}",
+            "{:<46} {:>8.3} {:>8.0} {:>8.3} {:>10.1}",
             t.name,
             t.time.as_secs_f64(),
             bytes as f64 / 1e6 / t.time.as_secs_f64(),
+            cpu(t),
             t.peak_kib as f64 / 1024.0
         );
     }
     let by_name = |prefix: &str| timings.iter().find(|t| t.name.starts_with(prefix));
     let Some(sg) = timings.first() else { return };
-    let sg = sg.time.as_secs_f64();
+    let ratio = |other: &Timing| {
+        format!(
+            "{:.1}x by wall time, {:.1}x by CPU time",
+            sg.time.as_secs_f64() / other.time.as_secs_f64(),
+            cpu(sg) / cpu(other)
+        )
+    };
+    for t in &timings[1..] {
+        if t.name.starts_with("stepguard") {
+            println!("{} vs {}: {}", sg.name, t.name, ratio(t));
+        }
+    }
     if let Some(wc) = by_name("wc -l") {
-        println!(
-            "stepguard count vs wc -l: {:.1}x the time",
-            sg / wc.time.as_secs_f64()
-        );
+        println!("stepguard count / wc -l: {}", ratio(wc));
     }
     if let Some(jq) = by_name("jq") {
         println!(
-            "stepguard count vs jq: {:.1}x faster",
-            jq.time.as_secs_f64() / sg
+            "jq / stepguard count: {:.1}x by wall time, {:.1}x by CPU time",
+            jq.time.as_secs_f64() / sg.time.as_secs_f64(),
+            cpu(jq) / cpu(sg)
         );
     }
 }
