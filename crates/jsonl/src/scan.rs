@@ -407,10 +407,48 @@ fn prefixed(rest: &[u8]) -> Framing {
     }
 }
 
+/// Keys a line's events have at most, in practice: up to this many are kept on the stack.
+const FEW_KEYS: usize = 16;
+
+/// The top-level keys of one line: on the stack for the usual few (no allocation per line),
+/// on the heap past [`FEW_KEYS`].
+#[derive(Default)]
+struct Keys<'a> {
+    few: [&'a [u8]; FEW_KEYS],
+    len: usize,
+    more: Vec<&'a [u8]>,
+}
+
+impl<'a> Keys<'a> {
+    fn push(&mut self, key: &'a [u8]) {
+        if self.len < FEW_KEYS {
+            self.few[self.len] = key;
+            self.len += 1;
+        } else {
+            if self.more.is_empty() {
+                self.more.extend_from_slice(&self.few);
+            }
+            self.more.push(key);
+        }
+    }
+
+    /// Whether a key repeats: sorted, so a line of many keys costs k log k, never k² (a
+    /// hostile agent could otherwise stall counting with one long line).
+    fn any_duplicate(&mut self) -> bool {
+        let keys = if self.more.is_empty() {
+            &mut self.few[..self.len]
+        } else {
+            &mut self.more[..]
+        };
+        keys.sort_unstable();
+        keys.windows(2).any(|w| w[0] == w[1])
+    }
+}
+
 /// Walks the top-level members of the object at `b[i] == '{'`: the index past its `}` and the
 /// first hostile key found; `None` when it is not well-formed.
 fn top_level_keys(b: &[u8], i: usize) -> Option<(usize, Option<HostileFraming>)> {
-    let mut keys: Vec<&[u8]> = Vec::new();
+    let mut keys = Keys::default();
     let mut hostile = None;
     let mut i = skip_ws(b, i + 1);
     if b.get(i) == Some(&b'}') {
@@ -435,10 +473,7 @@ fn top_level_keys(b: &[u8], i: usize) -> Option<(usize, Option<HostileFraming>)>
         match b.get(i) {
             Some(b',') => i = skip_ws(b, i + 1),
             Some(b'}') => {
-                // Sorted, so a line of many keys costs k log k, never k² (a hostile agent
-                // could otherwise stall counting with one long line).
-                keys.sort_unstable();
-                if keys.windows(2).any(|w| w[0] == w[1]) {
+                if keys.any_duplicate() {
                     hostile.get_or_insert(HostileFraming::DuplicateKey);
                 }
                 return Some((i + 1, hostile));
@@ -477,6 +512,26 @@ mod tests {
             framing(br#"{"type":"x","type":"item.started"}"#),
             Hostile(DuplicateKey)
         );
+        // Duplicates are found however many keys a line has (on the stack up to 16, past
+        // that on the heap), wherever the two copies are.
+        for n in [2, 15, 16, 17, 40] {
+            let keys: Vec<String> = (0..n).map(|k| format!("\"k{k}\":{k}")).collect();
+            let plain = format!("{{{}}}", keys.join(","));
+            assert_eq!(framing(plain.as_bytes()), Plain, "{n} keys");
+            for (a, b) in [(0, n - 1), (n - 1, 0), (n / 2, n - 1)] {
+                let mut dup = keys.clone();
+                dup[b] = dup[a].clone();
+                if a == b {
+                    continue;
+                }
+                let line = format!("{{{}}}", dup.join(","));
+                assert_eq!(
+                    framing(line.as_bytes()),
+                    Hostile(DuplicateKey),
+                    "{n}: {a}={b}"
+                );
+            }
+        }
         assert_eq!(framing(b"\xEF\xBB\xBF{\"a\":1}"), Hostile(Prefixed));
         assert_eq!(framing(b"\0{\"a\":1}"), Hostile(Prefixed));
         assert_eq!(
