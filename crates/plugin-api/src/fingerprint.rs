@@ -9,17 +9,52 @@ use std::sync::LazyLock;
 
 use regex::Regex;
 
-/// The 64-bit FNV-1a hash of `parts` joined by zero bytes, as 16 hex digits.
-pub(crate) fn fnv(parts: &[&[u8]]) -> String {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for (i, part) in parts.iter().enumerate() {
-        let separator: &[u8] = if i == 0 { &[] } else { &[0] };
-        for byte in separator.iter().chain(part.iter()) {
-            hash ^= u64::from(*byte);
-            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+/// 64-bit FNV-1a, fed piece by piece.
+struct Fnv(u64);
+
+impl Fnv {
+    fn new() -> Self {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for byte in bytes {
+            self.0 ^= u64::from(*byte);
+            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
         }
     }
-    format!("{hash:016x}")
+
+    fn hex(&self) -> String {
+        format!("{:016x}", self.0)
+    }
+}
+
+/// The 64-bit FNV-1a hash of `parts` joined by zero bytes, as 16 hex digits.
+pub(crate) fn fnv(parts: &[&[u8]]) -> String {
+    let mut hash = Fnv::new();
+    for (i, part) in parts.iter().enumerate() {
+        if i > 0 {
+            hash.write(&[0]);
+        }
+        hash.write(part);
+    }
+    hash.hex()
+}
+
+/// `fnv(&[status, normalise_output(output).as_bytes()])`, without building the normalised
+/// text: its words are hashed as they are found (a tool result's output can be long).
+pub(crate) fn output_fingerprint(status: &[u8], output: &str) -> String {
+    let mut hash = Fnv::new();
+    hash.write(status);
+    hash.write(&[0]);
+    let text = without_volatile(output);
+    for (i, word) in text.split_whitespace().enumerate() {
+        if i > 0 {
+            hash.write(b" ");
+        }
+        hash.write(word.as_bytes());
+    }
+    hash.hex()
 }
 
 /// Returns a shell command's words with comments, quoting and spacing gone and leading
@@ -134,20 +169,28 @@ static VOLATILE: LazyLock<[(Regex, &'static str); 5]> = LazyLock::new(|| {
 /// assert_ne!(normalise_output(a), normalise_output("FAILED 2 passed; 0 failed; finished in 1s"));
 /// ```
 pub fn normalise_output(text: &str) -> String {
+    without_volatile(text)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// `text` with the [`VOLATILE`] parts replaced, borrowed when it has none.
+fn without_volatile(text: &str) -> std::borrow::Cow<'_, str> {
+    let mut text = std::borrow::Cow::Borrowed(text);
     // Most outputs have no escape, digit or temporary path: no pattern can match them.
     let volatile = text
         .bytes()
         .any(|b| b == 0x1b || b.is_ascii_digit() || b == b'/');
     if !volatile {
-        return text.split_whitespace().collect::<Vec<_>>().join(" ");
+        return text;
     }
-    let mut text = std::borrow::Cow::Borrowed(text);
     for (pattern, replacement) in VOLATILE.iter() {
         if let std::borrow::Cow::Owned(changed) = pattern.replace_all(&text, *replacement) {
             text = std::borrow::Cow::Owned(changed);
         }
     }
-    text.split_whitespace().collect::<Vec<_>>().join(" ")
+    text
 }
 
 /// Returns the text of a tool's output as providers send it: a string as it is; a list of
@@ -222,6 +265,26 @@ mod tests {
             ("FOO=1", None),
         ] {
             assert_eq!(program_of(command).as_deref(), program, "{command}");
+        }
+    }
+
+    #[test]
+    fn the_output_fingerprint_is_the_hash_of_the_normalised_output() {
+        for output in [
+            "",
+            "   ",
+            "ok",
+            "  a\t b\n\nc  ",
+            "\x1b[1;31merror\x1b[0m: x finished in 0.42s at 2026-11-25T12:00:01Z",
+            "wrote /tmp/tmp.AbC123 pid 4242\n  done",
+        ] {
+            for status in [&b"ok"[..], b"failed"] {
+                assert_eq!(
+                    output_fingerprint(status, output),
+                    fnv(&[status, normalise_output(output).as_bytes()]),
+                    "{output:?}"
+                );
+            }
         }
     }
 

@@ -991,7 +991,8 @@ mod tests {
             (CounterRequest::new("line").without_tool_calls(), 0),
         ] {
             let json = serde_json::to_string(&request).unwrap();
-            let RResult::ROk(mut counter) = ProviderAdapter(Steps).open_counter(json.as_str().into())
+            let RResult::ROk(mut counter) =
+                ProviderAdapter(Steps).open_counter(json.as_str().into())
             else {
                 panic!("open_counter failed")
             };

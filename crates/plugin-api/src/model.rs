@@ -1222,10 +1222,9 @@ impl ToolResult {
     /// ```
     pub fn new(call_id: impl Into<String>, output: &str, failed: bool) -> Self {
         let status: &[u8] = if failed { b"failed" } else { b"ok" };
-        let text = crate::fingerprint::normalise_output(output);
         ToolResult {
             call_id: call_id.into(),
-            fingerprint: crate::fingerprint::fnv(&[status, text.as_bytes()]),
+            fingerprint: crate::fingerprint::output_fingerprint(status, output),
             failed,
         }
     }
