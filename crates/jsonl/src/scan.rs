@@ -122,6 +122,21 @@ fn skip_ws(b: &[u8], mut i: usize) -> usize {
     i
 }
 
+/// The index of the first `"` or `\\` among eight bytes, or 8 when there is none (SWAR: each
+/// byte compared at once in a `u64`; the lowest flagged byte is exact).
+#[inline]
+fn quote_or_backslash(eight: &[u8]) -> usize {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    let zero_bytes = |v: u64| v.wrapping_sub(ONES) & !v & HIGHS;
+    let mut word = [0u8; 8];
+    word.copy_from_slice(eight);
+    let v = u64::from_le_bytes(word);
+    let flagged =
+        zero_bytes(v ^ (ONES * u64::from(b'"'))) | zero_bytes(v ^ (ONES * u64::from(b'\\')));
+    (flagged.trailing_zeros() / 8) as usize
+}
+
 /// Returns the index just past the string starting at `b[i] == '"'`.
 #[inline]
 fn skip_string(b: &[u8], i: usize) -> Option<usize> {
@@ -129,8 +144,17 @@ fn skip_string(b: &[u8], i: usize) -> Option<usize> {
     let mut j = start;
     // Most strings in agent streams are short: a scalar look at the first bytes beats setting up
     // a vectorised search.
+    // Eight bytes at a time, with no quote or backslash among them, are passed at once.
     let short_end = (start + 32).min(b.len());
     while j < short_end {
+        if let Some(eight) = b.get(j..j + 8) {
+            let found = quote_or_backslash(eight);
+            if found == 8 {
+                j += 8;
+                continue;
+            }
+            j += found;
+        }
         match b[j] {
             b'"' => return Some(j + 1),
             b'\\' => j += 2,
@@ -558,6 +582,48 @@ mod tests {
         assert_eq!(b.unwrap().as_bool(), Some(true));
         assert!(z.unwrap().is_null());
         assert!(missing.is_none());
+    }
+
+    #[test]
+    fn the_eight_byte_search_finds_the_first_quote_or_backslash() {
+        for (bytes, at) in [
+            (&b"abcdefgh"[..], 8),
+            (b"\"bcdefgh", 0),
+            (b"abcdefg\\", 7),
+            (b"ab\\de\"gh", 2),
+            (b"\xff\x80\x22\x5c\x00\x01\x7f\x22", 2),
+            (b"\x21\x23\x5b\x5d\x02\x00\x00\x5c", 7),
+        ] {
+            assert_eq!(quote_or_backslash(bytes), at, "{bytes:?}");
+        }
+    }
+
+    /// The end of the string at `b[0] == '"'`, read byte by byte.
+    fn skip_string_bytewise(b: &[u8]) -> Option<usize> {
+        let mut j = 1;
+        while j < b.len() {
+            match b[j] {
+                b'"' => return Some(j + 1),
+                b'\\' => j += 2,
+                _ => j += 1,
+            }
+        }
+        None
+    }
+
+    proptest! {
+        /// Strings of quotes, backslashes and other bytes end where a byte-by-byte reading
+        /// says, whichever path (eight bytes at a time, scalar, memchr) finds the end.
+        #[test]
+        fn strings_end_where_a_bytewise_reading_says(
+            body in prop::collection::vec(
+                prop_oneof![12 => Just(b'x'), 1 => Just(b'"'), 2 => Just(b'\\'), 1 => Just(0xC3u8)],
+                0..120,
+            ),
+        ) {
+            let b = [&b"\""[..], &body].concat();
+            prop_assert_eq!(skip_string(&b, 0), skip_string_bytewise(&b));
+        }
     }
 
     #[test]
