@@ -1,5 +1,8 @@
 //! Benchmarks of stepguard, run by hand (never in tests): `cargo run --release -p stepguard-bench -- --help`.
 //!
+//! * `corpus`: a realistic corpus of agent streams per provider (ids unique per stream as the
+//!   CLIs print them, seeded, its step count known by construction), and `count-corpus`:
+//!   `stepguard count` on it, checked against that count, side by side with `wc -l` and jq;
 //! * `count`: `stepguard count` throughput on a ≥ 1 GiB corpus built from the Codex fixtures,
 //!   side by side with `jq -c 'select(.type=="item.completed")' | wc -l` and `wc -l`, with peak
 //!   memory;
@@ -31,6 +34,7 @@ use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
 use stepguard_plugin_api::{CounterRequest, ProviderPlugin};
 
+mod corpus;
 mod gateway;
 mod history;
 mod ledger;
@@ -47,6 +51,48 @@ struct Args {
 
 #[derive(Subcommand)]
 enum Bench {
+    /// Writes a realistic corpus of agent streams (many streams one after another, seeded)
+    /// and prints the steps it holds by construction.
+    Corpus {
+        /// The provider whose streams to write.
+        #[arg(short, long, value_enum)]
+        provider: corpus::Provider,
+        /// At least this much (whole streams): e.g. 512MiB, 1GiB.
+        #[arg(long, default_value = "512MiB", value_parser = corpus::parse_size)]
+        size: u64,
+        /// The seed: the same seed writes the same bytes.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// The file to write.
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// `stepguard count` on a generated corpus per provider, checked against the steps it was
+    /// built with, against `wc -l` and the jq one-liner, with peak memory.
+    CountCorpus {
+        /// Providers to measure (default: all four; opencode needs its plugin built next to
+        /// the stepguard binary).
+        #[arg(short, long, value_enum)]
+        provider: Vec<corpus::Provider>,
+        /// Corpus size per provider.
+        #[arg(long, default_value = "512MiB", value_parser = corpus::parse_size)]
+        size: u64,
+        /// The corpus seed.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Timed runs of stepguard and wc (the median is reported; jq runs once).
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// The stepguard binary (build it with `cargo build --release -p stepguard-cli`).
+        #[arg(long, default_value = "target/release/stepguard")]
+        stepguard: PathBuf,
+        /// Where the corpora are written (about `--size` each).
+        #[arg(long, default_value = "target/bench")]
+        dir: PathBuf,
+        /// Skip jq.
+        #[arg(long)]
+        no_jq: bool,
+    },
     /// Count throughput against jq and wc -l on a corpus built from the fixtures.
     Count {
         /// Corpus size in MiB.
@@ -169,6 +215,48 @@ enum Bench {
 
 fn main() -> anyhow::Result<()> {
     match Args::parse().bench {
+        Bench::Corpus {
+            provider,
+            size,
+            seed,
+            out,
+        } => {
+            let expected = corpus::generate(provider, size, seed, &out)?;
+            println!(
+                "{}: {} bytes, {} streams, {} lines, {} steps",
+                out.display(),
+                expected.bytes,
+                expected.streams,
+                expected.lines,
+                expected.steps
+            );
+            Ok(())
+        }
+        Bench::CountCorpus {
+            provider,
+            size,
+            seed,
+            runs,
+            stepguard,
+            dir,
+            no_jq,
+        } => {
+            use clap::ValueEnum as _;
+            let providers = if provider.is_empty() {
+                corpus::Provider::value_variants().to_vec()
+            } else {
+                provider
+            };
+            corpus::count_bench(&corpus::CountBench {
+                providers: &providers,
+                size,
+                seed,
+                runs,
+                stepguard: &stepguard,
+                dir: &dir,
+                no_jq,
+            })
+        }
         Bench::Count {
             size_mib,
             runs,

@@ -104,7 +104,12 @@ impl<'s> RunPlan<'s> {
         let selection = provider(session, &args.provider, args.unit.as_deref())?;
         let manifest = selection.provider.manifest();
         preflight(args, manifest, session)?;
-        let counter = selection.provider.open_counter(&selection.request)?;
+        let mut request = selection.request.clone();
+        if loop_settings(manifest, &limits.loops).is_none() {
+            // Nothing takes the tool calls: the counter need not find them, nothing keeps them.
+            request = request.without_tool_calls();
+        }
+        let counter = selection.provider.open_counter(&request)?;
         let repository = crate::repository::of(cwd);
         let pools = admit_pools(
             args,

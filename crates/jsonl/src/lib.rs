@@ -10,6 +10,8 @@
 //!   values of the keys asked for (the last one wins for duplicate keys, like `serde_json::Value`),
 //!   skipping everything else with `memchr`. Text inside strings can never be mistaken for a key,
 //!   because JSON escapes every quote inside a string;
+//! * [`IdSet`] and [`IdMap`]: the ids a counter deduplicates by, interned in one arena with a
+//!   fixed-size slot each (no allocation per id), memory following the ids held;
 //! * [`framing`]: tells a line framed to hide events (packed, `\r`-split, BOM/NUL-prefixed,
 //!   escaped or duplicate top-level keys) from one JSON object per line.
 //!
@@ -22,8 +24,10 @@
 //! ```
 #![forbid(unsafe_code)]
 
+mod ids;
 mod scan;
 mod split;
 
+pub use ids::{IdMap, IdSet};
 pub use scan::{Framing, HostileFraming, RawValue, framing, scan, scan_prefix};
 pub use split::{LineSplitter, MAX_LINE_BYTES, SplitChunk, SplitLine};

@@ -122,6 +122,21 @@ fn skip_ws(b: &[u8], mut i: usize) -> usize {
     i
 }
 
+/// The index of the first `"` or `\\` among eight bytes, or 8 when there is none (SWAR: each
+/// byte compared at once in a `u64`; the lowest flagged byte is exact).
+#[inline]
+fn quote_or_backslash(eight: &[u8]) -> usize {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    let zero_bytes = |v: u64| v.wrapping_sub(ONES) & !v & HIGHS;
+    let mut word = [0u8; 8];
+    word.copy_from_slice(eight);
+    let v = u64::from_le_bytes(word);
+    let flagged =
+        zero_bytes(v ^ (ONES * u64::from(b'"'))) | zero_bytes(v ^ (ONES * u64::from(b'\\')));
+    (flagged.trailing_zeros() / 8) as usize
+}
+
 /// Returns the index just past the string starting at `b[i] == '"'`.
 #[inline]
 fn skip_string(b: &[u8], i: usize) -> Option<usize> {
@@ -129,8 +144,17 @@ fn skip_string(b: &[u8], i: usize) -> Option<usize> {
     let mut j = start;
     // Most strings in agent streams are short: a scalar look at the first bytes beats setting up
     // a vectorised search.
+    // Eight bytes at a time, with no quote or backslash among them, are passed at once.
     let short_end = (start + 32).min(b.len());
     while j < short_end {
+        if let Some(eight) = b.get(j..j + 8) {
+            let found = quote_or_backslash(eight);
+            if found == 8 {
+                j += 8;
+                continue;
+            }
+            j += found;
+        }
         match b[j] {
             b'"' => return Some(j + 1),
             b'\\' => j += 2,
@@ -407,10 +431,48 @@ fn prefixed(rest: &[u8]) -> Framing {
     }
 }
 
+/// Keys a line's events have at most, in practice: up to this many are kept on the stack.
+const FEW_KEYS: usize = 16;
+
+/// The top-level keys of one line: on the stack for the usual few (no allocation per line),
+/// on the heap past [`FEW_KEYS`].
+#[derive(Default)]
+struct Keys<'a> {
+    few: [&'a [u8]; FEW_KEYS],
+    len: usize,
+    more: Vec<&'a [u8]>,
+}
+
+impl<'a> Keys<'a> {
+    fn push(&mut self, key: &'a [u8]) {
+        if self.len < FEW_KEYS {
+            self.few[self.len] = key;
+            self.len += 1;
+        } else {
+            if self.more.is_empty() {
+                self.more.extend_from_slice(&self.few);
+            }
+            self.more.push(key);
+        }
+    }
+
+    /// Whether a key repeats: sorted, so a line of many keys costs k log k, never k² (a
+    /// hostile agent could otherwise stall counting with one long line).
+    fn any_duplicate(&mut self) -> bool {
+        let keys = if self.more.is_empty() {
+            &mut self.few[..self.len]
+        } else {
+            &mut self.more[..]
+        };
+        keys.sort_unstable();
+        keys.windows(2).any(|w| w[0] == w[1])
+    }
+}
+
 /// Walks the top-level members of the object at `b[i] == '{'`: the index past its `}` and the
 /// first hostile key found; `None` when it is not well-formed.
 fn top_level_keys(b: &[u8], i: usize) -> Option<(usize, Option<HostileFraming>)> {
-    let mut keys: Vec<&[u8]> = Vec::new();
+    let mut keys = Keys::default();
     let mut hostile = None;
     let mut i = skip_ws(b, i + 1);
     if b.get(i) == Some(&b'}') {
@@ -435,10 +497,7 @@ fn top_level_keys(b: &[u8], i: usize) -> Option<(usize, Option<HostileFraming>)>
         match b.get(i) {
             Some(b',') => i = skip_ws(b, i + 1),
             Some(b'}') => {
-                // Sorted, so a line of many keys costs k log k, never k² (a hostile agent
-                // could otherwise stall counting with one long line).
-                keys.sort_unstable();
-                if keys.windows(2).any(|w| w[0] == w[1]) {
+                if keys.any_duplicate() {
                     hostile.get_or_insert(HostileFraming::DuplicateKey);
                 }
                 return Some((i + 1, hostile));
@@ -477,6 +536,26 @@ mod tests {
             framing(br#"{"type":"x","type":"item.started"}"#),
             Hostile(DuplicateKey)
         );
+        // Duplicates are found however many keys a line has (on the stack up to 16, past
+        // that on the heap), wherever the two copies are.
+        for n in [2, 15, 16, 17, 40] {
+            let keys: Vec<String> = (0..n).map(|k| format!("\"k{k}\":{k}")).collect();
+            let plain = format!("{{{}}}", keys.join(","));
+            assert_eq!(framing(plain.as_bytes()), Plain, "{n} keys");
+            for (a, b) in [(0, n - 1), (n - 1, 0), (n / 2, n - 1)] {
+                let mut dup = keys.clone();
+                dup[b] = dup[a].clone();
+                if a == b {
+                    continue;
+                }
+                let line = format!("{{{}}}", dup.join(","));
+                assert_eq!(
+                    framing(line.as_bytes()),
+                    Hostile(DuplicateKey),
+                    "{n}: {a}={b}"
+                );
+            }
+        }
         assert_eq!(framing(b"\xEF\xBB\xBF{\"a\":1}"), Hostile(Prefixed));
         assert_eq!(framing(b"\0{\"a\":1}"), Hostile(Prefixed));
         assert_eq!(
@@ -503,6 +582,48 @@ mod tests {
         assert_eq!(b.unwrap().as_bool(), Some(true));
         assert!(z.unwrap().is_null());
         assert!(missing.is_none());
+    }
+
+    #[test]
+    fn the_eight_byte_search_finds_the_first_quote_or_backslash() {
+        for (bytes, at) in [
+            (&b"abcdefgh"[..], 8),
+            (b"\"bcdefgh", 0),
+            (b"abcdefg\\", 7),
+            (b"ab\\de\"gh", 2),
+            (b"\xff\x80\x22\x5c\x00\x01\x7f\x22", 2),
+            (b"\x21\x23\x5b\x5d\x02\x00\x00\x5c", 7),
+        ] {
+            assert_eq!(quote_or_backslash(bytes), at, "{bytes:?}");
+        }
+    }
+
+    /// The end of the string at `b[0] == '"'`, read byte by byte.
+    fn skip_string_bytewise(b: &[u8]) -> Option<usize> {
+        let mut j = 1;
+        while j < b.len() {
+            match b[j] {
+                b'"' => return Some(j + 1),
+                b'\\' => j += 2,
+                _ => j += 1,
+            }
+        }
+        None
+    }
+
+    proptest! {
+        /// Strings of quotes, backslashes and other bytes end where a byte-by-byte reading
+        /// says, whichever path (eight bytes at a time, scalar, memchr) finds the end.
+        #[test]
+        fn strings_end_where_a_bytewise_reading_says(
+            body in prop::collection::vec(
+                prop_oneof![12 => Just(b'x'), 1 => Just(b'"'), 2 => Just(b'\\'), 1 => Just(0xC3u8)],
+                0..120,
+            ),
+        ) {
+            let b = [&b"\""[..], &body].concat();
+            prop_assert_eq!(skip_string(&b, 0), skip_string_bytewise(&b));
+        }
     }
 
     #[test]

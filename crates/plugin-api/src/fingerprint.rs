@@ -9,17 +9,74 @@ use std::sync::LazyLock;
 
 use regex::Regex;
 
-/// The 64-bit FNV-1a hash of `parts` joined by zero bytes, as 16 hex digits.
-pub(crate) fn fnv(parts: &[&[u8]]) -> String {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for (i, part) in parts.iter().enumerate() {
-        let separator: &[u8] = if i == 0 { &[] } else { &[0] };
-        for byte in separator.iter().chain(part.iter()) {
-            hash ^= u64::from(*byte);
-            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+/// 64-bit FNV-1a, fed piece by piece.
+struct Fnv(u64);
+
+impl Fnv {
+    fn new() -> Self {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for byte in bytes {
+            self.byte(*byte);
         }
     }
-    format!("{hash:016x}")
+
+    #[inline]
+    fn byte(&mut self, byte: u8) {
+        self.0 ^= u64::from(byte);
+        self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+
+    fn hex(&self) -> String {
+        format!("{:016x}", self.0)
+    }
+}
+
+/// The 64-bit FNV-1a hash of `parts` joined by zero bytes, as 16 hex digits.
+pub(crate) fn fnv(parts: &[&[u8]]) -> String {
+    let mut hash = Fnv::new();
+    for (i, part) in parts.iter().enumerate() {
+        if i > 0 {
+            hash.write(&[0]);
+        }
+        hash.write(part);
+    }
+    hash.hex()
+}
+
+/// `fnv(&[status, normalise_output(output).as_bytes()])`, without building the normalised
+/// text: its words are hashed as they are found (a tool result's output can be long).
+pub(crate) fn output_fingerprint(status: &[u8], output: &str) -> String {
+    let mut hash = Fnv::new();
+    hash.write(status);
+    hash.write(&[0]);
+    let text = without_volatile(output);
+    if text.is_ascii() {
+        // Byte by byte: ASCII's whitespace is `char::is_whitespace`'s there.
+        let (mut words, mut gap) = (false, false);
+        for &c in text.as_bytes() {
+            if matches!(c, b' ' | b'\t' | b'\n' | 0x0B | 0x0C | b'\r') {
+                gap = words;
+            } else {
+                if gap {
+                    hash.byte(b' ');
+                    gap = false;
+                }
+                hash.byte(c);
+                words = true;
+            }
+        }
+        return hash.hex();
+    }
+    for (i, word) in text.split_whitespace().enumerate() {
+        if i > 0 {
+            hash.write(b" ");
+        }
+        hash.write(word.as_bytes());
+    }
+    hash.hex()
 }
 
 /// Returns a shell command's words with comments, quoting and spacing gone and leading
@@ -98,25 +155,31 @@ fn is_assignment(word: &str) -> bool {
 
 /// What makes two runs of the same command print different text though nothing changed:
 /// ANSI escapes, timestamps, durations, process ids and temporary paths.
-static VOLATILE: LazyLock<[(Regex, &'static str); 5]> = LazyLock::new(|| {
+/// Each with a byte every match of it holds, when there is one: a text without that byte is not
+/// searched (most outputs have no escape; many have no date or clock time).
+static VOLATILE: LazyLock<[(Regex, &'static str, Option<u8>); 5]> = LazyLock::new(|| {
     let re = |pattern: &str| Regex::new(pattern).expect("a valid built-in pattern");
     [
         (
             re(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(\x07|\x1b\\)"),
             "",
+            Some(0x1b),
         ),
         (
             re(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?(Z|[+-]\d{2}:?\d{2})?"),
             "<time>",
+            Some(b'-'),
         ),
-        (re(r"\b\d{1,2}:\d{2}:\d{2}(\.\d+)?\b"), "<time>"),
+        (re(r"\b\d{1,2}:\d{2}:\d{2}(\.\d+)?\b"), "<time>", Some(b':')),
         (
             re(r"(?i)\b\d+(\.\d+)?\s?(ns|µs|us|ms|s|sec|secs|seconds?|m|min|mins|minutes?|h)\b"),
             "<duration>",
+            None,
         ),
         (
             re(r"(?i)\b(pid|process)\s*[:=]?\s*\d+|/tmp/[A-Za-z0-9._-]+|0x[0-9a-f]{6,}"),
             "<id>",
+            None,
         ),
     ]
 });
@@ -134,20 +197,31 @@ static VOLATILE: LazyLock<[(Regex, &'static str); 5]> = LazyLock::new(|| {
 /// assert_ne!(normalise_output(a), normalise_output("FAILED 2 passed; 0 failed; finished in 1s"));
 /// ```
 pub fn normalise_output(text: &str) -> String {
+    without_volatile(text)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// `text` with the [`VOLATILE`] parts replaced, borrowed when it has none.
+fn without_volatile(text: &str) -> std::borrow::Cow<'_, str> {
+    let mut text = std::borrow::Cow::Borrowed(text);
     // Most outputs have no escape, digit or temporary path: no pattern can match them.
     let volatile = text
         .bytes()
         .any(|b| b == 0x1b || b.is_ascii_digit() || b == b'/');
     if !volatile {
-        return text.split_whitespace().collect::<Vec<_>>().join(" ");
+        return text;
     }
-    let mut text = std::borrow::Cow::Borrowed(text);
-    for (pattern, replacement) in VOLATILE.iter() {
+    for (pattern, replacement, needs) in VOLATILE.iter() {
+        if needs.is_some_and(|byte| memchr::memchr(byte, text.as_bytes()).is_none()) {
+            continue;
+        }
         if let std::borrow::Cow::Owned(changed) = pattern.replace_all(&text, *replacement) {
             text = std::borrow::Cow::Owned(changed);
         }
     }
-    text.split_whitespace().collect::<Vec<_>>().join(" ")
+    text
 }
 
 /// Returns the text of a tool's output as providers send it: a string as it is; a list of
@@ -222,6 +296,29 @@ mod tests {
             ("FOO=1", None),
         ] {
             assert_eq!(program_of(command).as_deref(), program, "{command}");
+        }
+    }
+
+    #[test]
+    fn the_output_fingerprint_is_the_hash_of_the_normalised_output() {
+        for output in [
+            "",
+            "   ",
+            "ok",
+            "  a\t b\n\nc  ",
+            "\x1b[1;31merror\x1b[0m: x finished in 0.42s at 2026-11-25T12:00:01Z",
+            "wrote /tmp/tmp.AbC123 pid 4242\n  done",
+            "a\x0bb\x0cc\r\nd \t",
+            "caf\u{e9}\u{2003}au\u{85}lait  ",
+            "no digits: a-b c:d",
+        ] {
+            for status in [&b"ok"[..], b"failed"] {
+                assert_eq!(
+                    output_fingerprint(status, output),
+                    fnv(&[status, normalise_output(output).as_bytes()]),
+                    "{output:?}"
+                );
+            }
         }
     }
 

@@ -189,10 +189,9 @@ impl<P: ProviderPlugin> ProviderObj for ProviderAdapter<P> {
             request.options = declared_options(&manifest, std::mem::take(&mut request.options))?;
             self.0.validate_options(&request.options)?;
             let counter = self.0.open_counter(&request)?;
-            Ok(CounterObj_TO::from_value(
-                CounterAdapter::new(counter),
-                TD_Opaque,
-            ))
+            let mut adapter = CounterAdapter::new(counter);
+            adapter.discard_calls = request.tool_calls_unused;
+            Ok(CounterObj_TO::from_value(adapter, TD_Opaque))
         })
     }
 }
@@ -206,12 +205,16 @@ struct CounterAdapter {
     calls: Vec<crate::model::ToolCall>,
     /// Tool results taken from the counter line by line, not yet taken by the host.
     results: Vec<crate::model::ToolResult>,
+    /// The host takes no tool calls or results ([`CounterRequest::tool_calls_unused`]): the
+    /// counter's are dropped as they come, so that none pile up.
+    discard_calls: bool,
 }
 
 /// The adapter's view of one line fed: takes the line's tool calls (stamped with the step
 /// they were made in) and results at once, so that the host learns each call's step however
 /// many lines a chunk held.
 struct LineTaker<'a> {
+    discard_calls: bool,
     steps_begun: &'a mut u64,
     calls: &'a mut Vec<crate::model::ToolCall>,
     results: &'a mut Vec<crate::model::ToolResult>,
@@ -222,6 +225,15 @@ impl LineTaker<'_> {
         *self.steps_begun = self
             .steps_begun
             .saturating_add(u64::from(report.steps_begun));
+        if self.discard_calls {
+            if report.has(LineReport::TOOL_CALL) {
+                drop(counter.take_tool_calls());
+            }
+            if report.has(LineReport::TOOL_RESULT) {
+                drop(counter.take_tool_results());
+            }
+            return;
+        }
         if report.has(LineReport::TOOL_CALL) {
             let step = *self.steps_begun;
             self.calls
@@ -244,6 +256,7 @@ impl CounterAdapter {
             steps_begun: 0,
             calls: Vec::new(),
             results: Vec::new(),
+            discard_calls: false,
         }
     }
 
@@ -273,6 +286,7 @@ impl CounterAdapter {
             return RResult::RErr(RString::from("counter unusable after an earlier panic"));
         }
         let mut taker = LineTaker {
+            discard_calls: self.discard_calls,
             steps_begun: &mut self.steps_begun,
             calls: &mut self.calls,
             results: &mut self.results,
@@ -949,6 +963,57 @@ mod tests {
             calls.extend(steps(&take(&mut lines, "tool_calls")));
         }
         assert_eq!(calls, want);
+    }
+
+    #[test]
+    fn a_host_that_takes_no_tool_calls_gets_none_kept_for_it() {
+        struct Steps;
+        impl ProviderPlugin for Steps {
+            fn manifest(&self) -> Manifest {
+                Manifest::new("steps", "1")
+                    .unit("line", "", true)
+                    .reports_tool_results()
+            }
+            fn open_counter(&self, _: &CounterRequest) -> Result<Box<dyn StepCounter>, String> {
+                // Ignores the request's hint: the adapter must still keep nothing.
+                Ok(Box::new(Stepper::default()))
+            }
+        }
+        let take = |counter: &mut CounterBox, method: &str| match counter
+            .call(method.into(), "".into())
+        {
+            RResult::ROk(json) => serde_json::from_str::<serde_json::Value>(json.as_str()).unwrap(),
+            RResult::RErr(e) => panic!("{e}"),
+        };
+        let stream = b"step\ncall a\ndone a\nstep\ncall b\n".repeat(1000);
+        for (request, kept) in [
+            (CounterRequest::new("line"), 2000),
+            (CounterRequest::new("line").without_tool_calls(), 0),
+        ] {
+            let json = serde_json::to_string(&request).unwrap();
+            let RResult::ROk(mut counter) =
+                ProviderAdapter(Steps).open_counter(json.as_str().into())
+            else {
+                panic!("open_counter failed")
+            };
+            let RResult::ROk(chunk) = counter.feed_chunk(RSlice::from_slice(&stream), u64::MAX)
+            else {
+                panic!("feed_chunk failed")
+            };
+            assert_eq!(chunk.sum.steps_begun, 2000, "steps are counted either way");
+            let calls = take(&mut counter, "tool_calls");
+            assert_eq!(calls.as_array().unwrap().len(), kept);
+            let results = take(&mut counter, "tool_results");
+            assert_eq!(results.as_array().unwrap().len(), kept / 2);
+        }
+        // A host before 1.7 sends no hint: calls are kept.
+        let old: CounterRequest = serde_json::from_str(r#"{"unit":"line"}"#).unwrap();
+        assert!(!old.tool_calls_unused);
+        assert_eq!(
+            serde_json::to_string(&CounterRequest::new("line")).unwrap(),
+            r#"{"unit":"line","options":{}}"#,
+            "the hint is sent only when set"
+        );
     }
 
     struct Quiet;

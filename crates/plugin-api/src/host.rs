@@ -492,6 +492,7 @@ mod tests {
             "protocol 1.8 required, this host speaks 1.7"
         );
         assert_eq!(check_protocol("1.7.0"), Ok(()));
+        assert_eq!(check_protocol("1.6.0"), Ok(()));
         assert!(matches!(check_protocol("one"), Err(LoadError::Manifest(_))));
     }
 

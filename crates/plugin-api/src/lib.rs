@@ -136,9 +136,11 @@
 //! [`ToolCall`]: `id`, `program` (of a shell tool, [`ToolCall::shell`]) and `step` (stamped by
 //! the adapter with the steps begun up to the call's line, so that a loop's first step does not
 //! depend on how the stream was chunked). A plugin that reports no results keeps the rule of
-//! identical calls; 1.7 [`ModelEndpoint`]'s `api_key_env` and `api_key_env_key` (where the CLI
-//! reads its API key, so that the gateway holds the real key and the agent a per-run one). New
-//! fields get
+//! identical calls. 1.7 adds [`ModelEndpoint`]'s `api_key_env` and `api_key_env_key` (where the
+//! CLI reads its API key, so that the gateway holds the real key and the agent a per-run one) and
+//! the counter request's `tool_calls_unused` ([`CounterRequest::without_tool_calls`]: the host
+//! takes no tool calls or results, so a counter need not find them and the adapter keeps none;
+//! hosts before 1.7 leave it out, which means they are taken). New fields get
 //! `#[serde(default)]`, nothing uses `deny_unknown_fields`, and fields are never removed or
 //! retyped within a protocol major version, so an older host reads a newer plugin's payloads
 //! and ignores what it does not know.

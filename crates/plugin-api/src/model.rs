@@ -790,6 +790,12 @@ pub struct CounterRequest {
     /// ([`RESERVED_OPTIONS`]); only keys the manifest declares reach the plugin.
     #[serde(default)]
     pub options: serde_json::Map<String, serde_json::Value>,
+    /// True when the host takes no tool calls and no tool results from this counter (nothing
+    /// looks for loops: `--loop-limit off`, or a stream counted without loop detection), so
+    /// the counter may skip finding them, and the adapter keeps none (protocol 1.7). Absent,
+    /// as from hosts before 1.7, it is false: calls are collected as before.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tool_calls_unused: bool,
 }
 
 impl CounterRequest {
@@ -806,7 +812,22 @@ impl CounterRequest {
         CounterRequest {
             unit: unit.into(),
             options: serde_json::Map::new(),
+            tool_calls_unused: false,
         }
+    }
+
+    /// Says that the host will take no tool calls or results (protocol 1.7): the counter need
+    /// not find them, and nothing keeps them.
+    ///
+    /// ```
+    /// use stepguard_plugin_api::CounterRequest;
+    ///
+    /// assert!(!CounterRequest::new("item").tool_calls_unused);
+    /// assert!(CounterRequest::new("item").without_tool_calls().tool_calls_unused);
+    /// ```
+    pub fn without_tool_calls(mut self) -> Self {
+        self.tool_calls_unused = true;
+        self
     }
 
     /// Replaces the options.
@@ -1235,10 +1256,9 @@ impl ToolResult {
     /// ```
     pub fn new(call_id: impl Into<String>, output: &str, failed: bool) -> Self {
         let status: &[u8] = if failed { b"failed" } else { b"ok" };
-        let text = crate::fingerprint::normalise_output(output);
         ToolResult {
             call_id: call_id.into(),
-            fingerprint: crate::fingerprint::fnv(&[status, text.as_bytes()]),
+            fingerprint: crate::fingerprint::output_fingerprint(status, output),
             failed,
         }
     }
@@ -1421,7 +1441,9 @@ mod tests {
             .native_token_limit(NativeLimit::new(&[], &[]).after_program())
             .native_cost_limit(NativeLimit::new(&[], &[]))
             .reports_tool_results();
-        assert_eq!(everything.min_protocol(), crate::PROTOCOL_VERSION);
+        // 1.7 added only a hint of the host's counter request, which no manifest needs.
+        assert_eq!(everything.min_protocol(), "1.6.0");
+        assert_eq!(crate::PROTOCOL_VERSION, "1.7.0");
     }
 
     #[test]

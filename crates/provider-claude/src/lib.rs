@@ -54,9 +54,9 @@
 
 use std::collections::BTreeMap;
 
-use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
+use rustc_hash::FxHashMap as HashMap;
 
-use stepguard_jsonl::{RawValue, scan};
+use stepguard_jsonl::{IdMap, IdSet, RawValue, scan};
 use stepguard_plugin_api::{
     BaseUrlRule, CounterRequest, CounterStats, LineReport, Manifest, ModelEndpoint, NativeLimit,
     PreflightRule, ProviderBox, ProviderPlugin, StepCounter, Terminal, Tokens, ToolCall,
@@ -148,6 +148,7 @@ impl ProviderPlugin for ClaudePlugin {
         };
         Ok(Box::new(ClaudeCounter {
             by_message,
+            calls: !request.tool_calls_unused,
             ..ClaudeCounter::default()
         }))
     }
@@ -157,14 +158,19 @@ impl ProviderPlugin for ClaudePlugin {
 #[derive(Debug, Default)]
 pub struct ClaudeCounter {
     by_message: bool,
-    steps: HashSet<Vec<u8>>,
+    /// Whether the host takes tool calls and results: when not, they are not looked for.
+    calls: bool,
+    steps: IdSet,
     completed: u64,
-    /// The top-level message under way (message unit), completed when the next one begins.
-    current_message: Option<Vec<u8>>,
+    /// A top-level message is under way (message unit), completed when the next one begins.
+    message_open: bool,
     sub_agent_steps: BTreeMap<String, u64>,
-    sub_agent_seen: HashSet<(Vec<u8>, Vec<u8>)>,
+    /// Each sub-agent's steps: keys of [`sub_agent_key`].
+    sub_agent_seen: IdSet,
+    /// Where a sub-agent step's key is built, reused from line to line.
+    key: Vec<u8>,
     /// Ids of the top-level `tool_use` blocks already reported as tool calls.
-    calls_seen: HashSet<Vec<u8>>,
+    calls_seen: IdSet,
     /// Tool calls not yet taken by the host.
     tool_calls: Vec<ToolCall>,
     /// Tool results not yet taken by the host.
@@ -178,7 +184,7 @@ pub struct ClaudeCounter {
     noise: u64,
     unknown: u64,
     /// Usage per message id: the largest of each count seen so far.
-    message_usage: HashMap<Vec<u8>, Tokens>,
+    message_usage: IdMap<Tokens>,
     /// The message each stream is sending in `stream_event` lines (`--include-partial-messages`),
     /// by parent tool use id ("" for the top level).
     streaming: HashMap<String, Vec<u8>>,
@@ -238,6 +244,15 @@ fn model_usage_tokens(model_usage: &serde_json::Value) -> Option<Tokens> {
     }))
 }
 
+/// The key of a sub-agent's step in `key`: the parent's id, its length, then the step's id, so
+/// that no two (parent, step) pairs share a key.
+fn sub_agent_key(key: &mut Vec<u8>, parent: &[u8], step: &[u8]) {
+    key.clear();
+    key.extend_from_slice(parent);
+    key.extend_from_slice(&(parent.len() as u64).to_le_bytes());
+    key.extend_from_slice(step);
+}
+
 impl ClaudeCounter {
     fn assistant(
         &mut self,
@@ -259,51 +274,44 @@ impl ClaudeCounter {
         if let Some(tokens) = usage.and_then(usage_tokens) {
             self.message_usage(id.0, parent, tokens, report);
         }
-        let mut step_ids: Vec<&[u8]> = Vec::new();
+        // The tool_use unit's steps: the line's tool_use blocks (the message unit's is the id).
+        let mut block_ids: Vec<&[u8]> = Vec::new();
         // (block id, name, input) of the line's top-level tool_use blocks.
         let mut calls: Vec<(&[u8], Option<RawValue<'_>>, Option<RawValue<'_>>)> = Vec::new();
-        if self.by_message {
-            step_ids.push(id.0);
-        }
+        let want_calls = self.calls && parent.is_none();
         // Blocks are read for the tool_use unit, and on top-level lines for the tool calls.
-        if let Some(content) = content.filter(|_| !self.by_message || parent.is_none()) {
+        if let Some(content) = content.filter(|_| !self.by_message || want_calls) {
             content.for_each_element(|block| {
                 if let Some([Some(kind), Some(block_id), name, input]) =
                     block.fields(["type", "id", "name", "input"])
                     && kind.is_str("tool_use")
                 {
                     if !self.by_message {
-                        step_ids.push(block_id.0);
+                        block_ids.push(block_id.0);
                     }
-                    if parent.is_none() {
+                    if want_calls {
                         calls.push((block_id.0, name, input));
                     }
                 }
             });
         }
+        let message = [id.0];
+        let step_ids: &[&[u8]] = if self.by_message {
+            &message
+        } else {
+            &block_ids
+        };
         match parent {
-            Some(parent) => {
-                let key = parent.as_str().map(|p| p.into_owned()).unwrap_or_default();
-                for step in step_ids {
-                    if self
-                        .sub_agent_seen
-                        .insert((parent.0.to_vec(), step.to_vec()))
-                    {
-                        *self.sub_agent_steps.entry(key.clone()).or_default() += 1;
-                        report.sub_agent_steps += 1;
-                    }
-                }
-            }
+            Some(parent) => self.sub_agent_steps(parent, step_ids, report),
             None => {
                 if !self.saw_events {
                     report.turns += 1;
                 }
                 self.saw_events = true;
                 for step in step_ids {
-                    if self.steps.insert(step.to_vec()) {
+                    if self.steps.insert(step) {
                         report.steps_begun += 1;
-                        if self.by_message && self.current_message.replace(step.to_vec()).is_some()
-                        {
+                        if self.by_message && std::mem::replace(&mut self.message_open, true) {
                             self.completed += 1;
                             report.steps_completed += 1;
                         }
@@ -312,6 +320,26 @@ impl ClaudeCounter {
                 for (block_id, name, input) in calls {
                     self.tool_call(block_id, name, input, report);
                 }
+            }
+        }
+    }
+
+    /// Counts a sub-agent's steps for it, once each.
+    fn sub_agent_steps(&mut self, parent: RawValue<'_>, steps: &[&[u8]], report: &mut LineReport) {
+        let mut name = None;
+        for step in steps {
+            sub_agent_key(&mut self.key, parent.0, step);
+            if self.sub_agent_seen.insert(&self.key) {
+                let name = name.get_or_insert_with(|| {
+                    parent.as_str().map(|p| p.into_owned()).unwrap_or_default()
+                });
+                match self.sub_agent_steps.get_mut(name.as_str()) {
+                    Some(n) => *n += 1,
+                    None => {
+                        self.sub_agent_steps.insert(name.clone(), 1);
+                    }
+                }
+                report.sub_agent_steps += 1;
             }
         }
     }
@@ -325,10 +353,9 @@ impl ClaudeCounter {
         input: Option<RawValue<'_>>,
         report: &mut LineReport,
     ) {
-        if self.calls_seen.contains(block_id) {
+        if !self.calls_seen.insert(block_id) {
             return;
         }
-        self.calls_seen.insert(block_id.to_vec());
         let name = name
             .and_then(|n| n.as_str())
             .map(|n| n.into_owned())
@@ -373,7 +400,7 @@ impl ClaudeCounter {
         if delta.is_zero() {
             return;
         }
-        self.message_usage.insert(id.to_vec(), now);
+        self.message_usage.insert(id, now);
         match parent.and_then(|p| p.as_str()) {
             Some(parent) => {
                 let sub = self
@@ -472,8 +499,6 @@ impl ClaudeCounter {
             return;
         };
         let mut has_result = false;
-        let mut finished: Vec<Vec<u8>> = Vec::new();
-        let mut results = Vec::new();
         content.for_each_element(|block| {
             if let Some([Some(kind), tool_use_id, output, is_error]) =
                 block.fields(["type", "tool_use_id", "content", "is_error"])
@@ -481,26 +506,21 @@ impl ClaudeCounter {
             {
                 has_result = true;
                 if let Some(id) = tool_use_id {
-                    finished.push(id.0.to_vec());
-                    results.push((id, output, is_error));
-                }
-            }
-        });
-        for (id, output, is_error) in results {
-            self.tool_result(id, output, is_error, report);
-        }
-        if has_result {
-            self.tool_result_lines += 1;
-            self.saw_events = true;
-            report.turns += 1;
-            if !self.by_message {
-                for id in finished {
-                    if self.steps.contains(&id) {
+                    if self.calls {
+                        self.tool_result(id, output, is_error, report);
+                    }
+                    // A tool_use step completes with its result.
+                    if !self.by_message && self.steps.contains(id.0) {
                         self.completed += 1;
                         report.steps_completed += 1;
                     }
                 }
             }
+        });
+        if has_result {
+            self.tool_result_lines += 1;
+            self.saw_events = true;
+            report.turns += 1;
         }
     }
 
@@ -532,7 +552,7 @@ impl ClaudeCounter {
     fn result(&mut self, line: &[u8], report: &mut LineReport) {
         report.flags |= LineReport::TERMINAL;
         self.saw_events = true;
-        if self.current_message.take().is_some() {
+        if std::mem::take(&mut self.message_open) {
             self.completed += 1;
             report.steps_completed += 1;
         }
@@ -780,6 +800,86 @@ mod tests {
             let (_, stats) = count_bytes(&bytes, "tool_use");
             assert_eq!(stats.num_steps_computed, *tools, "{file}");
         }
+    }
+
+    /// Every stream file of the fixtures, by path from `tests/fixtures`.
+    fn all_streams() -> Vec<String> {
+        ["streams/claude", "real/claude"]
+            .iter()
+            .flat_map(|dir| {
+                let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures");
+                std::fs::read_dir(root.join(dir))
+                    .unwrap()
+                    .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                    .filter(|f| f.ends_with(".jsonl"))
+                    .map(|f| format!("{dir}/{f}"))
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_host_that_takes_no_calls_gets_none_and_the_same_counts() {
+        let files = all_streams();
+        assert!(files.len() >= 10);
+        for file in files {
+            for unit in ["message", "tool_use"] {
+                let bytes = fixture(&file);
+                let mut quiet = ClaudePlugin
+                    .open_counter(&CounterRequest::new(unit).without_tool_calls())
+                    .unwrap();
+                let (sum, stats) =
+                    stepguard_plugin_api::testing::feed_all(quiet.as_mut(), &bytes).unwrap();
+                assert!(!sum.has(LineReport::TOOL_CALL) && !sum.has(LineReport::TOOL_RESULT));
+                assert!(quiet.take_tool_calls().is_empty());
+                let (full_sum, full) = count_bytes(&bytes, unit);
+                let key =
+                    |s: &LineReport| (s.steps_begun, s.steps_completed, s.turns, s.sub_agent_steps);
+                assert_eq!(key(&sum), key(&full_sum), "{file} {unit}");
+                assert_eq!(stats, full, "{file} {unit}");
+            }
+        }
+    }
+
+    fn assistant(id: &str, parent: &str) -> String {
+        format!(
+            r#"{{"type":"assistant","message":{{"id":"{id}","model":"claude","content":[{{"type":"tool_use","id":"toolu_{id}","name":"Read","input":{{}}}}]}},"parent_tool_use_id":{parent}}}"#
+        )
+    }
+
+    #[test]
+    fn a_message_seen_again_after_a_long_gap_is_not_a_new_step() {
+        let mut stream = assistant("msg_first", "null");
+        for i in 0..50_000 {
+            stream.push('\n');
+            stream.push_str(&assistant(&format!("msg_{i:024x}"), "null"));
+        }
+        stream.push('\n');
+        stream.push_str(&assistant("msg_first", "null"));
+        for unit in ["message", "tool_use"] {
+            let (sum, stats) = count_bytes(stream.as_bytes(), unit);
+            assert_eq!(sum.steps_begun, 50_001, "{unit}");
+            assert_eq!(stats.num_steps_computed, 50_001, "{unit}");
+        }
+        assert_eq!(calls(stream.as_bytes(), "message").len(), 50_001);
+    }
+
+    #[test]
+    fn sub_agents_count_their_own_steps_even_with_the_same_ids() {
+        let stream = [
+            assistant("m1", r#""toolu_a""#),
+            assistant("m1", r#""toolu_a""#),
+            assistant("m1", r#""toolu_b""#),
+            // The step id and the parent are read whole: no pair's key is another's.
+            assistant("m1", r#""toolu_a\"""#),
+            assistant("m1", "null"),
+        ]
+        .join("\n");
+        let (sum, stats) = count_bytes(stream.as_bytes(), "message");
+        assert_eq!((sum.steps_begun, sum.sub_agent_steps), (1, 3));
+        assert_eq!(stats.sub_agent_steps["toolu_a"], 1);
+        assert_eq!(stats.sub_agent_steps["toolu_b"], 1);
+        assert_eq!(stats.sub_agent_steps["toolu_a\""], 1);
     }
 
     #[test]

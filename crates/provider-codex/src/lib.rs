@@ -52,9 +52,8 @@
 //! ```
 #![deny(unsafe_code)] // not `forbid`: export_plugin! allows it on its own generated items
 
-use rustc_hash::FxHashSet as HashSet;
 use serde_json::{Value, json};
-use stepguard_jsonl::{RawValue, scan, scan_prefix};
+use stepguard_jsonl::{IdSet, RawValue, scan, scan_prefix};
 use stepguard_plugin_api::{
     BaseUrlRule, CounterRequest, CounterStats, LineReport, Manifest, ModelEndpoint, NativeLimit,
     PreflightRule, ProviderBox, ProviderPlugin, StepCounter, Terminal, Tokens, ToolCall,
@@ -179,7 +178,10 @@ impl ProviderPlugin for CodexPlugin {
             "message" => Unit::Message,
             other => return Err(format!("unknown unit `{other}`")),
         };
-        Ok(Box::new(CodexCounter::new(unit)))
+        Ok(Box::new(CodexCounter::new(
+            unit,
+            !request.tool_calls_unused,
+        )))
     }
 }
 
@@ -187,18 +189,22 @@ impl ProviderPlugin for CodexPlugin {
 #[derive(Debug)]
 pub struct CodexCounter {
     unit: Unit,
-    begun: HashSet<Vec<u8>>,
-    /// Items whose id came back after the item had completed: new items, counted.
-    reused: u64,
-    completed: HashSet<Vec<u8>>,
+    /// Items begun and not yet completed. A completed item's id is forgotten: Codex never
+    /// reuses an id, so one that comes back is a new item and counts again, exactly as an id
+    /// never seen (memory follows the items open, not the stream's length).
+    open: IdSet,
+    /// Steps begun so far.
+    steps: u64,
     turns: u64,
     terminal: Option<Terminal>,
     last_error: Option<String>,
     tokens: Option<Tokens>,
     noise: u64,
     unknown: u64,
-    /// Ids of the items (or legacy call ids) already reported as tool calls.
-    calls_seen: HashSet<Vec<u8>>,
+    /// Whether the host takes tool calls and results: when not, they are not looked for.
+    calls: bool,
+    /// Ids of the open tool items (or legacy call ids) already reported as tool calls.
+    calls_seen: IdSet,
     /// Tool calls not yet taken by the host.
     tool_calls: Vec<ToolCall>,
     /// Tool results not yet taken by the host.
@@ -230,19 +236,19 @@ fn is_session_budget(text: &str) -> bool {
 }
 
 impl CodexCounter {
-    fn new(unit: Unit) -> Self {
+    fn new(unit: Unit, calls: bool) -> Self {
         CodexCounter {
             unit,
-            begun: HashSet::default(),
-            reused: 0,
-            completed: HashSet::default(),
+            open: IdSet::new(),
+            steps: 0,
             turns: 0,
             terminal: None,
             last_error: None,
             tokens: None,
             noise: 0,
             unknown: 0,
-            calls_seen: HashSet::default(),
+            calls,
+            calls_seen: IdSet::new(),
             tool_calls: Vec::new(),
             tool_results: Vec::new(),
             pending_usage: None,
@@ -285,15 +291,16 @@ impl CodexCounter {
         else {
             return;
         };
-        self.calls_seen.insert(id.to_vec());
+        self.calls_seen.insert(id);
         self.tool_calls.push(call.with_id(item_id(id)));
         report.flags |= LineReport::TOOL_CALL;
     }
 
     /// Reports the result of a tool item reported as a call, at its `item.completed`: what it
-    /// printed or returned, and whether it failed.
+    /// printed or returned, and whether it failed. The item is then closed: its id is
+    /// forgotten, and one that comes back is a new item with a call of its own.
     fn item_result(&mut self, line: &[u8], id: &[u8], kind: &[u8], report: &mut LineReport) {
-        if !Unit::Tool.counts(kind) || !self.calls_seen.contains(id) {
+        if !Unit::Tool.counts(kind) || !self.calls_seen.remove(id) {
             return;
         }
         let Some((text, failed)) = scan(line, ["item"])
@@ -338,33 +345,36 @@ impl CodexCounter {
             }
             _ => ToolCall::new("web_search", &json!({"query": msg["query"]})),
         };
-        self.calls_seen.insert(call_id.as_bytes().to_vec());
+        self.calls_seen.insert(call_id.as_bytes());
         self.tool_calls.push(call);
         report.flags |= LineReport::TOOL_CALL;
     }
 
+    /// An item begins: a step, unless it is open already. Codex never reuses an item's id:
+    /// one that comes back after its item completed is a new item, so a stream cannot hide
+    /// steps behind an old id (a replayed `completed` line counts again too: counting more is
+    /// the safe side).
     fn begin(&mut self, id: &[u8], report: &mut LineReport) {
-        // Codex never reuses an item's id: one that comes back after its item completed is a
-        // new item, so a stream cannot hide steps behind an old id (a replayed `completed`
-        // line counts again too: counting more is the safe side).
-        if !self.completed.is_empty() && self.completed.remove(id) {
-            self.reused += 1;
-            report.steps_begun += 1;
-            return;
-        }
-        // Look before inserting: most ids are seen twice (started, then completed).
-        if !self.begun.contains(id) {
-            self.begun.insert(id.to_vec());
+        if self.open.insert(id) {
+            self.steps += 1;
             report.steps_begun += 1;
         }
     }
 
+    /// An item completes: it closes if it was open, else it begins and completes at once.
     fn complete(&mut self, id: &[u8], report: &mut LineReport) {
-        self.begin(id, report);
-        if !self.completed.contains(id) {
-            self.completed.insert(id.to_vec());
-            report.steps_completed += 1;
+        if !self.open.remove(id) {
+            self.steps += 1;
+            report.steps_begun += 1;
         }
+        report.steps_completed += 1;
+    }
+
+    /// An archived item without an id (a message): its own item, begun (and completed).
+    fn anonymous(&mut self, started: bool, report: &mut LineReport) {
+        self.steps += 1;
+        report.steps_begun += 1;
+        report.steps_completed += u32::from(!started);
     }
 
     fn item_event(
@@ -381,16 +391,31 @@ impl CodexCounter {
             return;
         };
         let kind = kind.plain_str_bytes().unwrap_or_default();
+        self.item(line, started, id.0, kind, report);
+    }
+
+    /// An item line read: its step, and its tool call and result when they are taken.
+    #[inline]
+    fn item(
+        &mut self,
+        line: &[u8],
+        started: bool,
+        id: &[u8],
+        kind: &[u8],
+        report: &mut LineReport,
+    ) {
         if self.unit.counts(kind) {
             if started {
-                self.begin(id.0, report);
+                self.begin(id, report);
             } else {
-                self.complete(id.0, report);
+                self.complete(id, report);
             }
         }
-        self.item_call(line, started, id.0, kind, report);
-        if !started {
-            self.item_result(line, id.0, kind, report);
+        if self.calls {
+            self.item_call(line, started, id, kind, report);
+            if !started {
+                self.item_result(line, id, kind, report);
+            }
         }
     }
 
@@ -403,7 +428,9 @@ impl CodexCounter {
             return;
         };
         let kind = kind.as_str().unwrap_or_default();
-        self.legacy_call(&kind, msg, report);
+        if self.calls {
+            self.legacy_call(&kind, msg, report);
+        }
         let item_type: Option<(&[u8], bool)> = match kind.as_ref() {
             "exec_command_begin" => Some((b"command_execution", true)),
             "exec_command_end" => Some((b"command_execution", false)),
@@ -420,14 +447,10 @@ impl CodexCounter {
         match (item_type, kind.as_ref()) {
             (Some((item_type, started)), _) if self.unit.counts(item_type) => {
                 // Messages have no call id: each one is its own item.
-                let id = match call_id {
-                    Some(c) => c.0.to_vec(),
-                    None => format!("legacy_{}", self.begun.len()).into_bytes(),
-                };
-                if started {
-                    self.begin(&id, report)
-                } else {
-                    self.complete(&id, report)
+                match call_id {
+                    Some(id) if started => self.begin(id.0, report),
+                    Some(id) => self.complete(id.0, report),
+                    None => self.anonymous(started, report),
                 }
             }
             (Some(_), _) => {}
@@ -661,17 +684,7 @@ impl StepCounter for CodexCounter {
     fn feed(&mut self, line: &[u8]) -> Result<LineReport, String> {
         let mut report = LineReport::empty();
         if let Some((started, id, kind)) = canonical_item(line) {
-            if self.unit.counts(kind) {
-                if started {
-                    self.begin(id, &mut report);
-                } else {
-                    self.complete(id, &mut report);
-                }
-            }
-            self.item_call(line, started, id, kind, &mut report);
-            if !started {
-                self.item_result(line, id, kind, &mut report);
-            }
+            self.item(line, started, id, kind, &mut report);
             return Ok(report);
         }
         // Codex writes `type` first, so reading it stops early; each kind of line then reads
@@ -712,7 +725,7 @@ impl StepCounter for CodexCounter {
 
     fn finish(&mut self) -> CounterStats {
         let mut stats = CounterStats::default();
-        stats.num_steps_computed = self.begun.len() as u64 + self.reused;
+        stats.num_steps_computed = self.steps;
         stats.num_turns_computed = Some(self.turns);
         stats.terminal = self.terminal.clone();
         stats.tokens = self.tokens;
@@ -1032,10 +1045,17 @@ mod tests {
         let started = r#"{"type":"item.started","item":{"id":"item_0","type":"command_execution","command":"ls","aggregated_output":"","exit_code":null,"status":"in_progress"}}"#;
         let completed = r#"{"type":"item.completed","item":{"id":"item_0","type":"command_execution","command":"ls","aggregated_output":"a\n","exit_code":0,"status":"completed"}}"#;
         let only_completed = completed.replace("item_0", "item_1");
-        let stream = [started, completed, completed, &only_completed].join("\n");
+        let stream = [started, completed, &only_completed].join("\n");
         let seen = calls(stream.as_bytes(), "item");
         assert_eq!(names(&seen), ["shell", "shell"]);
         assert_eq!(seen[0].0, seen[1].0, "the same command is the same call");
+        // A completed item's id that comes back is a new item (Codex never reuses one): a
+        // step again, and a call again, as the next stream's `item_0` is.
+        let replayed = [started, completed, completed].join("\n");
+        assert_eq!(
+            names(&calls(replayed.as_bytes(), "item")),
+            ["shell", "shell"]
+        );
         // A web search's query is known only when it completes.
         let search = r#"{"type":"item.started","item":{"id":"item_3","type":"web_search","id":"ws_1","query":"","action":{"type":"other"}}}
 {"type":"item.completed","item":{"id":"item_3","type":"web_search","id":"ws_1","query":"q","action":{"type":"search","query":"q"}}}
@@ -1048,6 +1068,81 @@ mod tests {
             "counted at its start, reported at its completion"
         );
         assert_ne!(seen[0].0, seen[1].0);
+    }
+
+    /// A stream of `n` command items, each started and completed, ids from `first`.
+    fn commands(first: u64, n: u64) -> String {
+        let mut out = String::new();
+        for i in first..first + n {
+            for (event, status) in [("started", "in_progress"), ("completed", "completed")] {
+                out.push_str(&format!(
+                    r#"{{"type":"item.{event}","item":{{"id":"item_{i}","type":"command_execution","command":"echo {i}","aggregated_output":"","exit_code":0,"status":"{status}"}}}}"#
+                ));
+                out.push('\n');
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn memory_follows_the_open_items_not_the_stream() {
+        for calls in [true, false] {
+            let mut counter = CodexCounter::new(Unit::Item, calls);
+            let mut steps = 0;
+            // An item left open, then 100,000 unique items, each closed before the next.
+            let open = br#"{"type":"item.started","item":{"id":"item_open","type":"command_execution","command":"sleep 1"}}"#;
+            steps += counter.feed(open).unwrap().steps_begun;
+            for line in commands(0, 100_000).lines() {
+                steps += counter.feed(line.as_bytes()).unwrap().steps_begun;
+                drop(counter.take_tool_calls());
+                drop(counter.take_tool_results());
+            }
+            assert_eq!(steps, 100_001);
+            assert_eq!(counter.finish().num_steps_computed, 100_001);
+            assert_eq!(counter.open.len(), 1, "only the open item is held");
+            assert!(counter.calls_seen.len() <= 1);
+            assert!(counter.open.heap_bytes() < 64 << 10);
+            // The open item, seen again after the long gap, is still the same item.
+            assert_eq!(counter.feed(open).unwrap().steps_begun, 0);
+        }
+    }
+
+    #[test]
+    fn ids_of_every_stream_in_a_concatenation_count_and_report_their_calls() {
+        // Every `codex exec` numbers its items from item_0.
+        let three = [commands(0, 50), commands(0, 50), commands(0, 50)].concat();
+        let (sum, stats) =
+            stepguard_plugin_api::testing::count(&CodexPlugin, "item", three.as_bytes()).unwrap();
+        assert_eq!((sum.steps_begun, sum.steps_completed), (150, 150));
+        assert_eq!(stats.num_steps_computed, 150);
+        assert_eq!(calls(three.as_bytes(), "item").len(), 150);
+    }
+
+    #[test]
+    fn a_host_that_takes_no_calls_gets_none_and_the_same_counts() {
+        let stream = fixture("streams/codex/long_run.jsonl");
+        let quiet = CodexPlugin
+            .open_counter(&CounterRequest::new("item").without_tool_calls())
+            .unwrap();
+        let mut quiet = quiet;
+        let (sum, stats) = feed_all(quiet.as_mut(), &stream).unwrap();
+        assert!(!sum.has(LineReport::TOOL_CALL) && !sum.has(LineReport::TOOL_RESULT));
+        assert!(quiet.take_tool_calls().is_empty() && quiet.take_tool_results().is_empty());
+        let (full_sum, full) = count("streams/codex/long_run.jsonl", "item");
+        assert!(full_sum.has(LineReport::TOOL_CALL));
+        assert_eq!(
+            (
+                sum.steps_begun,
+                sum.steps_completed,
+                stats.num_steps_computed
+            ),
+            (
+                full_sum.steps_begun,
+                full_sum.steps_completed,
+                full.num_steps_computed
+            )
+        );
+        assert_eq!((stats.tokens, stats.terminal), (full.tokens, full.terminal));
     }
 
     #[test]

@@ -33,9 +33,7 @@
 //! ```
 #![deny(unsafe_code)] // not `forbid`: export_plugin! allows it on its own generated items
 
-use rustc_hash::FxHashSet as HashSet;
-
-use stepguard_jsonl::{RawValue, scan};
+use stepguard_jsonl::{IdSet, RawValue, scan};
 use stepguard_plugin_api::{
     BaseUrlRule, CounterRequest, CounterStats, LineReport, Manifest, ModelEndpoint, PreflightRule,
     ProviderBox, ProviderPlugin, StepCounter, Terminal, Tokens, ToolCall, ToolResult,
@@ -92,6 +90,7 @@ impl ProviderPlugin for GeminiPlugin {
         };
         Ok(Box::new(GeminiCounter {
             by_turn,
+            calls: !request.tool_calls_unused,
             ..GeminiCounter::default()
         }))
     }
@@ -112,10 +111,15 @@ enum TurnState {
 #[derive(Debug, Default)]
 pub struct GeminiCounter {
     by_turn: bool,
-    tool_ids: HashSet<Vec<u8>>,
-    tool_results: HashSet<Vec<u8>>,
-    /// Tool calls whose id came back after its result: new calls, counted.
-    reused: u64,
+    /// Whether the host takes tool calls and results: when not, they are not looked for.
+    calls: bool,
+    /// Calls begun whose result has not come. A call's id is forgotten at its result: Gemini
+    /// never reuses one, so an id that comes back is a new call, exactly as one never seen,
+    /// and a second result of a closed call is ignored, as one of a call never seen
+    /// (memory follows the calls open, not the stream's length).
+    open: IdSet,
+    /// `tool_use` events so far (the tool_use unit's steps).
+    tool_uses: u64,
     turns: u64,
     turn_state: TurnState,
     turn_limit_event: bool,
@@ -134,6 +138,29 @@ pub struct GeminiCounter {
 }
 
 impl GeminiCounter {
+    /// A `tool_use` event: a new call unless its id is open already. Gemini never reuses a
+    /// call's id: one that comes back after its result is a new call, so a stream cannot hide
+    /// steps behind an old id. A call without an id is a call of its own.
+    fn tool_use(&mut self, line: &[u8], tool_id: Option<RawValue<'_>>, report: &mut LineReport) {
+        let new = match tool_id {
+            Some(id) => self.open.insert(id.0),
+            None => true,
+        };
+        if !new {
+            return;
+        }
+        self.tool_uses += 1;
+        if !self.by_turn {
+            report.steps_begun += 1;
+        }
+        if self.calls {
+            match tool_id {
+                Some(id) => self.tool_call(line, id.0, report),
+                None => self.tool_call(line, format!("anon_{}", self.tool_uses).as_bytes(), report),
+            }
+        }
+    }
+
     /// Queues the call of a new `tool_use` line; only these lines are scanned for the name and
     /// parameters.
     fn tool_call(&mut self, line: &[u8], id: &[u8], report: &mut LineReport) {
@@ -281,30 +308,20 @@ impl StepCounter for GeminiCounter {
         match ty.as_ref() {
             "tool_use" => {
                 self.model_output(&mut report);
-                let id = tool_id
-                    .map(|t| t.0.to_vec())
-                    .unwrap_or_else(|| format!("anon_{}", self.tool_ids.len()).into_bytes());
-                // Gemini never reuses a call's id: one that comes back after its result is a
-                // new call, so a stream cannot hide steps behind an old id.
-                let reused = self.tool_results.remove(&id);
-                self.reused += u64::from(reused);
-                if self.tool_ids.insert(id.clone()) || reused {
-                    if !self.by_turn {
-                        report.steps_begun += 1;
-                    }
-                    self.tool_call(line, &id, &mut report);
-                }
+                self.tool_use(line, tool_id, &mut report);
             }
             "tool_result" => {
                 self.turn_state = TurnState::AwaitingModel;
+                // Only the first result of an open call counts.
                 if let Some(id) = tool_id
-                    && self.tool_ids.contains(id.0)
-                    && self.tool_results.insert(id.0.to_vec())
+                    && self.open.remove(id.0)
                 {
                     if !self.by_turn {
                         report.steps_completed += 1;
                     }
-                    self.tool_result(line, id.0, &mut report);
+                    if self.calls {
+                        self.tool_result(line, id.0, &mut report);
+                    }
                 }
             }
             "message" => match role.and_then(|r| r.as_str()).as_deref() {
@@ -327,10 +344,7 @@ impl StepCounter for GeminiCounter {
         let (computed, reported) = if self.by_turn {
             (self.turns, None)
         } else {
-            (
-                self.tool_ids.len() as u64 + self.reused,
-                self.reported_tool_calls,
-            )
+            (self.tool_uses, self.reported_tool_calls)
         };
         let mut stats = CounterStats::default();
         stats.num_steps_computed = computed;
@@ -449,6 +463,87 @@ mod tests {
             let (_, stats) = count_bytes(&bytes, "turn");
             assert_eq!(stats.num_steps_computed, *turns, "{file}");
         }
+    }
+
+    #[test]
+    fn a_host_that_takes_no_calls_gets_none_and_the_same_counts() {
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures");
+        let mut files = 0;
+        for dir in ["streams/gemini", "real/gemini"] {
+            for entry in std::fs::read_dir(root.join(dir)).unwrap() {
+                let path = entry.unwrap().path();
+                if path.extension().is_none_or(|e| e != "jsonl") {
+                    continue;
+                }
+                files += 1;
+                let bytes = std::fs::read(&path).unwrap();
+                for unit in ["tool_use", "turn"] {
+                    let mut quiet = GeminiPlugin
+                        .open_counter(&CounterRequest::new(unit).without_tool_calls())
+                        .unwrap();
+                    let (sum, stats) =
+                        stepguard_plugin_api::testing::feed_all(quiet.as_mut(), &bytes).unwrap();
+                    assert!(!sum.has(LineReport::TOOL_CALL) && !sum.has(LineReport::TOOL_RESULT));
+                    let (full_sum, full) = count_bytes(&bytes, unit);
+                    assert_eq!(
+                        (sum.steps_begun, sum.steps_completed, sum.turns),
+                        (
+                            full_sum.steps_begun,
+                            full_sum.steps_completed,
+                            full_sum.turns
+                        ),
+                        "{} {unit}",
+                        path.display()
+                    );
+                    assert_eq!(stats, full, "{} {unit}", path.display());
+                }
+            }
+        }
+        assert!(files >= 8);
+    }
+
+    fn tool_use(id: &str) -> String {
+        format!(
+            r#"{{"type":"tool_use","tool_name":"read_file","tool_id":"{id}","parameters":{{"file_path":"{id}"}}}}"#
+        )
+    }
+
+    fn tool_result(id: &str) -> String {
+        format!(r#"{{"type":"tool_result","tool_id":"{id}","status":"success","output":"ok"}}"#)
+    }
+
+    #[test]
+    fn memory_follows_the_open_calls_and_ids_count_as_before() {
+        let mut counter = GeminiCounter {
+            calls: true,
+            ..GeminiCounter::default()
+        };
+        let mut feed = |line: &str| counter.feed(line.as_bytes()).unwrap();
+        // A call left open, then 100,000 calls each answered.
+        assert_eq!(feed(&tool_use("open")).steps_begun, 1);
+        for i in 0..100_000 {
+            let id = format!("read_file__fc_{i:024x}");
+            assert_eq!(feed(&tool_use(&id)).steps_begun, 1);
+            assert_eq!(feed(&tool_use(&id)).steps_begun, 0, "the same call again");
+            assert_eq!(feed(&tool_result(&id)).steps_completed, 1);
+            assert_eq!(
+                feed(&tool_result(&id)).steps_completed,
+                0,
+                "a second result"
+            );
+        }
+        // The open call, after the long gap, is still the same call; an answered one that
+        // comes back is a new call.
+        assert_eq!(feed(&tool_use("open")).steps_begun, 0);
+        assert_eq!(
+            feed(&tool_use("read_file__fc_000000000000000000000007")).steps_begun,
+            1
+        );
+        // A result for a call never seen counts nothing.
+        assert_eq!(feed(&tool_result("never")).steps_completed, 0);
+        assert_eq!(counter.finish().num_steps_computed, 100_002);
+        assert_eq!(counter.open.len(), 2);
+        assert!(counter.open.heap_bytes() < 64 << 10);
     }
 
     #[test]

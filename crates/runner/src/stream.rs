@@ -285,16 +285,18 @@ impl Recognition {
 
 /// The first line of `bytes` (whole lines) framed to hide events: its index and framing.
 fn first_hostile(bytes: &[u8]) -> Option<(u64, HostileFraming)> {
-    bytes
-        .split_inclusive(|b| *b == b'\n')
-        .zip(0u64..)
-        .find_map(|(line, index)| {
-            let line = line.strip_suffix(b"\n").unwrap_or(line);
-            match stepguard_jsonl::framing(line) {
-                Framing::Hostile(h) => Some((index, h)),
-                Framing::Plain => None,
-            }
-        })
+    // Lines found with memchr: a byte-by-byte split cost a third of counting.
+    let mut start = 0;
+    let mut index = 0;
+    while start < bytes.len() {
+        let end = memchr::memchr(b'\n', &bytes[start..]).map_or(bytes.len(), |p| start + p);
+        if let Framing::Hostile(h) = stepguard_jsonl::framing(&bytes[start..end]) {
+            return Some((index, h));
+        }
+        start = end + 1;
+        index += 1;
+    }
+    None
 }
 
 /// Feeds a whole stream through a counter, a run of whole lines per boundary crossing; `name`

@@ -85,6 +85,7 @@ impl ProviderPlugin for OpenCodePlugin {
         tracing::debug!(unit = %request.unit, "opencode counter opened");
         Ok(Box::new(OpenCodeCounter {
             by_step: request.unit == "step",
+            calls: !request.tool_calls_unused,
             ..OpenCodeCounter::default()
         }))
     }
@@ -94,6 +95,8 @@ impl ProviderPlugin for OpenCodePlugin {
 #[derive(Debug, Default)]
 pub struct OpenCodeCounter {
     by_step: bool,
+    /// Whether the host takes tool calls and results (protocol 1.7): when not, none are made.
+    calls: bool,
     steps: HashSet<String>,
     finished_steps: u64,
     tools: HashSet<String>,
@@ -183,6 +186,9 @@ impl StepCounter for OpenCodeCounter {
                     if !self.by_step {
                         report.steps_begun += 1;
                         report.steps_completed += 1;
+                    }
+                    if !self.calls {
+                        return Ok(report);
                     }
                     self.tool_calls.push(tool_call(part).with_id(id.clone()));
                     report.flags |= LineReport::TOOL_CALL;
@@ -318,6 +324,32 @@ mod tests {
         assert_eq!(s.terminal.unwrap().slug.as_deref(), Some("rate_limited"));
         let s = count("tools3.jsonl", "step");
         assert_eq!(s.tokens.unwrap().input_tokens, 400);
+    }
+
+    #[test]
+    fn a_host_that_takes_no_calls_gets_none_and_the_same_counts() {
+        for file in [
+            "tools3.jsonl",
+            "tools12.jsonl",
+            "steps2.jsonl",
+            "error429.jsonl",
+        ] {
+            let bytes = std::fs::read(
+                std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join("../../tests/fixtures/real/opencode")
+                    .join(file),
+            )
+            .unwrap();
+            for unit in ["step", "tool_use"] {
+                let mut quiet = OpenCodePlugin
+                    .open_counter(&CounterRequest::new(unit).without_tool_calls())
+                    .unwrap();
+                let (sum, stats) = feed_all(quiet.as_mut(), &bytes).unwrap();
+                assert!(!sum.has(LineReport::TOOL_CALL) && !sum.has(LineReport::TOOL_RESULT));
+                assert!(quiet.take_tool_calls().is_empty());
+                assert_eq!(stats, count(file, unit), "{file} {unit}");
+            }
+        }
     }
 
     #[test]

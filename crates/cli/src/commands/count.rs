@@ -123,7 +123,12 @@ fn count_file(
     path: &Path,
     loops: Option<LoopSettings>,
 ) -> anyhow::Result<StreamCount> {
-    let mut counter = selection.provider.open_counter(&selection.request)?;
+    let mut request = selection.request.clone();
+    if loops.is_none() {
+        // Nothing looks for loops: the counter need not find tool calls, nothing keeps them.
+        request = request.without_tool_calls();
+    }
+    let mut counter = selection.provider.open_counter(&request)?;
     let counted = if path == Path::new("-") {
         count_stream_with_loops(&mut counter, io::stdin().lock(), "standard input", loops)
     } else {
