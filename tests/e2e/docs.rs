@@ -212,6 +212,44 @@ fn every_relative_link_points_at_a_file_and_a_heading() {
     );
 }
 
+/// Returns the 1-based numbers of the lines of `text` that a merge left behind
+/// (`<<<<<<< `, `=======`, `>>>>>>> ` at the start of a line).
+fn conflict_markers(text: &str) -> Vec<usize> {
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| l.starts_with("<<<<<<< ") || *l == "=======" || l.starts_with(">>>>>>> "))
+        .map(|(i, _)| i + 1)
+        .collect()
+}
+
+#[test]
+fn no_page_holds_a_merge_conflict_marker() {
+    let root = workspace();
+    let mut files = doc_files();
+    files.extend(["CHANGELOG.md", "ARCHITECTURE.md", "crates/README.md"].map(|f| root.join(f)));
+    let found: Vec<String> = files
+        .iter()
+        .flat_map(|f| {
+            let text = std::fs::read_to_string(f).unwrap();
+            conflict_markers(&text)
+                .into_iter()
+                .map(move |n| format!("{}:{n}", shown(f)))
+        })
+        .collect();
+    assert!(
+        found.is_empty(),
+        "merge conflict markers left in:\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn the_conflict_check_finds_each_marker_and_nothing_else() {
+    let text = "a\n<<<<<<< HEAD\nours\n=======\ntheirs\n>>>>>>> branch\n== not one\n";
+    assert_eq!(conflict_markers(text), vec![2, 4, 6]);
+    assert!(conflict_markers("| a |\n|---|\n=====\n").is_empty());
+}
+
 #[test]
 fn the_link_check_finds_a_missing_file_and_a_missing_heading() {
     let dir = tempfile::tempdir().unwrap();
