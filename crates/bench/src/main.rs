@@ -18,6 +18,8 @@
 //! * `history-db`: a history database of generated runs with real record shapes, and
 //!   `history`: `show`, `history --last 20`, `stats` and `history export` on it (wall time,
 //!   peak memory), against the equivalent sqlite3 query.
+//! * `startup`: what a run costs before and around its agent: `stepguard run -p codex -- true`
+//!   against `true` alone, wall and CPU (every process started) per run.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 use std::io::{BufRead as _, Write as _};
@@ -33,6 +35,7 @@ mod gateway;
 mod history;
 mod loops;
 mod prices;
+mod startup;
 
 #[derive(Parser)]
 #[command(about = "stepguard benchmarks")]
@@ -118,6 +121,18 @@ enum Bench {
         #[arg(long)]
         out: PathBuf,
     },
+    /// Start-up cost: `stepguard run -p codex -- true` against `true`, wall and CPU per run.
+    Startup {
+        /// Timed runs of each (after 5 of warm-up).
+        #[arg(long, default_value_t = 200)]
+        runs: usize,
+        /// The stepguard binary (build it with `cargo build --release -p stepguard-cli`).
+        #[arg(long, default_value = "target/release/stepguard")]
+        stepguard: PathBuf,
+        /// Run with `--no-record` (no history database).
+        #[arg(long)]
+        no_record: bool,
+    },
     /// History commands (`show`, `history --last 20`, `stats`, `history export`) on a database:
     /// wall time and peak memory, against the equivalent sqlite3 query.
     History {
@@ -161,6 +176,11 @@ fn main() -> anyhow::Result<()> {
             stepguard,
             runs,
         } => history::read(&db, &stepguard, runs),
+        Bench::Startup {
+            runs,
+            stepguard,
+            no_record,
+        } => startup::run(&stepguard, runs, no_record),
     }
 }
 

@@ -435,9 +435,15 @@ impl<T: Copy, S> Ranker<T, S> {
     }
 }
 
+/// A (provider, task type) group.
+type GroupKey = (String, Option<String>);
+
+/// Per group, the ranked values of all its runs and of its successful runs.
+type RankedPerGroup<T, S> = Vec<(Option<Ranked<T, S>>, Option<Ranked<T, S>>)>;
+
 /// A group as the groups query gives it.
 struct GroupCounts {
-    key: (String, Option<String>),
+    key: GroupKey,
     runs: usize,
     successes: usize,
     /// Runs with steps, turns, tokens, cost; then successful runs with each.
@@ -446,14 +452,13 @@ struct GroupCounts {
 
 /// One sorted pass over the values of `metric` (column `index` of the counts): for each group,
 /// the ranked values of all its runs and of its successful ones.
-#[allow(clippy::type_complexity)]
 fn ranked<T: Copy, S: Copy>(
     conn: &Connection,
     (metric, index): (Metric, usize),
     groups: &[GroupCounts],
     read: fn(ValueRef<'_>) -> Option<T>,
     (zero, add): (S, fn(&mut S, T)),
-) -> rusqlite::Result<Vec<(Option<Ranked<T, S>>, Option<Ranked<T, S>>)>> {
+) -> rusqlite::Result<RankedPerGroup<T, S>> {
     let fresh = |g: &GroupCounts| {
         (
             Ranker::new(g.with[index], zero),
@@ -536,9 +541,7 @@ fn group_counts(conn: &Connection) -> rusqlite::Result<Vec<GroupCounts>> {
 }
 
 /// How often each failure slug occurred, per group.
-fn slugs(
-    conn: &Connection,
-) -> rusqlite::Result<BTreeMap<(String, Option<String>), BTreeMap<String, usize>>> {
+fn slugs(conn: &Connection) -> rusqlite::Result<BTreeMap<GroupKey, BTreeMap<String, usize>>> {
     let mut stmt = conn.prepare(SLUGS_SQL)?;
     let mut rows = stmt.query([])?;
     let mut slugs: BTreeMap<_, BTreeMap<String, usize>> = BTreeMap::new();
