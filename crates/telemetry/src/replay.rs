@@ -9,8 +9,7 @@ use stepguard_core::RunRecord;
 use crate::config::TelemetryConfig;
 use crate::error::TelemetryError;
 use crate::export::{export, export_meters, meters};
-use crate::metrics::Meters;
-use crate::metrics::RunPoint;
+use crate::metrics::{Meters, RunPoint};
 use crate::span::{SpanIdentity, StepLog, record_times, run_span};
 
 /// Spans sent in one request: the most runs a replay holds at once.
@@ -32,7 +31,6 @@ const MIN_REPLAY_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct Replay {
     config: TelemetryConfig,
     timeout: Duration,
-    batch: usize,
     spans: Vec<SpanData>,
     meters: Option<Meters>,
     /// Finished records taken so far.
@@ -48,21 +46,11 @@ impl Replay {
     ///
     /// [`TelemetryError::Export`] when the metrics exporter cannot be set up.
     pub fn new(config: &TelemetryConfig) -> Result<Self, TelemetryError> {
-        Self::with_batch(config, REPLAY_BATCH)
-    }
-
-    /// Starts a replay that sends spans `batch` at a time (at least one).
-    ///
-    /// # Errors
-    ///
-    /// As [`Replay::new`].
-    pub fn with_batch(config: &TelemetryConfig, batch: usize) -> Result<Self, TelemetryError> {
         let timeout = config.flush_timeout.max(MIN_REPLAY_TIMEOUT);
         Ok(Replay {
             meters: meters(config, timeout, &RetryPolicy::recommended()).transpose()?,
             config: config.clone(),
             timeout,
-            batch: batch.max(1),
             spans: Vec::new(),
             taken: 0,
             sent: 0,
@@ -88,7 +76,7 @@ impl Replay {
         }
         if self.config.traces_endpoint.is_some() {
             self.spans.push(span(record, start, end));
-            if self.spans.len() >= self.batch {
+            if self.spans.len() >= REPLAY_BATCH {
                 self.send_spans()?;
             }
         }
