@@ -786,3 +786,45 @@ fn a_named_database_in_a_missing_directory_is_refused_before_the_agent_starts() 
     let run = sb.run(&["--db", &db, "run", "--no-record", "-p", "codex", "--", &ok]);
     assert_eq!(run.code, Some(0), "{}", run.stderr);
 }
+
+/// Each line of `history export` is, byte for byte, what `show ID --json` prints for that run
+/// (the record as read and serialized), for runs with budgets, sub-agents and control
+/// characters in their text, and one whose stored record lacks a key (an older stepguard's).
+#[test]
+fn history_export_lines_are_the_records_show_json_prints() {
+    let sb = Sandbox::new();
+    let db = budgeted_runs(&sb);
+    {
+        let conn = rusqlite::Connection::open(&db).unwrap();
+        conn.execute(
+            "UPDATE runs SET record = json_set(record, '$.message', 'bell \u{7} esc \u{1b}[2J c1 \u{85} 済') WHERE id = 2",
+            [],
+        )
+        .unwrap();
+        conn.execute(
+            "UPDATE runs SET record = json_remove(record, '$.sub_agent_steps') WHERE id = 3",
+            [],
+        )
+        .unwrap();
+    }
+    let export = sb.run(&["--db", &db, "history", "export"]);
+    assert_eq!(export.code, Some(0), "{}", export.stderr);
+    let lines: Vec<&str> = export.stdout.lines().collect();
+    assert_eq!(lines.len(), 4, "{}", export.stdout);
+    for (i, line) in lines.iter().enumerate() {
+        let show = sb.run(&["--db", &db, "show", &(i + 1).to_string(), "--json"]);
+        assert_eq!(show.code, Some(0), "{}", show.stderr);
+        assert_eq!(*line, show.stdout.trim_end_matches('\n'));
+    }
+    // Control characters are escaped as in every printed line; the key the row lacked is null.
+    assert!(
+        lines[1].contains(r"bell \u0007 esc \u001b[2J c1 \u{85} 済"),
+        "{}",
+        lines[1]
+    );
+    assert!(
+        lines[2].ends_with(r#""sub_agent_steps":null}"#),
+        "{}",
+        lines[2]
+    );
+}

@@ -18,7 +18,16 @@ impl Collector {
         Self::on(TcpListener::bind("127.0.0.1:0").unwrap())
     }
 
+    /// A collector that takes the first `ok` posts, then answers every one with 500.
+    fn failing_after(ok: usize) -> Self {
+        Self::serving(TcpListener::bind("127.0.0.1:0").unwrap(), Some(ok))
+    }
+
     fn on(listener: TcpListener) -> Self {
+        Self::serving(listener, None)
+    }
+
+    fn serving(listener: TcpListener, fail_after: Option<usize>) -> Self {
         let url = format!("http://{}", listener.local_addr().unwrap());
         let seen = Arc::new(Mutex::new(Vec::new()));
         let log = Arc::clone(&seen);
@@ -47,10 +56,17 @@ impl Collector {
                 }
                 let mut body = vec![0; length];
                 let _ = reader.read_exact(&mut body);
-                log.lock().unwrap().push((path, kind));
-                let _ = stream.write_all(
-                    b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
-                );
+                let before = {
+                    let mut seen = log.lock().unwrap();
+                    seen.push((path, kind));
+                    seen.len() - 1
+                };
+                let answer: &[u8] = if fail_after.is_some_and(|ok| before >= ok) {
+                    b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                } else {
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                };
+                let _ = stream.write_all(answer);
             }
         });
         Collector { url, seen }
@@ -229,6 +245,69 @@ fn history_export_writes_json_lines_or_replays_to_the_collector() {
         "{}",
         nowhere.stderr
     );
+}
+
+/// A history of `n` finished runs, a second apart, written through the store.
+fn many_runs(sb: &Sandbox, n: usize) -> String {
+    use stepguard_core::{Outcome, RunRecord};
+    let db = sb.root().join("many.db");
+    let mut store = stepguard_store::Store::open(&db).unwrap();
+    let runs = (0..n).map(|i| {
+        let mut r = RunRecord::new("codex", Outcome::Success);
+        r.invocation.started_at = Some(format!("2026-01-01T00:{:02}:{:02}.000Z", i / 60, i % 60));
+        r.invocation.duration_ms = Some(1000);
+        r
+    });
+    store.insert_records(runs).unwrap();
+    db.display().to_string()
+}
+
+/// `history export --otlp` sends a batch of runs at a time (512 spans to a request) and the
+/// metrics once; a collector that fails part-way stops it with exit 2 and a message saying
+/// which runs it took.
+#[test]
+fn history_export_otlp_streams_in_batches_and_says_how_far_a_failing_collector_got() {
+    let sb = Sandbox::new();
+    let db = many_runs(&sb, 1100);
+    let collector = Collector::start();
+    let replay = sb.run_env(
+        &["--db", &db, "history", "export", "--otlp"],
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", collector.url.as_str())],
+    );
+    assert_eq!(replay.code, Some(0), "{}", replay.stderr);
+    assert!(
+        replay.stderr.contains("exported 1100 runs"),
+        "{}",
+        replay.stderr
+    );
+    let paths = collector.paths();
+    assert_eq!(
+        paths.iter().filter(|p| *p == "/v1/traces").count(),
+        3,
+        "{paths:?}"
+    );
+    assert_eq!(
+        paths.iter().filter(|p| *p == "/v1/metrics").count(),
+        1,
+        "{paths:?}"
+    );
+
+    let failing = Collector::failing_after(1);
+    let stopped = sb.run_env(
+        &["--db", &db, "history", "export", "--otlp"],
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", failing.url.as_str())],
+    );
+    assert_eq!(stopped.code, Some(2), "{}", stopped.stderr);
+    assert!(
+        stopped.stderr.contains(
+            "history export --otlp stopped: the collector took the spans of the 512 oldest runs"
+        ),
+        "{}",
+        stopped.stderr
+    );
+    assert!(stopped.stderr.contains("/v1/traces"), "{}", stopped.stderr);
+    assert!(!stopped.stderr.contains("exported"), "{}", stopped.stderr);
+    assert_eq!(failing.paths(), ["/v1/traces", "/v1/traces"]);
 }
 
 #[test]

@@ -23,6 +23,8 @@
 //!   peak memory), against the equivalent sqlite3 query.
 //! * `ledger`: a pool's cost to a run: reserve + settle of one model call (p50/p99), alone and
 //!   with concurrent writers, and runs admitted per second, on the local ledger.
+//! * `startup`: what a run costs before and around its agent: `stepguard run -p codex -- true`
+//!   against `true` alone, wall and CPU (every process started) per run.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 use std::io::{BufRead as _, Write as _};
@@ -41,6 +43,7 @@ mod ledger;
 mod ledger_pg;
 mod loops;
 mod prices;
+mod startup;
 
 #[derive(Parser)]
 #[command(about = "stepguard benchmarks")]
@@ -181,6 +184,18 @@ enum Bench {
         #[arg(long)]
         out: PathBuf,
     },
+    /// Start-up cost: `stepguard run -p codex -- true` against `true`, wall and CPU per run.
+    Startup {
+        /// Timed runs of each (after 5 of warm-up).
+        #[arg(long, default_value_t = 200)]
+        runs: usize,
+        /// The stepguard binary (build it with `cargo build --release -p stepguard-cli`).
+        #[arg(long, default_value = "target/release/stepguard")]
+        stepguard: PathBuf,
+        /// Run with `--no-record` (no history database).
+        #[arg(long)]
+        no_record: bool,
+    },
     /// History commands (`show`, `history --last 20`, `stats`, `history export`) on a database:
     /// wall time and peak memory, against the equivalent sqlite3 query.
     History {
@@ -295,6 +310,11 @@ fn main() -> anyhow::Result<()> {
             clients,
             preload,
         }),
+        Bench::Startup {
+            runs,
+            stepguard,
+            no_record,
+        } => startup::run(&stepguard, runs, no_record),
     }
 }
 

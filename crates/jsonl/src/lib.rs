@@ -29,5 +29,5 @@ mod scan;
 mod split;
 
 pub use ids::{IdMap, IdSet};
-pub use scan::{Framing, HostileFraming, RawValue, framing, scan, scan_prefix};
+pub use scan::{Framing, HostileFraming, RawValue, for_each_member, framing, scan, scan_prefix};
 pub use split::{LineSplitter, MAX_LINE_BYTES, SplitChunk, SplitLine};

@@ -265,6 +265,51 @@ pub fn scan<'a, const N: usize>(
     }
 }
 
+/// Walks the members of `line`, one JSON object, in order: `f` gets each key (the bytes between
+/// its quotes, escapes as written) and its raw value, and stops the walk by returning `false`.
+/// Returns whether the line is a well-formed object at the top level (values skipped
+/// structurally, as [`scan`] does) whose every member `f` accepted.
+pub fn for_each_member<'a>(
+    line: &'a [u8],
+    mut f: impl FnMut(&'a [u8], RawValue<'a>) -> bool,
+) -> bool {
+    let b = line;
+    let mut i = skip_ws(b, 0);
+    if b.get(i) != Some(&b'{') {
+        return false;
+    }
+    i = skip_ws(b, i + 1);
+    if b.get(i) == Some(&b'}') {
+        return skip_ws(b, i + 1) == b.len();
+    }
+    loop {
+        if b.get(i) != Some(&b'"') {
+            return false;
+        }
+        let Some(key_end) = skip_string(b, i) else {
+            return false;
+        };
+        let key = &b[i + 1..key_end - 1];
+        i = skip_ws(b, key_end);
+        if b.get(i) != Some(&b':') {
+            return false;
+        }
+        i = skip_ws(b, i + 1);
+        let Some(value_end) = skip_value(b, i) else {
+            return false;
+        };
+        if !f(key, RawValue(&b[i..value_end])) {
+            return false;
+        }
+        i = skip_ws(b, value_end);
+        match b.get(i) {
+            Some(b',') => i = skip_ws(b, i + 1),
+            Some(b'}') => return skip_ws(b, i + 1) == b.len(),
+            _ => return false,
+        }
+    }
+}
+
 /// Scans the leading members of a JSON object line for `keys`, stopping as soon as each has
 /// been found once: the fast path for event streams whose writers put the discriminating keys
 /// first (`{"type":…,"item":{"id":…,"type":…` ).
@@ -509,6 +554,39 @@ fn top_level_keys(b: &[u8], i: usize) -> Option<(usize, Option<HostileFraming>)>
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn members_are_walked_in_order_at_the_top_level_only() {
+        let line = br#"{"a":{"b":1,"c":"}"},"d\"":[1,{"e":2}],"f":null}"#;
+        let mut seen = Vec::new();
+        assert!(super::for_each_member(line, |k, v| {
+            seen.push((k, v.0));
+            true
+        }));
+        assert_eq!(
+            seen,
+            [
+                (&b"a"[..], &br#"{"b":1,"c":"}"}"#[..]),
+                (&br#"d\""#[..], &b"[1,{\"e\":2}]"[..]),
+                (&b"f"[..], &b"null"[..]),
+            ]
+        );
+        assert!(super::for_each_member(b" {} ", |_, _| false));
+        let mut n = 0;
+        assert!(!super::for_each_member(br#"{"a":1,"b":2}"#, |_, _| {
+            n += 1;
+            n < 2
+        }));
+        for bad in [
+            &br#"{"a":1"#[..],
+            br#"{"a":1} x"#,
+            br#"{"a" 1}"#,
+            b"[1]",
+            br#"{"a":tru"#,
+        ] {
+            assert!(!super::for_each_member(bad, |_, _| true), "{bad:?}");
+        }
+    }
+
     #[test]
     fn hostile_framings_are_told_from_plain_lines() {
         use super::{Framing::*, HostileFraming::*, framing};

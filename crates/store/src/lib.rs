@@ -53,6 +53,7 @@
 //! ```
 #![forbid(unsafe_code)]
 
+mod export;
 pub mod spool;
 mod stats;
 mod v7;
@@ -529,6 +530,32 @@ impl Store {
             .map_err(|e| self.err(e))?;
         while let Some(row) = rows.next().map_err(|e| self.err(e))? {
             if let Err(e) = f(record(row).map_err(|e| self.err(e))?) {
+                return Ok(Err(e));
+            }
+        }
+        Ok(Ok(()))
+    }
+
+    /// Calls `f` with each run matching `filter` as one line of JSON (no newline), the record
+    /// with its id, one row at a time, in `order`: what [`Store::each`] gives, serialized. A
+    /// record is written as stored when that is byte for byte what reading and serializing it
+    /// would give (see `export.rs`), so that a million runs cost little more than reading them.
+    /// Stops at the first error of `f` and returns it, inside.
+    pub fn export<E>(
+        &self,
+        filter: &Filter,
+        order: Order,
+        mut f: impl FnMut(&str) -> Result<(), E>,
+    ) -> Result<Result<(), E>, StoreError> {
+        let (sql, args) = list_sql(filter, order);
+        let mut stmt = self.conn.prepare(&sql).map_err(|e| self.err(e))?;
+        let mut rows = stmt
+            .query(rusqlite::params_from_iter(args.iter()))
+            .map_err(|e| self.err(e))?;
+        let mut exporter = export::Exporter::new();
+        while let Some(row) = rows.next().map_err(|e| self.err(e))? {
+            let line = export::line(row, &mut exporter).map_err(|e| self.err(e))?;
+            if let Err(e) = f(line) {
                 return Ok(Err(e));
             }
         }

@@ -11,8 +11,8 @@
 
 use std::collections::BTreeMap;
 
-use rusqlite::types::Value;
-use rusqlite::{Connection, params};
+use rusqlite::Connection;
+use rusqlite::types::ValueRef;
 use serde::Serialize;
 
 use stepguard_core::{Outcome, RunRecord};
@@ -329,46 +329,50 @@ pub(crate) fn figures_sql(provider: bool) -> String {
     )
 }
 
-/// The rows of one group (`?1` provider, `?2` task type): index `stats_by_group`.
-const GROUP_ROWS: &str = "FROM temp.stats_figures WHERE provider = ?1 AND task_type IS ?2";
-
-/// The groups with their run and success counts, in (provider, task type) order.
+/// The groups in (provider, task type) order, with their run and success counts and how many
+/// of their runs (then of their successful runs) have each figure: one pass.
 pub(crate) const GROUPS_SQL: &str =
-    "SELECT provider, task_type, count(*), total(outcome = 'success')
+    "SELECT provider, task_type, count(*), total(outcome = 'success'),
+        count(steps), count(turns), count(tokens), count(cost),
+        count(CASE WHEN outcome = 'success' THEN steps END),
+        count(CASE WHEN outcome = 'success' THEN turns END),
+        count(CASE WHEN outcome = 'success' THEN tokens END),
+        count(CASE WHEN outcome = 'success' THEN cost END)
     FROM temp.stats_figures GROUP BY provider, task_type ORDER BY provider, task_type";
 
-/// The values of `metric` over a group's rows (successful ones only when asked), sorted.
-pub(crate) fn sorted_sql(metric_sql: &str, successes: bool) -> String {
+/// How often each failure slug occurred in each group.
+const SLUGS_SQL: &str = "SELECT provider, task_type, slug, count(*) FROM temp.stats_figures
+    WHERE slug IS NOT NULL GROUP BY provider, task_type, slug";
+
+/// Every value of `metric` with its group and whether its run succeeded, sorted by group, then
+/// value: one sorted pass gives every group's percentiles of all runs and of successful ones.
+pub(crate) fn sorted_sql(metric_sql: &str) -> String {
     format!(
-        "SELECT {metric_sql} {GROUP_ROWS} AND {metric_sql} IS NOT NULL{} ORDER BY {metric_sql}",
-        if successes {
-            " AND outcome = 'success'"
-        } else {
-            ""
-        }
+        "SELECT provider, task_type, outcome = 'success', {metric_sql} FROM temp.stats_figures
+         WHERE {metric_sql} IS NOT NULL ORDER BY provider, task_type, {metric_sql}"
     )
 }
 
 /// A value read as SQLite gives it: an integer past `i64::MAX` (a sum that overflowed) comes
 /// back real and counts as `i64::MAX`, as [`total_tokens`] saturates.
-fn int(v: Value) -> Option<i64> {
+fn int(v: ValueRef<'_>) -> Option<i64> {
     match v {
-        Value::Integer(i) => Some(i),
-        Value::Real(f) if f >= i64::MAX as f64 => Some(i64::MAX),
-        Value::Real(f) => Some(f as i64),
+        ValueRef::Integer(i) => Some(i),
+        ValueRef::Real(f) if f >= i64::MAX as f64 => Some(i64::MAX),
+        ValueRef::Real(f) => Some(f as i64),
         _ => None,
     }
 }
 
-fn real(v: Value) -> Option<f64> {
+fn real(v: ValueRef<'_>) -> Option<f64> {
     match v {
-        Value::Integer(i) => Some(i as f64),
-        Value::Real(f) => Some(f).filter(|f| f.is_finite()),
+        ValueRef::Integer(i) => Some(i as f64),
+        ValueRef::Real(f) => Some(f).filter(|f| f.is_finite()),
         _ => None,
     }
 }
 
-/// What one pass over sorted values keeps: the count, the sum, and the values at the ranks.
+/// What one walk over sorted values keeps: the count, the sum, and the values at the ranks.
 struct Ranked<T, S> {
     n: usize,
     sum: S,
@@ -377,57 +381,120 @@ struct Ranked<T, S> {
     max: T,
 }
 
-/// Walks a group's sorted values of `metric` once, keeping the count, the sum and the values
-/// at the nearest ranks of the 50th and 95th percentiles. `n` values were counted beforehand
-/// in the same snapshot.
-fn walk<T: Copy, S>(
-    conn: &Connection,
-    key: &(String, Option<String>),
-    (metric, successes): (Metric, bool),
-    n: usize,
-    read: fn(Value) -> Option<T>,
-    mut sum: S,
-    add: fn(&mut S, T),
-) -> rusqlite::Result<Option<Ranked<T, S>>> {
-    if n == 0 {
-        return Ok(None);
-    }
-    let (r50, r95) = (rank(n, 50.0), rank(n, 95.0));
-    let mut stmt = conn.prepare_cached(&sorted_sql(metric.sql(), successes))?;
-    let mut rows = stmt.query(params![key.0, key.1])?;
-    let (mut i, mut p50, mut p95, mut max) = (0, None, None, None);
-    while let Some(row) = rows.next()? {
-        let Some(v) = read(row.get(0)?) else { continue };
-        i += 1;
-        add(&mut sum, v);
-        if i == r50 {
-            p50 = Some(v);
-        }
-        if i == r95 {
-            p95 = Some(v);
-        }
-        max = Some(v);
-    }
-    Ok(match (p50, p95, max) {
-        (Some(p50), Some(p95), Some(max)) => Some(Ranked {
-            n: i,
-            sum,
-            p50,
-            p95,
-            max,
-        }),
-        _ => None,
-    })
+/// Keeps, while a group's sorted values go by, their count, their sum and the values at the
+/// nearest ranks of the 50th and 95th percentiles of `n` values (counted beforehand in the
+/// same snapshot).
+struct Ranker<T, S> {
+    ranks: (usize, usize),
+    i: usize,
+    sum: S,
+    p50: Option<T>,
+    p95: Option<T>,
+    max: Option<T>,
 }
 
-fn spread(
+impl<T: Copy, S> Ranker<T, S> {
+    fn new(n: usize, zero: S) -> Self {
+        Ranker {
+            ranks: if n == 0 {
+                (0, 0)
+            } else {
+                (rank(n, 50.0), rank(n, 95.0))
+            },
+            i: 0,
+            sum: zero,
+            p50: None,
+            p95: None,
+            max: None,
+        }
+    }
+
+    fn add(&mut self, v: T, add: fn(&mut S, T)) {
+        self.i += 1;
+        add(&mut self.sum, v);
+        if self.i == self.ranks.0 {
+            self.p50 = Some(v);
+        }
+        if self.i == self.ranks.1 {
+            self.p95 = Some(v);
+        }
+        self.max = Some(v);
+    }
+
+    fn done(self) -> Option<Ranked<T, S>> {
+        match (self.p50, self.p95, self.max) {
+            (Some(p50), Some(p95), Some(max)) => Some(Ranked {
+                n: self.i,
+                sum: self.sum,
+                p50,
+                p95,
+                max,
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// A (provider, task type) group.
+type GroupKey = (String, Option<String>);
+
+/// Per group, the ranked values of all its runs and of its successful runs.
+type RankedPerGroup<T, S> = Vec<(Option<Ranked<T, S>>, Option<Ranked<T, S>>)>;
+
+/// A group as the groups query gives it.
+struct GroupCounts {
+    key: GroupKey,
+    runs: usize,
+    successes: usize,
+    /// Runs with steps, turns, tokens, cost; then successful runs with each.
+    with: [usize; 8],
+}
+
+/// One sorted pass over the values of `metric` (column `index` of the counts): for each group,
+/// the ranked values of all its runs and of its successful ones.
+fn ranked<T: Copy, S: Copy>(
     conn: &Connection,
-    key: &(String, Option<String>),
-    of: (Metric, bool),
-    n: usize,
-) -> rusqlite::Result<Option<Spread>> {
-    let ranked = walk(conn, key, of, n, int, 0i128, |s, v| *s += i128::from(v))?;
-    Ok(ranked.map(|r| {
+    (metric, index): (Metric, usize),
+    groups: &[GroupCounts],
+    read: fn(ValueRef<'_>) -> Option<T>,
+    (zero, add): (S, fn(&mut S, T)),
+) -> rusqlite::Result<RankedPerGroup<T, S>> {
+    let fresh = |g: &GroupCounts| {
+        (
+            Ranker::new(g.with[index], zero),
+            Ranker::new(g.with[index + 4], zero),
+        )
+    };
+    let mut rankers: Vec<(Ranker<T, S>, Ranker<T, S>)> = groups.iter().map(fresh).collect();
+    let mut stmt = conn.prepare(&sorted_sql(metric.sql()))?;
+    let mut rows = stmt.query([])?;
+    let mut at = 0;
+    while let Some(row) = rows.next()? {
+        let provider = row.get_ref(0)?.as_str()?;
+        let task_type = row.get_ref(1)?.as_str_or_null()?;
+        // Both queries order groups alike: the row's group is this one or a later one.
+        while groups
+            .get(at)
+            .is_some_and(|g| (g.key.0.as_str(), g.key.1.as_deref()) != (provider, task_type))
+        {
+            at += 1;
+        }
+        let (Some((all, ok)), Some(v)) = (rankers.get_mut(at), read(row.get_ref(3)?)) else {
+            continue;
+        };
+        all.add(v, add);
+        if row.get::<_, bool>(2)? {
+            ok.add(v, add);
+        }
+    }
+    Ok(rankers
+        .into_iter()
+        .map(|(all, ok)| (all.done(), ok.done()))
+        .collect())
+}
+
+fn spread(r: Option<&Ranked<i64, i128>>) -> Option<Spread> {
+    r.map(|r| {
         let mean = r.sum as f64 / r.n as f64;
         Spread {
             runs: r.n,
@@ -436,18 +503,11 @@ fn spread(
             p95: r.p95,
             max: r.max,
         }
-    }))
+    })
 }
 
-fn cost_spread(
-    conn: &Connection,
-    key: &(String, Option<String>),
-    successes: bool,
-    n: usize,
-) -> rusqlite::Result<Option<CostSpread>> {
-    let of = (Metric::Cost, successes);
-    let ranked = walk(conn, key, of, n, real, 0f64, |s, v| *s += v)?;
-    Ok(ranked.map(|r| {
+fn cost_spread(r: Option<&Ranked<f64, f64>>) -> Option<CostSpread> {
+    r.map(|r| {
         let mean = r.sum / r.n as f64;
         CostSpread {
             runs: r.n,
@@ -456,82 +516,47 @@ fn cost_spread(
             p95: r.p95,
             max: r.max,
         }
-    }))
+    })
 }
 
-/// How many of a group's runs have each figure: steps, turns, tokens, cost, then steps,
-/// tokens and cost of its successful runs.
-fn counts(conn: &Connection, key: &(String, Option<String>)) -> rusqlite::Result<[usize; 7]> {
-    let ok = |m: Metric| format!("count(CASE WHEN outcome = 'success' THEN {} END)", m.sql());
-    let sql = format!(
-        "SELECT count({}), count({}), count({}), count({}), {}, {}, {} {GROUP_ROWS}",
-        Metric::Steps.sql(),
-        Metric::Turns.sql(),
-        Metric::Tokens.sql(),
-        Metric::Cost.sql(),
-        ok(Metric::Steps),
-        ok(Metric::Tokens),
-        ok(Metric::Cost)
-    );
-    conn.query_row(&sql, params![key.0, key.1], |r| {
-        let mut n = [0usize; 7];
-        for (i, slot) in n.iter_mut().enumerate() {
-            *slot = usize::try_from(r.get::<_, i64>(i)?).unwrap_or(0);
+/// The groups with their counts, in (provider, task type) order.
+fn group_counts(conn: &Connection) -> rusqlite::Result<Vec<GroupCounts>> {
+    let mut stmt = conn.prepare(GROUPS_SQL)?;
+    let count = |r: &rusqlite::Row<'_>, i: usize| {
+        r.get::<_, i64>(i).map(|n| usize::try_from(n).unwrap_or(0))
+    };
+    stmt.query_map([], |r| {
+        let mut with = [0usize; 8];
+        for (i, slot) in with.iter_mut().enumerate() {
+            *slot = count(r, 4 + i)?;
         }
-        Ok(n)
-    })
+        Ok(GroupCounts {
+            key: (r.get(0)?, r.get(1)?),
+            runs: count(r, 2)?,
+            successes: r.get::<_, f64>(3)? as usize,
+            with,
+        })
+    })?
+    .collect()
 }
 
-/// How often each failure slug occurred in a group.
-fn slugs(
-    conn: &Connection,
-    key: &(String, Option<String>),
-) -> rusqlite::Result<BTreeMap<String, usize>> {
-    let sql = format!("SELECT slug, count(*) {GROUP_ROWS} AND slug IS NOT NULL GROUP BY slug");
-    let mut stmt = conn.prepare_cached(&sql)?;
-    let rows = stmt.query_map(params![key.0, key.1], |r| {
-        Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?))
-    })?;
-    rows.map(|r| r.map(|(s, n)| (s, usize::try_from(n).unwrap_or(0))))
-        .collect()
+/// How often each failure slug occurred, per group.
+fn slugs(conn: &Connection) -> rusqlite::Result<BTreeMap<GroupKey, BTreeMap<String, usize>>> {
+    let mut stmt = conn.prepare(SLUGS_SQL)?;
+    let mut rows = stmt.query([])?;
+    let mut slugs: BTreeMap<_, BTreeMap<String, usize>> = BTreeMap::new();
+    while let Some(r) = rows.next()? {
+        let key = (r.get(0)?, r.get(1)?);
+        let n = usize::try_from(r.get::<_, i64>(3)?).unwrap_or(0);
+        slugs.entry(key).or_default().insert(r.get(2)?, n);
+    }
+    Ok(slugs)
 }
 
-/// One group's figures, from the database.
-fn group(
-    conn: &Connection,
-    key: (String, Option<String>),
-    runs: usize,
-    successes: usize,
-) -> rusqlite::Result<GroupStats> {
-    let n = counts(conn, &key)?;
-    let ok_steps = spread(conn, &key, (Metric::Steps, true), n[4])?;
-    let ok_tokens = spread(conn, &key, (Metric::Tokens, true), n[5])?;
-    let ok_cost = cost_spread(conn, &key, true, n[6])?;
-    Ok(GroupStats {
-        failure_slugs: slugs(conn, &key)?,
-        steps: spread(conn, &key, (Metric::Steps, false), n[0])?,
-        turns: spread(conn, &key, (Metric::Turns, false), n[1])?,
-        tokens: spread(conn, &key, (Metric::Tokens, false), n[2])?,
-        cost_usd: cost_spread(conn, &key, false, n[3])?,
-        provider: key.0,
-        task_type: key.1,
-        runs,
-        successes,
-        success_rate: if runs == 0 {
-            0.0
-        } else {
-            (successes as f64 / runs as f64 * 10_000.0).round() / 10_000.0
-        },
-        suggested_max_steps: ok_steps.map(|s| s.p95.max(1)),
-        suggested_max_tokens: ok_tokens.as_ref().map(|s| s.p95.max(1)),
-        suggested_max_cost_usd: ok_cost.as_ref().map(|s| cost_budget(s.p95)),
-        successes_with_tokens: ok_tokens.map_or(0, |s| s.runs),
-        successes_with_cost: ok_cost.map_or(0, |s| s.runs),
-    })
-}
-
-/// The figures of [`compute_stats`], computed in the database in one read snapshot: memory
-/// holds one group's counts and one value at a time, whatever the number of runs.
+/// The figures of [`compute_stats`], computed in the database in one read snapshot: the records
+/// are read once into a narrow table of figures, then one pass counts the groups, one counts
+/// the slugs, and one sorted pass per figure gives every group's percentiles. Memory holds the
+/// groups' counts and one value at a time, whatever the number of runs.
 pub(crate) fn in_sql(conn: &Connection, provider: Option<&str>) -> rusqlite::Result<StatsReport> {
     // Rolled back when done: the temporary table goes with it.
     let snapshot = conn.unchecked_transaction()?;
@@ -539,22 +564,42 @@ pub(crate) fn in_sql(conn: &Connection, provider: Option<&str>) -> rusqlite::Res
         Some(p) => snapshot.execute(&figures_sql(true), [p])?,
         None => snapshot.execute(&figures_sql(false), [])?,
     };
-    snapshot
-        .execute_batch("CREATE INDEX temp.stats_by_group ON stats_figures (provider, task_type)")?;
-    let keys = {
-        let mut stmt = snapshot.prepare(GROUPS_SQL)?;
-        stmt.query_map([], |r| {
-            Ok((
-                (r.get::<_, String>(0)?, r.get::<_, Option<String>>(1)?),
-                usize::try_from(r.get::<_, i64>(2)?).unwrap_or(0),
-                r.get::<_, f64>(3)? as usize,
-            ))
-        })?
-        .collect::<Result<Vec<_>, _>>()?
-    };
-    let groups = keys
+    let counts = group_counts(&snapshot)?;
+    let mut slugs = slugs(&snapshot)?;
+    let add_int: fn(&mut i128, i64) = |s, v| *s += i128::from(v);
+    let add_real: fn(&mut f64, f64) = |s, v| *s += v;
+    let steps = ranked(&snapshot, (Metric::Steps, 0), &counts, int, (0, add_int))?;
+    let turns = ranked(&snapshot, (Metric::Turns, 1), &counts, int, (0, add_int))?;
+    let tokens = ranked(&snapshot, (Metric::Tokens, 2), &counts, int, (0, add_int))?;
+    let cost = ranked(&snapshot, (Metric::Cost, 3), &counts, real, (0.0, add_real))?;
+    let groups = counts
         .into_iter()
-        .map(|(key, runs, successes)| group(&snapshot, key, runs, successes))
-        .collect::<rusqlite::Result<_>>()?;
+        .zip(steps.iter().zip(&turns).zip(tokens.iter().zip(&cost)))
+        .map(|(g, ((steps, turns), (tokens, cost)))| {
+            let ok_tokens = spread(tokens.1.as_ref());
+            let ok_cost = cost_spread(cost.1.as_ref());
+            GroupStats {
+                failure_slugs: slugs.remove(&g.key).unwrap_or_default(),
+                steps: spread(steps.0.as_ref()),
+                turns: spread(turns.0.as_ref()),
+                tokens: spread(tokens.0.as_ref()),
+                cost_usd: cost_spread(cost.0.as_ref()),
+                suggested_max_steps: spread(steps.1.as_ref()).map(|s| s.p95.max(1)),
+                suggested_max_tokens: ok_tokens.as_ref().map(|s| s.p95.max(1)),
+                suggested_max_cost_usd: ok_cost.as_ref().map(|s| cost_budget(s.p95)),
+                successes_with_tokens: ok_tokens.map_or(0, |s| s.runs),
+                successes_with_cost: ok_cost.map_or(0, |s| s.runs),
+                provider: g.key.0,
+                task_type: g.key.1,
+                success_rate: if g.runs == 0 {
+                    0.0
+                } else {
+                    (g.successes as f64 / g.runs as f64 * 10_000.0).round() / 10_000.0
+                },
+                runs: g.runs,
+                successes: g.successes,
+            }
+        })
+        .collect();
     Ok(StatsReport { groups })
 }

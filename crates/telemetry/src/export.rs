@@ -13,8 +13,15 @@ use opentelemetry_sdk::trace::{SpanData, SpanExporter as _};
 
 use crate::config::{Protocol, TelemetryConfig, Temporality};
 use crate::error::{ExportFailure, TelemetryError};
-use crate::metrics::{RunPoint, export_points, sdk_cause};
+use crate::metrics::{Meters, RunPoint, sdk_cause};
 use crate::transport::Transport;
+
+/// A signal's export, run on a thread of its own: (signal, endpoint, the work).
+type Job = (
+    &'static str,
+    String,
+    Box<dyn FnOnce() -> Result<(), String> + Send>,
+);
 
 /// Exports `spans` and `points` to the configured endpoints (a signal with no endpoint, or
 /// nothing to send, is skipped), waiting at most `bound` for both together. Failed requests
@@ -26,24 +33,13 @@ pub(crate) fn export(
     bound: Duration,
     retry: &RetryPolicy,
 ) -> Result<(), TelemetryError> {
-    let deadline = Instant::now() + bound;
-    let resource = resource(config);
-    let setup = |endpoint: &String| Setup {
-        endpoint: endpoint.clone(),
-        protocol: config.protocol,
-        headers: config.headers.clone().into_iter().collect(),
-        timeout: bound,
-        retry: retry.clone(),
-        resource: resource.clone(),
-    };
-    type Work = Box<dyn FnOnce() -> Result<(), String> + Send>;
-    let mut jobs: Vec<(&'static str, String, Work)> = Vec::new();
+    let mut jobs: Vec<Job> = Vec::new();
     if let Some(endpoint) = config
         .traces_endpoint
         .as_ref()
         .filter(|_| !spans.is_empty())
     {
-        let setup = setup(endpoint);
+        let setup = Setup::new(config, endpoint, bound, retry);
         jobs.push((
             "traces",
             endpoint.clone(),
@@ -55,7 +51,7 @@ pub(crate) fn export(
         .as_ref()
         .filter(|_| !points.is_empty())
     {
-        let setup = setup(endpoint);
+        let setup = Setup::new(config, endpoint, bound, retry);
         let temporality = config.temporality;
         jobs.push((
             "metrics",
@@ -63,7 +59,48 @@ pub(crate) fn export(
             Box::new(move || setup.export_points(&points, temporality)),
         ));
     }
+    run(jobs, bound)
+}
 
+/// The meters a replay records its runs into, for `config`'s metrics endpoint (`None` when it
+/// has none), exporting within `bound` with `retry`.
+pub(crate) fn meters(
+    config: &TelemetryConfig,
+    bound: Duration,
+    retry: &RetryPolicy,
+) -> Option<Result<Meters, TelemetryError>> {
+    let endpoint = config.metrics_endpoint.as_ref()?;
+    let setup = Setup::new(config, endpoint, bound, retry);
+    Some(
+        setup
+            .meters(config.temporality)
+            .map_err(|cause| TelemetryError::Export {
+                failures: vec![ExportFailure {
+                    signal: "metrics",
+                    endpoint: endpoint.clone(),
+                    cause,
+                }],
+                bound,
+            }),
+    )
+}
+
+/// Exports what `meters` recorded to `config`'s metrics endpoint, waiting at most `bound`.
+pub(crate) fn export_meters(
+    config: &TelemetryConfig,
+    meters: Meters,
+    bound: Duration,
+) -> Result<(), TelemetryError> {
+    let endpoint = config.metrics_endpoint.clone().unwrap_or_default();
+    run(
+        vec![("metrics", endpoint, Box::new(move || meters.export()))],
+        bound,
+    )
+}
+
+/// Runs each job on a thread of its own and waits at most `bound` for all of them together.
+fn run(jobs: Vec<Job>, bound: Duration) -> Result<(), TelemetryError> {
+    let deadline = Instant::now() + bound;
     let (done, results) = mpsc::channel();
     let mut pending: Vec<(&'static str, String)> = Vec::new();
     let mut failures = Vec::new();
@@ -132,6 +169,17 @@ struct Setup {
 }
 
 impl Setup {
+    fn new(config: &TelemetryConfig, endpoint: &str, bound: Duration, retry: &RetryPolicy) -> Self {
+        Setup {
+            endpoint: endpoint.to_owned(),
+            protocol: config.protocol,
+            headers: config.headers.clone().into_iter().collect(),
+            timeout: bound,
+            retry: retry.clone(),
+            resource: resource(config),
+        }
+    }
+
     fn protocol(&self) -> opentelemetry_otlp::Protocol {
         match self.protocol {
             Protocol::HttpProtobuf => opentelemetry_otlp::Protocol::HttpBinary,
@@ -157,6 +205,16 @@ impl Setup {
     }
 
     fn export_points(self, points: &[RunPoint], temporality: Temporality) -> Result<(), String> {
+        let meters = self.meters(temporality)?;
+        for point in points {
+            meters.record(point);
+        }
+        meters.export()
+    }
+
+    /// Meters that export through an OTLP exporter of this setup (the transport explains its
+    /// failures).
+    fn meters(self, temporality: Temporality) -> Result<Meters, String> {
         let temporality = match temporality {
             Temporality::Delta => opentelemetry_sdk::metrics::Temporality::Delta,
             Temporality::Cumulative => opentelemetry_sdk::metrics::Temporality::Cumulative,
@@ -174,7 +232,9 @@ impl Setup {
             .with_headers(self.headers.clone())
             .build()
             .map_err(|e| e.to_string())?;
-        export_points(exporter, self.resource, points).map_err(|e| transport.explain(e))
+        Ok(Meters::new(exporter, self.resource, move |cause| {
+            transport.explain(cause)
+        }))
     }
 }
 

@@ -25,7 +25,9 @@
 //!   one the gateway wrapped up (`terminated_by` is `wrap_up`) has a `wrap_up` event whose
 //!   `stepguard.final_report_chars` is the length of the model's final report in characters.
 //!   The report's text is never exported: it may quote anything the agent read.
-//! * [`export_records`] replays past run records, for `stepguard history export --otlp`.
+//! * [`Replay`] replays past run records one at a time, for `stepguard history export --otlp`:
+//!   spans go out [`REPLAY_BATCH`] to a request and metric points are aggregated as they come,
+//!   so memory does not grow with the history; [`export_records`] replays a slice of them.
 //!
 //! # Never in the way
 //!
@@ -81,4 +83,4 @@ pub use config::{
 };
 pub use error::{ExportFailure, TelemetryError};
 pub use observer::TelemetryObserver;
-pub use replay::export_records;
+pub use replay::{REPLAY_BATCH, Replay, export_records};

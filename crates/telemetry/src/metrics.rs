@@ -1,10 +1,11 @@
 //! A run as metric points: one on the run counter and one on each histogram it has a value for.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use opentelemetry::KeyValue;
-use opentelemetry::metrics::MeterProvider as _;
+use opentelemetry::metrics::{Counter, Histogram, MeterProvider as _};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
 use opentelemetry_sdk::metrics::data::ResourceMetrics;
@@ -86,41 +87,6 @@ impl RunPoint {
     }
 }
 
-/// Records `points` in a meter provider of their own and exports them once through
-/// `exporter`, returning the exporter's own error (the SDK's reader only says "failed").
-pub(crate) fn export_points<E: PushMetricExporter>(
-    exporter: E,
-    resource: Resource,
-    points: &[RunPoint],
-) -> Result<(), String> {
-    let outcome = Arc::new(Mutex::new(None));
-    let capturing = Capturing {
-        inner: exporter,
-        outcome: Arc::clone(&outcome),
-    };
-    // Nothing is exported on a schedule: the one export is the one shutdown makes.
-    let reader = PeriodicReader::builder(capturing)
-        .with_interval(Duration::from_secs(24 * 3600))
-        .build();
-    let provider = SdkMeterProvider::builder()
-        .with_resource(resource)
-        .with_reader(reader)
-        .build();
-    record(&provider, points);
-    let shutdown = provider.shutdown();
-    let exported = outcome
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .take();
-    match exported {
-        Some(result) => result,
-        None => Err(match shutdown {
-            Err(e) => sdk_cause(&e),
-            Ok(()) => "no metrics were exported".to_owned(),
-        }),
-    }
-}
-
 /// The SDK's error without its "Operation failed:" preamble.
 pub(crate) fn sdk_cause(error: &OTelSdkError) -> String {
     match error {
@@ -129,51 +95,117 @@ pub(crate) fn sdk_cause(error: &OTelSdkError) -> String {
     }
 }
 
-fn record(provider: &SdkMeterProvider, points: &[RunPoint]) {
-    let meter = provider.meter_with_scope(scope());
-    let runs = meter
-        .u64_counter("stepguard.runs")
-        .with_unit("{run}")
-        .with_description("Agent runs supervised by stepguard")
-        .build();
-    let steps = meter
-        .u64_histogram("stepguard.run.steps")
-        .with_unit("{step}")
-        .with_description("Steps an agent run took")
-        .with_boundaries(STEP_BUCKETS.to_vec())
-        .build();
-    let tokens = meter
-        .u64_histogram("stepguard.run.tokens")
-        .with_unit("{token}")
-        .with_description("Tokens (input and output) an agent run used")
-        .with_boundaries(TOKEN_BUCKETS.to_vec())
-        .build();
-    let cost = meter
-        .f64_histogram("stepguard.run.cost_usd")
-        .with_unit("{USD}")
-        .with_description("What an agent run cost, in US dollars, as the provider reported it")
-        .with_boundaries(COST_BUCKETS.to_vec())
-        .build();
-    let duration = meter
-        .f64_histogram("stepguard.run.duration")
-        .with_unit("s")
-        .with_description("How long an agent run took")
-        .with_boundaries(DURATION_BUCKETS.to_vec())
-        .build();
-    for point in points {
+/// The run counter and the histograms of a meter provider of their own: points are recorded
+/// as runs come (memory holds one series per label set, not the points) and exported once.
+pub(crate) struct Meters {
+    provider: SdkMeterProvider,
+    outcome: Arc<Mutex<Option<Result<(), String>>>>,
+    runs: Counter<u64>,
+    steps: Histogram<u64>,
+    tokens: Histogram<u64>,
+    cost: Histogram<f64>,
+    duration: Histogram<f64>,
+    /// Whether the provider's one export may go (see [`Capturing`]).
+    armed: Arc<AtomicBool>,
+    /// Says more about a failure than the exporter does (the transport's own reason).
+    explain: Box<dyn Fn(String) -> String + Send + Sync>,
+}
+
+impl Meters {
+    /// Meters whose one export goes through `exporter`; `explain` rewrites its failure.
+    pub(crate) fn new<E: PushMetricExporter>(
+        exporter: E,
+        resource: Resource,
+        explain: impl Fn(String) -> String + Send + Sync + 'static,
+    ) -> Self {
+        let outcome = Arc::new(Mutex::new(None));
+        let armed = Arc::new(AtomicBool::new(false));
+        let capturing = Capturing {
+            inner: exporter,
+            outcome: Arc::clone(&outcome),
+            armed: Arc::clone(&armed),
+        };
+        // Nothing is exported on a schedule: the one export is the one shutdown makes.
+        let reader = PeriodicReader::builder(capturing)
+            .with_interval(Duration::from_secs(24 * 3600))
+            .build();
+        let provider = SdkMeterProvider::builder()
+            .with_resource(resource)
+            .with_reader(reader)
+            .build();
+        let meter = provider.meter_with_scope(scope());
+        Meters {
+            runs: meter
+                .u64_counter("stepguard.runs")
+                .with_unit("{run}")
+                .with_description("Agent runs supervised by stepguard")
+                .build(),
+            steps: meter
+                .u64_histogram("stepguard.run.steps")
+                .with_unit("{step}")
+                .with_description("Steps an agent run took")
+                .with_boundaries(STEP_BUCKETS.to_vec())
+                .build(),
+            tokens: meter
+                .u64_histogram("stepguard.run.tokens")
+                .with_unit("{token}")
+                .with_description("Tokens (input and output) an agent run used")
+                .with_boundaries(TOKEN_BUCKETS.to_vec())
+                .build(),
+            cost: meter
+                .f64_histogram("stepguard.run.cost_usd")
+                .with_unit("{USD}")
+                .with_description(
+                    "What an agent run cost, in US dollars, as the provider reported it",
+                )
+                .with_boundaries(COST_BUCKETS.to_vec())
+                .build(),
+            duration: meter
+                .f64_histogram("stepguard.run.duration")
+                .with_unit("s")
+                .with_description("How long an agent run took")
+                .with_boundaries(DURATION_BUCKETS.to_vec())
+                .build(),
+            provider,
+            outcome,
+            armed,
+            explain: Box::new(explain),
+        }
+    }
+
+    /// Records one run's point.
+    pub(crate) fn record(&self, point: &RunPoint) {
         let kv = &point.attributes;
-        runs.add(1, kv);
+        self.runs.add(1, kv);
         if let Some(n) = point.steps {
-            steps.record(n, kv);
+            self.steps.record(n, kv);
         }
         if let Some(n) = point.tokens {
-            tokens.record(n, kv);
+            self.tokens.record(n, kv);
         }
         if let Some(usd) = point.cost_usd {
-            cost.record(usd, kv);
+            self.cost.record(usd, kv);
         }
         if let Some(d) = point.duration {
-            duration.record(d.as_secs_f64(), kv);
+            self.duration.record(d.as_secs_f64(), kv);
+        }
+    }
+
+    /// Exports what was recorded, once, returning the exporter's own error.
+    pub(crate) fn export(self) -> Result<(), String> {
+        self.armed.store(true, Ordering::SeqCst);
+        let shutdown = self.provider.shutdown();
+        let exported = self
+            .outcome
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        match exported {
+            Some(result) => result.map_err(&self.explain),
+            None => Err((self.explain)(match shutdown {
+                Err(e) => sdk_cause(&e),
+                Ok(()) => "no metrics were exported".to_owned(),
+            })),
         }
     }
 }
@@ -184,10 +216,16 @@ fn record(provider: &SdkMeterProvider, points: &[RunPoint]) {
 struct Capturing<E> {
     inner: E,
     outcome: Arc<Mutex<Option<Result<(), String>>>>,
+    /// Set by [`Meters::export`]: meters dropped without it (a replay that failed part-way)
+    /// send nothing, where the SDK would flush them as the provider goes.
+    armed: Arc<AtomicBool>,
 }
 
 impl<E: PushMetricExporter> PushMetricExporter for Capturing<E> {
     async fn export(&self, metrics: &ResourceMetrics) -> OTelSdkResult {
+        if !self.armed.load(Ordering::SeqCst) {
+            return Ok(());
+        }
         let result = self.inner.export(metrics).await;
         *self.outcome.lock().unwrap_or_else(PoisonError::into_inner) =
             Some(result.as_ref().map_err(sdk_cause).copied());

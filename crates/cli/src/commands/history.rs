@@ -192,7 +192,7 @@ pub(crate) fn history(cli: &Cli, args: &HistoryArgs) -> anyhow::Result<ExitCode>
 }
 
 /// Runs `stepguard history export`: JSON Lines of run records, oldest first, streamed one row at
-/// a time; or an OTLP replay.
+/// a time; or an OTLP replay, streamed too.
 fn export(cli: &Cli, args: &HistoryArgs, otlp: bool) -> anyhow::Result<ExitCode> {
     let filter = filter(args)?;
     let store = match open(cli)? {
@@ -202,24 +202,24 @@ fn export(cli: &Cli, args: &HistoryArgs, otlp: bool) -> anyhow::Result<ExitCode>
             None
         }
     };
-    if !otlp {
-        if let Some(store) = &store {
-            // Buffered: one write per block of lines, not per line, at a million runs.
-            let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-            store.each(&filter, Order::OldestFirst, |record| {
-                let json = serde_json::to_string(&record)?;
-                writeln!(out, "{}", output::printable(&json))?;
-                anyhow::Ok(())
-            })??;
-            out.flush()?;
-        }
-        return Ok(ExitCode::Success);
+    if otlp {
+        return replay(cli, store.as_ref(), &filter);
     }
-    let mut records = Vec::new();
     if let Some(store) = &store {
-        records = store.list(&filter)?;
-        records.reverse();
+        // Buffered: one write per block of lines, not per line, at a million runs.
+        let mut out = std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock());
+        store.export(&filter, Order::OldestFirst, |line| {
+            out.write_all(output::printable(line).as_bytes())?;
+            out.write_all(b"\n")
+        })??;
+        out.flush()?;
     }
+    Ok(ExitCode::Success)
+}
+
+/// Runs `stepguard history export --otlp`: the runs, oldest first, to the collector, read and
+/// sent a batch at a time.
+fn replay(cli: &Cli, store: Option<&Store>, filter: &Filter) -> anyhow::Result<ExitCode> {
     let config = crate::settings::load_config(cli.config.as_deref())?;
     let Some(telemetry) = crate::settings::telemetry(&config.model) else {
         return Err(UsageError(
@@ -231,13 +231,35 @@ fn export(cli: &Cli, args: &HistoryArgs, otlp: bool) -> anyhow::Result<ExitCode>
     for w in telemetry.warnings() {
         output::diag("warning", w);
     }
-    let sent = stepguard_telemetry::export_records(&telemetry, &records)?;
+    let mut replay = stepguard_telemetry::Replay::new(&telemetry)?;
+    let mut skipped = 0usize;
+    let mut pushed = Ok(());
+    if let Some(store) = store {
+        pushed = store.each(filter, Order::OldestFirst, |record| {
+            if !replay.push(&record)? {
+                skipped += 1;
+            }
+            Ok(())
+        })?;
+    }
+    let sent = pushed
+        .and_then(|()| replay.finish())
+        .map_err(|e| stopped(e, replay.sent()))?;
     output::note(format!(
-        "exported {sent} run{} to the collector ({} still running or unfinished skipped)",
+        "exported {sent} run{} to the collector ({skipped} still running or unfinished skipped)",
         if sent == 1 { "" } else { "s" },
-        records.len() - sent
     ));
     Ok(ExitCode::Success)
+}
+
+/// The error of a replay the collector stopped part-way, saying how far it got.
+fn stopped(e: stepguard_telemetry::TelemetryError, sent: usize) -> anyhow::Error {
+    anyhow::Error::new(e).context(format!(
+        "history export --otlp stopped: the collector took the spans of the {sent} oldest \
+         run{}, not the rest nor the metrics; run it again once the collector is back (the runs \
+         it took are then sent again)",
+        if sent == 1 { "" } else { "s" }
+    ))
 }
 
 /// Runs `stepguard show`.

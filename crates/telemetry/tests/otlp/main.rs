@@ -10,12 +10,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use opentelemetry_proto::tonic::common::v1::{KeyValue, any_value};
-use opentelemetry_proto::tonic::metrics::v1::{Metric, metric};
+use opentelemetry_proto::tonic::metrics::v1::{Metric, metric, number_data_point};
 use opentelemetry_proto::tonic::trace::v1::{Span, status};
 use stepguard_core::{Outcome, RunRecord, TokenUsage};
 use stepguard_telemetry::{
-    Protocol, TelemetryConfig, TelemetryError, TelemetryObserver, TelemetrySettings, Temporality,
-    export_records,
+    Protocol, REPLAY_BATCH, Replay, TelemetryConfig, TelemetryError, TelemetryObserver,
+    TelemetrySettings, Temporality, export_records,
 };
 use tracing_subscriber::layer::SubscriberExt as _;
 
@@ -888,4 +888,109 @@ fn the_run_observer_adapter_times_step_events_from_the_agents_start() {
         .collect();
     let tick = nanos(start + Duration::from_millis(1500));
     assert_eq!(steps, [tick, tick]);
+}
+
+/// A finished run `i` seconds after the first, for replays.
+fn past_run(i: usize) -> RunRecord {
+    let mut r = RunRecord::new("codex", Outcome::Success);
+    let start = at("2025-01-01T00:00:00Z") + Duration::from_secs(i as u64);
+    r.invocation.started_at = Some(humantime::format_rfc3339_millis(start).to_string());
+    r.invocation.duration_ms = Some(1000);
+    r.counts.num_steps_computed = Some(3);
+    r
+}
+
+/// The `stepguard.runs` counter summed over its data points.
+fn runs_counted(metrics: &[Metric]) -> i64 {
+    let runs = metrics.iter().find(|m| m.name == "stepguard.runs").unwrap();
+    let Some(metric::Data::Sum(sum)) = &runs.data else {
+        panic!("{runs:?}");
+    };
+    sum.data_points
+        .iter()
+        .map(|p| match p.value {
+            Some(number_data_point::Value::AsInt(n)) => n,
+            _ => panic!("{p:?}"),
+        })
+        .sum()
+}
+
+#[test]
+fn a_replay_sends_its_runs_a_batch_at_a_time_and_each_once() {
+    let receiver = Receiver::start();
+    let config = config(&[("OTEL_EXPORTER_OTLP_ENDPOINT", &receiver.endpoint())]).unwrap();
+    let mut replay = Replay::new(&config).unwrap();
+    let n = 2 * REPLAY_BATCH + 100;
+    for i in 0..n {
+        assert!(replay.push(&past_run(i)).unwrap());
+    }
+    let mut running = RunRecord::new("gemini", Outcome::Running);
+    running.invocation.started_at = Some("2025-02-01T09:00:00.000Z".into());
+    assert!(!replay.push(&running).unwrap(), "a running run is skipped");
+    // Two full batches went while the runs came; the rest and the metrics wait for the end.
+    assert_eq!(replay.sent(), 2 * REPLAY_BATCH);
+    assert_eq!(receiver.requests().len(), 2);
+    assert_eq!(replay.finish().unwrap(), n);
+    assert_eq!(replay.sent(), n);
+
+    let per_request: Vec<usize> = receiver
+        .traces()
+        .iter()
+        .map(|t| {
+            t.resource_spans
+                .iter()
+                .flat_map(|r| &r.scope_spans)
+                .map(|s| s.spans.len())
+                .sum()
+        })
+        .collect();
+    assert_eq!(per_request, [REPLAY_BATCH, REPLAY_BATCH, 100]);
+    let mut starts: Vec<u64> = spans(&receiver)
+        .iter()
+        .map(|s| s.start_time_unix_nano)
+        .collect();
+    starts.sort_unstable();
+    starts.dedup();
+    assert_eq!(starts.len(), n, "every run once");
+    assert_eq!(
+        receiver.metrics().len(),
+        1,
+        "the metrics go once, at the end"
+    );
+    assert_eq!(runs_counted(&metrics(&receiver)), n as i64);
+}
+
+#[test]
+fn a_collector_that_fails_mid_replay_stops_it_and_says_how_far_it_got() {
+    let receiver = Receiver::failing_after(1);
+    let config = config(&[("OTEL_EXPORTER_OTLP_ENDPOINT", &receiver.endpoint())]).unwrap();
+    let mut replay = Replay::new(&config).unwrap();
+    let started = Instant::now();
+    let mut failed_at = None;
+    for i in 0..3 * REPLAY_BATCH {
+        if let Err(e) = replay.push(&past_run(i)) {
+            failed_at = Some((i, e));
+            break;
+        }
+    }
+    let (i, err) = failed_at.expect("the second batch fails");
+    assert_eq!(
+        i,
+        2 * REPLAY_BATCH - 1,
+        "the run that completed the second batch"
+    );
+    assert_eq!(replay.sent(), REPLAY_BATCH, "the first batch was taken");
+    let message = err.to_string();
+    assert!(
+        message.contains(&format!("{}/v1/traces", receiver.endpoint())),
+        "{message}"
+    );
+    assert!(message.contains("500"), "{message}");
+    // Not retried: a 500 is the collector's answer, not a hiccup.
+    assert!(started.elapsed() < Duration::from_secs(5));
+    // Given up: the metrics of the runs pushed are not sent, even as the replay goes.
+    drop(replay);
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(receiver.traces().len(), 2);
+    assert!(receiver.metrics().is_empty(), "no metrics after a failure");
 }

@@ -28,6 +28,9 @@ impl Request {
 
 type Log = Arc<(Mutex<Vec<Request>>, Condvar)>;
 
+/// Answers the first `ok` trace exports with 200, every later one with 500 (not retried).
+type FailAfter = Option<usize>;
+
 /// Accepts OTLP/HTTP posts and answers each with 200 and an empty protobuf body.
 pub struct Receiver {
     addr: SocketAddr,
@@ -36,6 +39,15 @@ pub struct Receiver {
 
 impl Receiver {
     pub fn start() -> Self {
+        Self::serving(None)
+    }
+
+    /// A collector that takes the first `ok` trace exports, then fails every one (500).
+    pub fn failing_after(ok: usize) -> Self {
+        Self::serving(Some(ok))
+    }
+
+    fn serving(fail_after: FailAfter) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let log: Log = Arc::default();
@@ -44,7 +56,7 @@ impl Receiver {
             for stream in listener.incoming() {
                 let Ok(stream) = stream else { continue };
                 let log = Arc::clone(&shared);
-                std::thread::spawn(move || serve(stream, &log));
+                std::thread::spawn(move || serve(stream, &log, fail_after));
             }
         });
         Receiver { addr, log }
@@ -97,7 +109,7 @@ impl Receiver {
 }
 
 /// Serves one connection: requests one after the other (keep-alive) until it is closed.
-fn serve(stream: TcpStream, log: &Log) {
+fn serve(stream: TcpStream, log: &Log, fail_after: FailAfter) {
     let mut reader = BufReader::new(stream.try_clone().unwrap());
     let mut writer = stream;
     loop {
@@ -133,14 +145,24 @@ fn serve(stream: TcpStream, log: &Log) {
             .iter()
             .find(|(k, _)| k.eq_ignore_ascii_case("content-type"))
             .map_or("application/x-protobuf".to_owned(), |(_, v)| v.clone());
-        {
+        let traces_before = {
             let (lock, arrived) = &**log;
-            lock.lock().unwrap().push(Request {
+            let mut requests = lock.lock().unwrap();
+            let before = requests.iter().filter(|r| r.path == "/v1/traces").count();
+            let failing = path == "/v1/traces" && fail_after.is_some_and(|ok| before >= ok);
+            requests.push(Request {
                 path,
                 headers,
                 body,
             });
             arrived.notify_all();
+            failing
+        };
+        if traces_before {
+            let _ = writer.write_all(
+                b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 11\r\n\r\nstore full\n",
+            );
+            continue;
         }
         let empty = if content_type.contains("json") {
             "{}"
