@@ -1441,8 +1441,9 @@ mod tests {
             .native_token_limit(NativeLimit::new(&[], &[]).after_program())
             .native_cost_limit(NativeLimit::new(&[], &[]))
             .reports_tool_results();
-        // 1.7 added only a hint of the host's counter request, which no manifest needs.
-        assert_eq!(everything.min_protocol(), "1.6.0");
+        // 1.7's `api_key_env` is a manifest feature (an older host would leave the real key with
+        // the agent); 1.7's other addition is a hint in the host's counter request.
+        assert_eq!(everything.min_protocol(), "1.7.0");
         assert_eq!(crate::PROTOCOL_VERSION, "1.7.0");
     }
 
