@@ -16,13 +16,18 @@ use crate::harness::{Sandbox, fixture};
 const POOL: &str = "[pools.fleet]\nmax_tokens = 1000\nwindow = \"24h\"\nmatch = \"all\"\n";
 
 /// A host: its own sandbox with the pool declared, and a stand-in agent printing a Codex
-/// stream of 480 tokens.
+/// stream of 480 tokens, which writes the ledger URL it was given (or `unset`) to `seen-url`.
 fn host() -> (Sandbox, String) {
     let sb = Sandbox::new();
     sb.write("project/stepguard.toml", POOL);
+    let seen = sb.root().join("seen-url");
     let agent = sb.write(
         "agent.sh",
-        format!("#!/bin/sh\ncat {}\n", fixture("real/codex/tools3.jsonl")),
+        format!(
+            "#!/bin/sh\nprintf '%s' \"${{STEPGUARD_LEDGER_URL-unset}}\" > '{}'\ncat {}\n",
+            seen.display(),
+            fixture("real/codex/tools3.jsonl")
+        ),
     );
     std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o755)).unwrap();
     let agent = agent.display().to_string();
@@ -47,6 +52,11 @@ fn two_hosts_share_one_pool_through_postgresql() {
     // 480 tokens on host A, 480 on host B: both fit in the shared 1000.
     let first = a.run_env(&["run", "-q", "-p", "codex", "--", &agent_a], &env);
     assert_eq!(first.code, Some(0), "{}", first.stderr);
+    // The ledger's URL (with its password) is stepguard's: the agent never gets it.
+    assert_eq!(
+        std::fs::read_to_string(a.root().join("seen-url")).unwrap(),
+        "unset"
+    );
     let second = b.run_env(&["run", "-q", "-p", "codex", "--", &agent_b], &env);
     assert_eq!(second.code, Some(0), "{}", second.stderr);
     // Host B sees host A's spend: the pool holds 960.

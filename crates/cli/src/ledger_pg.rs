@@ -12,7 +12,7 @@ pub(crate) const URL_ENV: &str = "STEPGUARD_LEDGER_URL";
 
 /// The fleet ledger's URL, when one is set (an empty value is none).
 pub(crate) fn url() -> Option<String> {
-    std::env::var(URL_ENV).ok().filter(|u| !u.trim().is_empty())
+    crate::reexec::var(URL_ENV).filter(|u| !u.trim().is_empty())
 }
 
 /// Connects to the fleet ledger (the `PG*` variables and the passfile fill what the URL leaves

@@ -50,6 +50,17 @@ pub(crate) fn moved() -> Vars {
     MOVED.get().cloned().unwrap_or_default()
 }
 
+/// Variables that are stepguard's alone: moved out of its image and never given to the agent
+/// (the fleet ledger's URL, with its password: an agent holding it could rewrite its pools).
+const STEPGUARDS_OWN: &[&str] = &["STEPGUARD_LEDGER_URL"];
+
+/// The moved variables the agent gets back: all but [`STEPGUARDS_OWN`].
+pub(crate) fn for_agent() -> Vars {
+    let mut vars = moved();
+    vars.retain(|(k, _)| !STEPGUARDS_OWN.iter().any(|own| k == own));
+    vars
+}
+
 /// A variable of stepguard's environment as it was given, moved or not.
 pub(crate) fn var(name: &str) -> Option<String> {
     MOVED
@@ -60,9 +71,13 @@ pub(crate) fn var(name: &str) -> Option<String> {
 }
 
 /// Whether a variable is moved out of the process image: API keys, auth tokens, base URLs and
-/// inline configs, by name (stepguard's own `STEPGUARD_*` and `OTEL_*` settings stay).
+/// inline configs, by name, and the fleet ledger's URL (stepguard's other `STEPGUARD_*` and
+/// `OTEL_*` settings stay).
 pub(crate) fn is_secret(name: &OsStr) -> bool {
     let name = name.to_string_lossy().to_ascii_uppercase();
+    if STEPGUARDS_OWN.contains(&name.as_str()) {
+        return true;
+    }
     if name.starts_with("STEPGUARD_") || name.starts_with("OTEL_") {
         return false;
     }
@@ -262,6 +277,7 @@ mod tests {
             "ANTHROPIC_BASE_URL",
             "GOOGLE_GEMINI_BASE_URL",
             "OPENCODE_CONFIG_CONTENT",
+            "STEPGUARD_LEDGER_URL",
         ] {
             assert!(is_secret(OsStr::new(name)), "{name}");
         }

@@ -139,8 +139,8 @@ fn spec(plan: RunPlan<'_>, status: &StatusLine) -> RunSpec {
             output: status.passthrough(),
             stderr: status.agent_stderr(),
             // What stepguard moved out of its own image goes to the agent (the gateway then
-            // replaces its keys and base URLs).
-            env: crate::reexec::moved(),
+            // replaces its keys and base URLs), but for stepguard's own (the ledger's URL).
+            env: crate::reexec::for_agent(),
         })
         .wrap_up(plan.wrap_up)
         .build()
