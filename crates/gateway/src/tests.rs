@@ -35,6 +35,7 @@ fn config(upstream: &str, limit: Option<u64>, steps: Arc<AtomicU64>) -> (Gateway
         connect_timeout: Duration::from_secs(5),
         body_memory: crate::DEFAULT_BODY_MEMORY,
         api_keys: Vec::new(),
+        shared_budget: None,
     };
     (config, seen)
 }
