@@ -629,6 +629,10 @@ impl Shared {
         let budget = Arc::clone(self.config.shared_budget.as_ref()?);
         let (seq, next, after) = {
             let mut t = self.tally();
+            if t.last_sent {
+                // Nothing more goes out: nothing to reserve.
+                return None;
+            }
             t.reserved += 1;
             // Before any call has settled: one token, so a spent pool still refuses.
             let e = t.estimate().unwrap_or(Estimate {
