@@ -78,6 +78,8 @@ struct PoolBudget {
     ledger: Arc<dyn Ledger>,
     run: RunKey,
     settled: Arc<Mutex<Usage>>,
+    /// The calls settled, so a call settled twice is left out of the end charge once.
+    seen: Mutex<std::collections::HashSet<u64>>,
     warned: AtomicBool,
 }
 
@@ -137,9 +139,15 @@ fn last_for(shares: &[Share], after: Usage) -> Option<Reservation> {
 
 impl SharedBudget for PoolBudget {
     fn reserve(&self, seq: u64, next: CallSpend, after: CallSpend) -> Reservation {
+        // At least a token and a micro-dollar: a spent pool refuses even a call of no estimate.
+        let estimate = Usage {
+            tokens: next.tokens.max(1),
+            cost_micros: usd_to_micros(next.cost_usd).max(1),
+            steps: 0,
+        };
         match self
             .ledger
-            .reserve(&self.key(seq), usage_of(next), SystemTime::now())
+            .reserve(&self.key(seq), estimate, SystemTime::now())
         {
             Ok(Grant::Granted(shares)) => {
                 last_for(&shares, usage_of(after)).unwrap_or(Reservation::Go)
@@ -159,6 +167,10 @@ impl SharedBudget for PoolBudget {
         let usage = usage_of(actual);
         match self.ledger.settle(&self.key(seq), usage, SystemTime::now()) {
             Ok(_) => {
+                let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
+                if !seen.insert(seq) {
+                    return;
+                }
                 let mut s = self.settled.lock().unwrap_or_else(PoisonError::into_inner);
                 s.tokens = s.tokens.saturating_add(usage.tokens);
                 s.cost_micros = s.cost_micros.saturating_add(usage.cost_micros);
@@ -304,6 +316,7 @@ impl Membership {
             ledger: Arc::clone(&self.ledger),
             run: self.run.clone(),
             settled: Arc::clone(&self.settled),
+            seen: Mutex::default(),
             warned: AtomicBool::new(false),
         })
     }
@@ -384,5 +397,82 @@ impl Renewer {
         if let Some(t) = self.thread {
             let _ = t.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::time::Duration;
+
+    use stepguard_ledger::sqlite::SqliteLedger;
+    use stepguard_ledger::{PoolLimits, PoolSpec, Window};
+
+    use super::*;
+
+    fn tokens(tokens: u64) -> CallSpend {
+        CallSpend {
+            tokens,
+            cost_usd: 0.0,
+        }
+    }
+
+    /// A run's model calls in a pool of 300 tokens, over the real local ledger: the second
+    /// call of 120 is the last that fits (the pool names itself), the third is refused, each
+    /// settled call is charged once, and the end charge leaves them out.
+    #[test]
+    fn model_calls_reserve_and_settle_in_the_ledger_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger: Arc<dyn Ledger> =
+            Arc::new(SqliteLedger::open(&dir.path().join("history.db")).unwrap());
+        let spec = PoolSpec {
+            name: "daily".into(),
+            limits: PoolLimits {
+                max_tokens: Some(300),
+                ..PoolLimits::default()
+            },
+            window: Window::Rolling(Duration::from_secs(3600)),
+        };
+        let run = RunKey::new("host/1");
+        let now = SystemTime::now();
+        assert!(matches!(
+            ledger.join(&run, std::slice::from_ref(&spec), now).unwrap(),
+            Admission::Admitted(_)
+        ));
+        let settled = Arc::new(Mutex::new(Usage::default()));
+        let budget = PoolBudget {
+            ledger: Arc::clone(&ledger),
+            run: run.clone(),
+            settled: Arc::clone(&settled),
+            seen: Mutex::default(),
+            warned: AtomicBool::new(false),
+        };
+        assert_eq!(budget.reserve(1, tokens(120), tokens(120)), Reservation::Go);
+        budget.settle(1, tokens(120));
+        let last = Reservation::Last {
+            pool: "daily".into(),
+            budget: Budget::Tokens,
+        };
+        assert_eq!(budget.reserve(2, tokens(120), tokens(120)), last);
+        budget.settle(2, tokens(120));
+        // A replayed settle is not charged again.
+        budget.settle(2, tokens(120));
+        let refused = Reservation::Refused {
+            pool: "daily".into(),
+            budget: Budget::Tokens,
+        };
+        assert_eq!(budget.reserve(3, tokens(120), tokens(120)), refused);
+        let status = ledger.status(&[spec], SystemTime::now()).unwrap();
+        let measure = &status[0].measures[0];
+        assert_eq!((measure.charged, measure.reserved), (240, 0));
+        // The end charge (seq 1) is apart from the calls' keys (2, 3, …).
+        assert_eq!(budget.key(1).seq, 2);
+        assert_eq!(
+            settled.lock().unwrap().tokens,
+            240,
+            "settled once each, left out of the end charge"
+        );
+        assert!(!budget.warned.load(Ordering::Relaxed));
     }
 }

@@ -25,6 +25,10 @@
 //!   what is forwarded), or refused; a call that must be rewritten but cannot is refused.
 //! * With a token or cost budget, the run's first calls go one at a time until one has settled
 //!   (there is no estimate before), then calls under way are reserved at the estimate.
+//! * With a budget other runs share ([`GatewayConfig::shared_budget`], stepguard's pools), each
+//!   main call reserves its estimate there before it is forwarded and settles to its usage after
+//!   ([`SharedBudget`]): one the budget cannot pay is answered by the gateway, and the last one
+//!   that fits goes out tool-less with a notice naming the pool.
 //!
 //! The CLI's real API keys stay in the gateway ([`GatewayConfig::api_keys`]): the agent gets
 //! per-run keys ([`Gateway::run_keys`]) and the gateway swaps the real key in as it forwards; a
