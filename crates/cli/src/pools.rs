@@ -475,4 +475,99 @@ mod tests {
         );
         assert!(!budget.warned.load(Ordering::Relaxed));
     }
+
+    /// A ledger that cannot be reached.
+    struct Down;
+
+    fn down<T>() -> Result<T, stepguard_ledger::LedgerError> {
+        Err(stepguard_ledger::LedgerError::Unreachable {
+            ledger: "test".into(),
+            reason: "stopped".into(),
+            source: None,
+        })
+    }
+
+    impl Ledger for Down {
+        fn lease_time(&self) -> Duration {
+            Duration::from_secs(30)
+        }
+        fn describe(&self) -> String {
+            "test".into()
+        }
+        fn join(
+            &self,
+            _: &RunKey,
+            _: &[PoolSpec],
+            _: SystemTime,
+        ) -> Result<Admission, stepguard_ledger::LedgerError> {
+            down()
+        }
+        fn reserve(
+            &self,
+            _: &ChargeKey,
+            _: Usage,
+            _: SystemTime,
+        ) -> Result<Grant, stepguard_ledger::LedgerError> {
+            down()
+        }
+        fn settle(
+            &self,
+            _: &ChargeKey,
+            _: Usage,
+            _: SystemTime,
+        ) -> Result<Vec<Share>, stepguard_ledger::LedgerError> {
+            down()
+        }
+        fn charge(
+            &self,
+            _: &ChargeKey,
+            _: Usage,
+            _: SystemTime,
+        ) -> Result<Vec<Share>, stepguard_ledger::LedgerError> {
+            down()
+        }
+        fn renew(&self, _: &RunKey, _: SystemTime) -> Result<(), stepguard_ledger::LedgerError> {
+            down()
+        }
+        fn leave(&self, _: &RunKey, _: SystemTime) -> Result<(), stepguard_ledger::LedgerError> {
+            down()
+        }
+        fn allowance(
+            &self,
+            _: &RunKey,
+            _: SystemTime,
+        ) -> Result<Vec<Share>, stepguard_ledger::LedgerError> {
+            down()
+        }
+        fn status(
+            &self,
+            _: &[PoolSpec],
+            _: SystemTime,
+        ) -> Result<Vec<stepguard_ledger::PoolStatus>, stepguard_ledger::LedgerError> {
+            down()
+        }
+    }
+
+    /// The ledger lost mid-run: calls go on (under the run's own, pool-lowered budget), with a
+    /// warning, and what could not be settled stays for the end charge.
+    #[test]
+    fn a_lost_ledger_lets_calls_go_on_and_leaves_them_to_the_end_charge() {
+        let settled = Arc::new(Mutex::new(Usage::default()));
+        let budget = PoolBudget {
+            ledger: Arc::new(Down),
+            run: RunKey::new("host/2"),
+            settled: Arc::clone(&settled),
+            seen: Mutex::default(),
+            warned: AtomicBool::new(false),
+        };
+        assert_eq!(budget.reserve(1, tokens(120), tokens(120)), Reservation::Go);
+        assert!(budget.warned.load(Ordering::Relaxed), "said");
+        budget.settle(1, tokens(120));
+        assert_eq!(budget.reserve(2, tokens(120), tokens(120)), Reservation::Go);
+        assert_eq!(
+            *settled.lock().unwrap(),
+            Usage::default(),
+            "nothing settled"
+        );
+    }
 }
