@@ -30,6 +30,7 @@ mod loops;
 mod opencode;
 mod options;
 mod plugins;
+mod pool_calls;
 mod pools;
 mod record_schema;
 mod run_cmd;

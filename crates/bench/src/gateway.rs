@@ -381,6 +381,7 @@ pub(crate) fn run(requests: usize) -> anyhow::Result<()> {
         connect_timeout: Duration::from_secs(5),
         body_memory: stepguard_gateway::DEFAULT_BODY_MEMORY,
         api_keys: Vec::new(),
+        shared_budget: None,
     })?;
     // The URL's path is the run's token.
     let token = gateway

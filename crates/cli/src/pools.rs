@@ -3,15 +3,16 @@
 //! lowered to each pool's share, its lease renewed by a thread of its own, and its spend
 //! charged when it ends.
 
-use std::sync::Arc;
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
 use stepguard_config::{ConfigModel, Origin, PoolConfig, RunFacts};
 use stepguard_core::{FailureSlug, RunRecord, StepLimit};
+use stepguard_gateway::{Budget, CallSpend, Reservation, SharedBudget};
 use stepguard_ledger::{
-    Admission, ChargeKey, Exhaustion, Ledger, Measure, RunKey, Share, Usage, micros_to_usd,
+    Admission, ChargeKey, Exhaustion, Grant, Ledger, Measure, RunKey, Share, Usage, micros_to_usd,
     usd_to_micros,
 };
 
@@ -64,6 +65,119 @@ pub(crate) struct Membership {
     run: RunKey,
     pools: Vec<PoolConfig>,
     shares: Vec<Share>,
+    /// What the gateway settled per model call, so the end-of-run charge leaves it out.
+    settled: Arc<Mutex<Usage>>,
+}
+
+/// The sequence number of the end-of-run charge; model call `n` reserves and settles `n + 1`.
+const END_CHARGE: u64 = 1;
+
+/// The run's pools as the gateway sees them: every main model call reserves its estimate in
+/// the ledger, atomically over all the run's pools, and settles to its real usage after.
+struct PoolBudget {
+    ledger: Arc<dyn Ledger>,
+    run: RunKey,
+    settled: Arc<Mutex<Usage>>,
+    /// The calls settled, so a call settled twice is left out of the end charge once.
+    seen: Mutex<std::collections::HashSet<u64>>,
+    warned: AtomicBool,
+}
+
+impl PoolBudget {
+    fn key(&self, seq: u64) -> ChargeKey {
+        ChargeKey {
+            run: self.run.clone(),
+            seq: seq.saturating_add(END_CHARGE),
+        }
+    }
+
+    /// A ledger fault mid-run: said once; the run goes on under its own (pool-lowered) budget.
+    fn warn(&self, e: &stepguard_ledger::LedgerError) {
+        if !self.warned.swap(true, Ordering::Relaxed) {
+            output::diag(
+                "warning",
+                format!(
+                    "cannot reserve model calls in this run's pools ({e}); the run goes on under \
+                     its own budget and the pools' share it last knew, and what it spends is \
+                     charged at its end"
+                ),
+            );
+        }
+    }
+}
+
+/// The gateway's word for a pool measure.
+fn budget_of(measure: Measure) -> Budget {
+    match measure {
+        Measure::Cost => Budget::Cost,
+        Measure::Tokens => Budget::Tokens,
+        Measure::Steps | Measure::Runs => Budget::Steps,
+    }
+}
+
+/// The ledger's usage of a model call.
+fn usage_of(spend: CallSpend) -> Usage {
+    Usage {
+        tokens: spend.tokens,
+        cost_micros: usd_to_micros(spend.cost_usd),
+        steps: 0,
+    }
+}
+
+/// The first pool whose share after this call cannot pay `after`: this call must be the last.
+fn last_for(shares: &[Share], after: Usage) -> Option<Reservation> {
+    shares.iter().find_map(|share| {
+        [Measure::Tokens, Measure::Cost].into_iter().find_map(|m| {
+            let left = share.left(m)?;
+            (m.of(&after) > left).then(|| Reservation::Last {
+                pool: share.pool.clone(),
+                budget: budget_of(m),
+            })
+        })
+    })
+}
+
+impl SharedBudget for PoolBudget {
+    fn reserve(&self, seq: u64, next: CallSpend, after: CallSpend) -> Reservation {
+        // At least a token and a micro-dollar: a spent pool refuses even a call of no estimate.
+        let estimate = Usage {
+            tokens: next.tokens.max(1),
+            cost_micros: usd_to_micros(next.cost_usd).max(1),
+            steps: 0,
+        };
+        match self
+            .ledger
+            .reserve(&self.key(seq), estimate, SystemTime::now())
+        {
+            Ok(Grant::Granted(shares)) => {
+                last_for(&shares, usage_of(after)).unwrap_or(Reservation::Go)
+            }
+            Ok(Grant::Refused(e)) => Reservation::Refused {
+                pool: e.pool,
+                budget: budget_of(e.measure),
+            },
+            Err(e) => {
+                self.warn(&e);
+                Reservation::Go
+            }
+        }
+    }
+
+    fn settle(&self, seq: u64, actual: CallSpend) {
+        let usage = usage_of(actual);
+        match self.ledger.settle(&self.key(seq), usage, SystemTime::now()) {
+            Ok(_) => {
+                let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
+                if !seen.insert(seq) {
+                    return;
+                }
+                let mut s = self.settled.lock().unwrap_or_else(PoisonError::into_inner);
+                s.tokens = s.tokens.saturating_add(usage.tokens);
+                s.cost_micros = s.cost_micros.saturating_add(usage.cost_micros);
+            }
+            Err(e) => self.warn(&e),
+        }
+    }
 }
 
 /// A name for this run unique across hosts: host, boot, pid and the start time.
@@ -102,6 +216,7 @@ pub(crate) fn admit(
                     run,
                     pools,
                     shares,
+                    settled: Arc::default(),
                 });
             }
             Admission::Exhausted(e) => {
@@ -195,6 +310,17 @@ impl Membership {
         }
     }
 
+    /// The run's pools for its gateway: each main model call reserves in them and settles.
+    pub(crate) fn shared_budget(&self) -> Arc<dyn SharedBudget> {
+        Arc::new(PoolBudget {
+            ledger: Arc::clone(&self.ledger),
+            run: self.run.clone(),
+            settled: Arc::clone(&self.settled),
+            seen: Mutex::default(),
+            warned: AtomicBool::new(false),
+        })
+    }
+
     /// Starts renewing the run's lease, a third of the lease time apart, on a thread of its own.
     pub(crate) fn renew(&self) -> Renewer {
         let (stop, stopped) = mpsc::channel::<()>();
@@ -223,21 +349,28 @@ impl Membership {
     }
 
     /// Charges what the run spent (steps, tokens, cost from its record) to its pools, once, and
-    /// leaves them; a ledger fault is a warning.
+    /// leaves them; what its model calls already settled is left out. A ledger fault is a
+    /// warning.
     pub(crate) fn finish(self, record: &RunRecord, renewer: Renewer) {
         renewer.stop();
+        let settled = *self.settled.lock().unwrap_or_else(PoisonError::into_inner);
         let usage = Usage {
             tokens: record
                 .usage
                 .tokens
-                .map_or(0, |t| t.input_tokens.saturating_add(t.output_tokens)),
-            cost_micros: record.usage.cost_usd.map_or(0, usd_to_micros),
+                .map_or(0, |t| t.input_tokens.saturating_add(t.output_tokens))
+                .saturating_sub(settled.tokens),
+            cost_micros: record
+                .usage
+                .cost_usd
+                .map_or(0, usd_to_micros)
+                .saturating_sub(settled.cost_micros),
             steps: record.counts.num_steps_computed.unwrap_or(0),
         };
         let now = SystemTime::now();
         let key = ChargeKey {
             run: self.run.clone(),
-            seq: 1,
+            seq: END_CHARGE,
         };
         let done = self
             .ledger
@@ -264,5 +397,177 @@ impl Renewer {
         if let Some(t) = self.thread {
             let _ = t.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::time::Duration;
+
+    use stepguard_ledger::sqlite::SqliteLedger;
+    use stepguard_ledger::{PoolLimits, PoolSpec, Window};
+
+    use super::*;
+
+    fn tokens(tokens: u64) -> CallSpend {
+        CallSpend {
+            tokens,
+            cost_usd: 0.0,
+        }
+    }
+
+    /// A run's model calls in a pool of 300 tokens, over the real local ledger: the second
+    /// call of 120 is the last that fits (the pool names itself), the third is refused, each
+    /// settled call is charged once, and the end charge leaves them out.
+    #[test]
+    fn model_calls_reserve_and_settle_in_the_ledger_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger: Arc<dyn Ledger> =
+            Arc::new(SqliteLedger::open(&dir.path().join("history.db")).unwrap());
+        let spec = PoolSpec {
+            name: "daily".into(),
+            limits: PoolLimits {
+                max_tokens: Some(300),
+                ..PoolLimits::default()
+            },
+            window: Window::Rolling(Duration::from_secs(3600)),
+        };
+        let run = RunKey::new("host/1");
+        let now = SystemTime::now();
+        assert!(matches!(
+            ledger.join(&run, std::slice::from_ref(&spec), now).unwrap(),
+            Admission::Admitted(_)
+        ));
+        let settled = Arc::new(Mutex::new(Usage::default()));
+        let budget = PoolBudget {
+            ledger: Arc::clone(&ledger),
+            run: run.clone(),
+            settled: Arc::clone(&settled),
+            seen: Mutex::default(),
+            warned: AtomicBool::new(false),
+        };
+        assert_eq!(budget.reserve(1, tokens(120), tokens(120)), Reservation::Go);
+        budget.settle(1, tokens(120));
+        let last = Reservation::Last {
+            pool: "daily".into(),
+            budget: Budget::Tokens,
+        };
+        assert_eq!(budget.reserve(2, tokens(120), tokens(120)), last);
+        budget.settle(2, tokens(120));
+        // A replayed settle is not charged again.
+        budget.settle(2, tokens(120));
+        let refused = Reservation::Refused {
+            pool: "daily".into(),
+            budget: Budget::Tokens,
+        };
+        assert_eq!(budget.reserve(3, tokens(120), tokens(120)), refused);
+        let status = ledger.status(&[spec], SystemTime::now()).unwrap();
+        let measure = &status[0].measures[0];
+        assert_eq!((measure.charged, measure.reserved), (240, 0));
+        // The end charge (seq 1) is apart from the calls' keys (2, 3, …).
+        assert_eq!(budget.key(1).seq, 2);
+        assert_eq!(
+            settled.lock().unwrap().tokens,
+            240,
+            "settled once each, left out of the end charge"
+        );
+        assert!(!budget.warned.load(Ordering::Relaxed));
+    }
+
+    /// A ledger that cannot be reached.
+    struct Down;
+
+    fn down<T>() -> Result<T, stepguard_ledger::LedgerError> {
+        Err(stepguard_ledger::LedgerError::Unreachable {
+            ledger: "test".into(),
+            reason: "stopped".into(),
+            source: None,
+        })
+    }
+
+    impl Ledger for Down {
+        fn lease_time(&self) -> Duration {
+            Duration::from_secs(30)
+        }
+        fn describe(&self) -> String {
+            "test".into()
+        }
+        fn join(
+            &self,
+            _: &RunKey,
+            _: &[PoolSpec],
+            _: SystemTime,
+        ) -> Result<Admission, stepguard_ledger::LedgerError> {
+            down()
+        }
+        fn reserve(
+            &self,
+            _: &ChargeKey,
+            _: Usage,
+            _: SystemTime,
+        ) -> Result<Grant, stepguard_ledger::LedgerError> {
+            down()
+        }
+        fn settle(
+            &self,
+            _: &ChargeKey,
+            _: Usage,
+            _: SystemTime,
+        ) -> Result<Vec<Share>, stepguard_ledger::LedgerError> {
+            down()
+        }
+        fn charge(
+            &self,
+            _: &ChargeKey,
+            _: Usage,
+            _: SystemTime,
+        ) -> Result<Vec<Share>, stepguard_ledger::LedgerError> {
+            down()
+        }
+        fn renew(&self, _: &RunKey, _: SystemTime) -> Result<(), stepguard_ledger::LedgerError> {
+            down()
+        }
+        fn leave(&self, _: &RunKey, _: SystemTime) -> Result<(), stepguard_ledger::LedgerError> {
+            down()
+        }
+        fn allowance(
+            &self,
+            _: &RunKey,
+            _: SystemTime,
+        ) -> Result<Vec<Share>, stepguard_ledger::LedgerError> {
+            down()
+        }
+        fn status(
+            &self,
+            _: &[PoolSpec],
+            _: SystemTime,
+        ) -> Result<Vec<stepguard_ledger::PoolStatus>, stepguard_ledger::LedgerError> {
+            down()
+        }
+    }
+
+    /// The ledger lost mid-run: calls go on (under the run's own, pool-lowered budget), with a
+    /// warning, and what could not be settled stays for the end charge.
+    #[test]
+    fn a_lost_ledger_lets_calls_go_on_and_leaves_them_to_the_end_charge() {
+        let settled = Arc::new(Mutex::new(Usage::default()));
+        let budget = PoolBudget {
+            ledger: Arc::new(Down),
+            run: RunKey::new("host/2"),
+            settled: Arc::clone(&settled),
+            seen: Mutex::default(),
+            warned: AtomicBool::new(false),
+        };
+        assert_eq!(budget.reserve(1, tokens(120), tokens(120)), Reservation::Go);
+        assert!(budget.warned.load(Ordering::Relaxed), "said");
+        budget.settle(1, tokens(120));
+        assert_eq!(budget.reserve(2, tokens(120), tokens(120)), Reservation::Go);
+        assert_eq!(
+            *settled.lock().unwrap(),
+            Usage::default(),
+            "nothing settled"
+        );
     }
 }

@@ -25,6 +25,10 @@
 //!   what is forwarded), or refused; a call that must be rewritten but cannot is refused.
 //! * With a token or cost budget, the run's first calls go one at a time until one has settled
 //!   (there is no estimate before), then calls under way are reserved at the estimate.
+//! * With a budget other runs share ([`GatewayConfig::shared_budget`], stepguard's pools), each
+//!   main call reserves its estimate there before it is forwarded and settles to its usage after
+//!   ([`SharedBudget`]): one the budget cannot pay is answered by the gateway, and the last one
+//!   that fits goes out tool-less with a notice naming the pool.
 //!
 //! The CLI's real API keys stay in the gateway ([`GatewayConfig::api_keys`]): the agent gets
 //! per-run keys ([`Gateway::run_keys`]) and the gateway swaps the real key in as it forwards; a
@@ -61,6 +65,54 @@ calls. Reply with a final status summary: what was done, what is left, and how t
 /// The text a model call past the budget is answered with, in the gateway's own name.
 pub const REFUSAL_TEXT: &str = "Stopped by stepguard: the step budget is spent, so this model \
 call was not made. See the previous message for the summary.";
+
+/// What one model call spends, in a [`SharedBudget`]'s terms.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CallSpend {
+    /// Input plus output tokens (cached input included).
+    pub tokens: u64,
+    /// Dollars (0 when the call cannot be priced).
+    pub cost_usd: f64,
+}
+
+/// A shared budget's answer to a model call's reservation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reservation {
+    /// The estimate is reserved and the call after it fits too: forward the call as it is.
+    Go,
+    /// The estimate is reserved but the call after it would not fit: this call is the last,
+    /// tool-less, with a notice naming `pool`.
+    Last {
+        /// The shared budget (pool) that will be spent.
+        pool: String,
+        /// The measure that will be spent.
+        budget: Budget,
+    },
+    /// Nothing was reserved: `pool` cannot pay the estimate, and the call is answered by the
+    /// gateway.
+    Refused {
+        /// The shared budget (pool) that cannot pay.
+        pool: String,
+        /// The measure that is spent.
+        budget: Budget,
+    },
+}
+
+/// A budget that other runs share (stepguard's pools), consulted for every main model call:
+/// the call's estimate is reserved before it is forwarded and settled to its real usage after,
+/// under one sequence number per call (numbered from 1, never reused).
+///
+/// The gateway calls both from a blocking thread, never from its runtime. An implementation
+/// that cannot reach its budget answers [`Reservation::Go`] (the run's own budget still holds)
+/// and says so itself.
+pub trait SharedBudget: Send + Sync {
+    /// Reserves `next` (this call's estimate) for call `seq`; `after` is the estimate of the
+    /// call after it, to tell whether this one must be the last.
+    fn reserve(&self, seq: u64, next: CallSpend, after: CallSpend) -> Reservation;
+
+    /// Settles call `seq` to what it really spent (zero for a call that was not made).
+    fn settle(&self, seq: u64, actual: CallSpend);
+}
 
 /// How the run's budget paces model calls.
 #[derive(Clone, Debug)]
@@ -182,6 +234,9 @@ pub struct GatewayConfig {
     /// another run's per-run key; empty, credentials pass through untouched (a CLI logged in
     /// by OAuth).
     pub api_keys: Vec<String>,
+    /// A budget shared with other runs that every main model call reserves in before it is
+    /// forwarded ([`SharedBudget`]); `None`: only the run's own budgets pace it.
+    pub shared_budget: Option<Arc<dyn SharedBudget>>,
 }
 
 /// The default cap on model request bodies held at once: two of the largest requests.
@@ -247,6 +302,10 @@ pub(crate) struct Tally {
     /// The largest call accounted so far, main or side: the estimate before a main call has
     /// settled; `None` until a call has settled with its usage.
     pub(crate) largest: Option<(u64, f64)>,
+    /// Main calls reserved in the shared budget so far (the last one's sequence number).
+    pub(crate) reserved: u64,
+    /// The shared budget (pool) that made the last call the last, or refused a call.
+    pub(crate) pool: Option<String>,
 }
 
 /// What the next two main calls will likely use, in tokens and dollars.
@@ -384,16 +443,32 @@ impl Drop for Held {
 }
 
 /// One admitted model call; dropping it (when its reply has ended, or it was answered without
-/// being forwarded) settles it and wakes the calls waiting for the first estimate.
-pub(crate) struct Slot(Arc<Shared>);
+/// being forwarded) settles it, in the shared budget too, and wakes the calls waiting for the
+/// first estimate.
+pub(crate) struct Slot {
+    shared: Arc<Shared>,
+    /// The call's sequence number in the shared budget, when its estimate is reserved there.
+    pub(crate) seq: Option<u64>,
+    /// What the call spent (zero until its reply has been accounted).
+    pub(crate) actual: CallSpend,
+}
 
 impl Drop for Slot {
     fn drop(&mut self) {
         {
-            let mut t = self.0.tally();
+            let mut t = self.shared.tally();
             t.metered = t.metered.saturating_sub(1);
         }
-        self.0.settled.notify_waiters();
+        if let (Some(seq), Some(budget)) = (self.seq, &self.shared.config.shared_budget) {
+            let (budget, actual) = (Arc::clone(budget), self.actual);
+            let settle = move || budget.settle(seq, actual);
+            // Off the runtime's thread; the runtime waits for it before the gateway stops.
+            match tokio::runtime::Handle::try_current() {
+                Ok(rt) => drop(rt.spawn_blocking(settle)),
+                Err(_) => settle(),
+            }
+        }
+        self.shared.settled.notify_waiters();
     }
 }
 
@@ -422,7 +497,11 @@ impl Shared {
                 let mut t = self.tally();
                 if !self.must_wait(&t) {
                     t.metered += 1;
-                    return Slot(Arc::clone(self));
+                    return Slot {
+                        shared: Arc::clone(self),
+                        seq: None,
+                        actual: CallSpend::default(),
+                    };
                 }
             }
             notified.await;
@@ -430,7 +509,7 @@ impl Shared {
     }
 
     /// Decides what happens to the next main request for `model`, and counts it.
-    pub(crate) fn plan(&self, model: &str) -> (Plan, Option<String>) {
+    pub(crate) fn plan(&self, model: &str, shared: Option<Reservation>) -> (Plan, Option<String>) {
         let pace = &self.config.pace;
         let mut t = self.tally();
         if t.last_sent {
@@ -441,7 +520,18 @@ impl Shared {
             return (Plan::Unpriced, None);
         }
         let forced = t.force_last;
-        let spend = t.spend_plan(pace);
+        let spend = match (t.spend_plan(pace), shared) {
+            (Some((true, budget)), _) => Some((true, budget)),
+            (own, None | Some(Reservation::Go)) => own,
+            (_, Some(Reservation::Last { pool, budget })) => {
+                t.pool = Some(pool);
+                Some((false, budget))
+            }
+            (_, Some(Reservation::Refused { pool, budget })) => {
+                t.pool = Some(pool);
+                Some((true, budget))
+            }
+        };
         let plan = match pace.limit {
             None if !forced => Plan::Forward {
                 number: t.forwarded + 1,
@@ -537,8 +627,53 @@ impl Shared {
         }
     }
 
+    /// Reserves the next main call's estimate in the shared budget, on a blocking thread, and
+    /// marks `slot` to settle it; `None` without a shared budget.
+    pub(crate) async fn reserve(self: &Arc<Self>, slot: &mut Slot) -> Option<Reservation> {
+        let budget = Arc::clone(self.config.shared_budget.as_ref()?);
+        let (seq, next, after) = {
+            let mut t = self.tally();
+            if t.last_sent {
+                // Nothing more goes out: nothing to reserve.
+                return None;
+            }
+            t.reserved += 1;
+            // Before any call has settled: one token, so a spent pool still refuses.
+            let e = t.estimate().unwrap_or(Estimate {
+                next: (1, 0.0),
+                after: (1, 0.0),
+            });
+            let spend = |(tokens, cost_usd): (u64, f64)| CallSpend {
+                tokens: tokens.max(1),
+                cost_usd,
+            };
+            (t.reserved, spend(e.next), spend(e.after))
+        };
+        let answer = tokio::task::spawn_blocking(move || budget.reserve(seq, next, after))
+            .await
+            .unwrap_or(Reservation::Go);
+        if !matches!(answer, Reservation::Refused { .. }) {
+            slot.seq = Some(seq);
+        }
+        Some(answer)
+    }
+
+    /// The notice the last main call carries: the wrap-up notice, naming the pool when a
+    /// shared budget made it the last.
+    pub(crate) fn last_notice(&self) -> String {
+        match &self.tally().pool {
+            Some(pool) => format!(
+                "system notice: the shared budget `{pool}` is spent. Make no more tool calls. \
+                 Reply with a final status summary: what was done, what is left, and how to \
+                 continue."
+            ),
+            None => WRAP_UP_NOTICE.to_owned(),
+        }
+    }
+
     /// Adds one call's usage to the totals and tells the run; `main` calls feed the estimate.
-    pub(crate) fn account(&self, model: &str, main: bool, usage: &CallUsage) {
+    /// Returns what this call spent.
+    pub(crate) fn account(&self, model: &str, main: bool, usage: &CallUsage) -> CallSpend {
         let pace = &self.config.pace;
         let cost = pace.price.as_ref().and_then(|p| (p.0)(model, usage));
         let (tokens, total_cost) = {
@@ -565,6 +700,10 @@ impl Shared {
             tokens,
             cost_usd: total_cost,
         });
+        CallSpend {
+            tokens: usage.total(),
+            cost_usd: cost.unwrap_or(0.0),
+        }
     }
 }
 
@@ -681,8 +820,13 @@ impl Gateway {
         self.shared.tally().refused > 0
     }
 
+    /// The shared budget (pool) that made the last call the last, or refused a call.
+    pub fn pool(&self) -> Option<String> {
+        self.shared.tally().pool.clone()
+    }
+
     /// Which budget made the last call the last one, or refused a call (`None`: no budget did,
-    /// e.g. a loop forced it).
+    /// e.g. a loop forced it). A shared budget's refusal names its measure (see [`Gateway::pool`]).
     pub fn reason(&self) -> Option<Budget> {
         self.shared.tally().reason
     }

@@ -22,10 +22,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::{Value, json};
 
 use crate::usage::UsageScanner;
-use crate::{
-    Dialect, GatewayEvent, Held, MAX_MODEL_REQUEST, Plan, REFUSAL_TEXT, Shared, Slot,
-    WRAP_UP_NOTICE,
-};
+use crate::{Dialect, GatewayEvent, Held, MAX_MODEL_REQUEST, Plan, REFUSAL_TEXT, Shared, Slot};
 
 type GBody = BoxBody<Bytes, hyper::Error>;
 pub(crate) type Client = Legacy<HttpsConnector<HttpConnector>, GBody>;
@@ -480,7 +477,9 @@ async fn main_call(
 ) -> Response<GBody> {
     let shared = &ctx.shared;
     let dialect = shared.config.dialect;
-    let (plan, pending) = shared.plan(model);
+    let mut slot = slot;
+    let reservation = shared.reserve(&mut slot).await;
+    let (plan, pending) = shared.plan(model, reservation);
     let pace = &shared.config.pace;
     // Only a call that changes is parsed into a value; the others go out as they came.
     let (label, last, notice) = match plan {
@@ -488,7 +487,7 @@ async fn main_call(
         Plan::Refuse => return refusal(shared, &parts, &rest, &bytes),
         Plan::Last { number } => {
             (shared.config.on_event)(GatewayEvent::Forwarded { number, last: true });
-            ("last", true, Some(WRAP_UP_NOTICE.to_owned()))
+            ("last", true, Some(shared.last_notice()))
         }
         Plan::Forward { number } => {
             let notice = pending.or_else(|| {
@@ -555,7 +554,7 @@ struct Meter {
     /// The request's size, for an estimate when the reply reports no usage.
     request_bytes: usize,
     /// The call's admission, released when the reply has ended (after its usage is counted).
-    _slot: Slot,
+    slot: Slot,
 }
 
 impl Meter {
@@ -573,7 +572,7 @@ impl Meter {
             main,
             keep_text,
             request_bytes,
-            _slot: slot,
+            slot,
         }
     }
 }
@@ -785,8 +784,9 @@ impl Tee {
                 })
             });
         if let Some(usage) = usage {
-            self.shared
-                .account(&self.meter.model, self.meter.main, &usage);
+            self.meter.slot.actual =
+                self.shared
+                    .account(&self.meter.model, self.meter.main, &usage);
         }
         if self.meter.main {
             self.shared.settle(self.meter.keep_text, true);

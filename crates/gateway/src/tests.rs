@@ -35,6 +35,7 @@ fn config(upstream: &str, limit: Option<u64>, steps: Arc<AtomicU64>) -> (Gateway
         connect_timeout: Duration::from_secs(5),
         body_memory: crate::DEFAULT_BODY_MEMORY,
         api_keys: Vec::new(),
+        shared_budget: None,
     };
     (config, seen)
 }
@@ -861,4 +862,119 @@ fn the_upstream_gets_the_real_key_only_for_the_runs_own_per_run_key() {
             .all(|(_, v)| !v.contains("sg-run-")),
         "no per-run key reaches the upstream"
     );
+}
+
+/// A token pool shared with other runs, kept in memory: what the gateway reserved and settled.
+#[derive(Default)]
+struct FakePool {
+    cap: u64,
+    state: Mutex<FakeState>,
+}
+
+#[derive(Default)]
+struct FakeState {
+    charged: u64,
+    open: std::collections::HashMap<u64, u64>,
+    reserves: Vec<u64>,
+    settles: Vec<(u64, u64)>,
+}
+
+impl SharedBudget for FakePool {
+    fn reserve(&self, seq: u64, next: CallSpend, after: CallSpend) -> Reservation {
+        let mut s = self.state.lock().unwrap();
+        s.reserves.push(seq);
+        let held = s.charged + s.open.values().sum::<u64>();
+        if held + next.tokens > self.cap {
+            return Reservation::Refused {
+                pool: "p".into(),
+                budget: Budget::Tokens,
+            };
+        }
+        s.open.insert(seq, next.tokens);
+        if held + next.tokens + after.tokens > self.cap {
+            return Reservation::Last {
+                pool: "p".into(),
+                budget: Budget::Tokens,
+            };
+        }
+        Reservation::Go
+    }
+
+    fn settle(&self, seq: u64, actual: CallSpend) {
+        let mut s = self.state.lock().unwrap();
+        s.open.remove(&seq);
+        s.charged += actual.tokens;
+        s.settles.push((seq, actual.tokens));
+    }
+}
+
+/// Five calls in a row with a shared pool of `cap` tokens and no budget of the run's own.
+fn five_calls_in_a_pool(cap: u64) -> (Arc<FakePool>, ModelServer, Gateway) {
+    let server = ModelServer::start(Script::tool_rounds(12)).unwrap();
+    let (mut cfg, _) = config(&server.url(), None, Arc::default());
+    let pool = Arc::new(FakePool {
+        cap,
+        ..FakePool::default()
+    });
+    cfg.shared_budget = Some(Arc::clone(&pool) as Arc<dyn SharedBudget>);
+    let gw = Gateway::start(cfg).unwrap();
+    let p = path(&gw, "/v1/messages");
+    for round in 0..5 {
+        let (status, _) = send(gw.addr(), "POST", &p, &[], &anthropic(round, true));
+        assert_eq!(status, 200);
+    }
+    (pool, server, gw)
+}
+
+#[test]
+fn each_call_reserves_in_the_shared_pool_and_the_last_that_fits_names_it() {
+    // 120 tokens a call: three fit in 360; the third goes out tool-less naming the pool.
+    let (pool, server, gw) = five_calls_in_a_pool(360);
+    let main: Vec<Value> = server.main_requests().into_iter().map(|r| r.body).collect();
+    assert_eq!(main.len(), 3, "the upstream saw three calls");
+    assert_eq!(main[2]["tool_choice"], json!({"type": "none"}));
+    assert!(
+        main[2]
+            .to_string()
+            .contains("the shared budget `p` is spent")
+    );
+    assert_eq!(gw.reason(), Some(Budget::Tokens));
+    assert_eq!(gw.pool().as_deref(), Some("p"));
+    assert_eq!((gw.forwarded(), gw.refused()), (3, 2));
+    gw.stop();
+    let s = pool.state.lock().unwrap();
+    assert_eq!(
+        s.reserves,
+        [1, 2, 3],
+        "nothing reserved after the last call"
+    );
+    let mut settles = s.settles.clone();
+    settles.sort_unstable();
+    assert_eq!(
+        settles,
+        [(1, 120), (2, 120), (3, 120)],
+        "each call settled once, to its usage"
+    );
+    assert!(s.open.is_empty());
+    assert_eq!(s.charged, 360);
+}
+
+#[test]
+fn a_call_the_shared_pool_cannot_pay_is_answered_by_the_gateway() {
+    // After one call of 120, a second (estimated at 120) does not fit in 200.
+    let (pool, server, gw) = five_calls_in_a_pool(200);
+    assert_eq!(
+        server.main_requests().len(),
+        1,
+        "only the first call reached the model"
+    );
+    assert_eq!(gw.reason(), Some(Budget::Tokens));
+    assert_eq!(gw.pool().as_deref(), Some("p"));
+    assert!(!gw.wrapped_up());
+    assert_eq!((gw.forwarded(), gw.refused()), (1, 4));
+    gw.stop();
+    let s = pool.state.lock().unwrap();
+    assert_eq!(s.reserves, [1, 2]);
+    assert_eq!(s.settles, [(1, 120)], "the refused call reserved nothing");
+    assert_eq!(s.charged, 120);
 }

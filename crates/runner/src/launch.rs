@@ -122,6 +122,7 @@ fn gateway(
         connect_timeout: Duration::from_secs(10),
         body_memory: stepguard_gateway::DEFAULT_BODY_MEMORY,
         api_keys,
+        shared_budget: w.shared_budget.clone(),
     };
     Gateway::start(config).map_err(std::io::Error::other)
 }

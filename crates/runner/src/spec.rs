@@ -319,7 +319,7 @@ pub struct SpendLimits {
 }
 
 /// How a run's model gateway is set up.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct WrapUp {
     /// How the provider's CLI reaches its model (the plugin manifest's `model_endpoint`).
     pub endpoint: stepguard_plugin_api::ModelEndpoint,
@@ -329,6 +329,21 @@ pub struct WrapUp {
     pub notices: bool,
     /// Where to write every model request, without credentials; `None` stores nothing.
     pub record_requests: Option<std::path::PathBuf>,
+    /// The pools every main model call reserves its estimate in, before it is forwarded, and
+    /// settles to its real usage after; `None`: no pool.
+    pub shared_budget: Option<std::sync::Arc<dyn stepguard_gateway::SharedBudget>>,
+}
+
+impl std::fmt::Debug for WrapUp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WrapUp")
+            .field("endpoint", &self.endpoint)
+            .field("reply_cost", &self.reply_cost)
+            .field("notices", &self.notices)
+            .field("record_requests", &self.record_requests)
+            .field("shared_budget", &self.shared_budget.is_some())
+            .finish()
+    }
 }
 
 impl RunSpec {

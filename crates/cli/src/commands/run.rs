@@ -39,6 +39,10 @@ pub(crate) fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
     plan.log();
     let pools = plan.pools.take();
     let renewer = pools.as_ref().map(Membership::renew);
+    // With the gateway, every main model call reserves in the pools and settles.
+    if let (Some(w), Some(p)) = (plan.wrap_up.as_mut(), pools.as_ref()) {
+        w.shared_budget = Some(p.shared_budget());
+    }
     let mut status = StatusLine::new(
         plan.observers.status_line,
         &plan.manifest().name,

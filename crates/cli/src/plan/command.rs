@@ -244,6 +244,7 @@ fn wrap_up_spec(
         reply_cost,
         notices: args.notices,
         record_requests: args.record_requests.clone(),
+        shared_budget: None,
     }))
 }
 
