@@ -60,7 +60,9 @@ impl HistoryLocation {
         let imported =
             stepguard_store::Store::open(&self.path).and_then(|mut store| store.import_legacy(old));
         match imported {
-            Ok(n) => output::note(format!(
+            // Another stepguard imported it a moment ago, and said so.
+            Ok(None) => {}
+            Ok(Some(n)) => output::note(format!(
                 "the run history now lives in {} (one for all your runs, so pools see them \
                  all): imported {n} run(s) from {}, renamed {}.{}",
                 self.path.display(),

@@ -584,36 +584,39 @@ impl Store {
             source,
         };
         let tx = self.conn.transaction().map_err(err)?;
-        let mut n = 0;
-        {
-            let mut insert = tx
-                .prepare(
-                    "INSERT INTO runs (started_at, provider, task_type, outcome, record,
-                        repository, directory)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-                )
-                .map_err(err)?;
-            for mut r in records {
-                r.id = None;
-                r.file = None;
-                let started = r.invocation.started_at.clone().unwrap_or_else(now);
-                insert
-                    .execute(params![
-                        started,
-                        r.source.provider,
-                        r.source.task_type,
-                        r.verdict.outcome.as_str(),
-                        to_json(&r),
-                        None::<String>,
-                        r.invocation.cwd,
-                    ])
-                    .map_err(err)?;
-                n += 1;
-            }
-        }
+        let n = insert_in(&tx, records).map_err(err)?;
         tx.commit().map_err(err)?;
         Ok(n)
     }
+}
+
+/// Inserts finished records as they are through one prepared statement, in `tx`.
+fn insert_in(
+    tx: &rusqlite::Transaction<'_>,
+    records: impl IntoIterator<Item = RunRecord>,
+) -> rusqlite::Result<usize> {
+    let mut insert = tx.prepare(
+        "INSERT INTO runs (started_at, provider, task_type, outcome, record,
+            repository, directory)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    )?;
+    let mut n = 0;
+    for mut r in records {
+        r.id = None;
+        r.file = None;
+        let started = r.invocation.started_at.clone().unwrap_or_else(now);
+        insert.execute(params![
+            started,
+            r.source.provider,
+            r.source.task_type,
+            r.verdict.outcome.as_str(),
+            to_json(&r),
+            None::<String>,
+            r.invocation.cwd,
+        ])?;
+        n += 1;
+    }
+    Ok(n)
 }
 
 /// The order [`Store::each`] gives runs in.
@@ -793,10 +796,24 @@ pub const IMPORTED_SUFFIX: &str = "imported";
 impl Store {
     /// Imports every run of the project database at `old` (the default location before the
     /// history moved to the user's data directory), in one transaction, then renames `old` to
-    /// `old.imported` so that it is never imported twice; returns how many runs came. Runs keep
+    /// `old.imported` so that it is never imported twice; returns how many runs came, or `None`
+    /// when another stepguard imported it first. The user's database's write lock is taken
+    /// before `old` is looked at, so stepguards starting together import it once. Runs keep
     /// their records (a new id each); a run the old file still shows `running` is imported as
     /// it is and judged by the next open.
-    pub fn import_legacy(&mut self, old: &Path) -> Result<usize, StoreError> {
+    pub fn import_legacy(&mut self, old: &Path) -> Result<Option<usize>, StoreError> {
+        let path = self.path.clone();
+        let err = |source| StoreError::Sqlite {
+            path: path.clone(),
+            source,
+        };
+        let tx = self
+            .conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(err)?;
+        if !old.is_file() {
+            return Ok(None);
+        }
         let source = Store::open(old)?;
         let mut records = Vec::new();
         source
@@ -806,13 +823,18 @@ impl Store {
             })?
             .map_err(|never| match never {})?;
         drop(source);
-        let n = self.insert_records(records)?;
+        let n = insert_in(&tx, records).map_err(err)?;
         let renamed = old.with_extension(format!("db.{IMPORTED_SUFFIX}"));
         std::fs::rename(old, &renamed).map_err(|source| StoreError::Io {
             path: old.display().to_string(),
             source,
         })?;
-        Ok(n)
+        if let Err(e) = tx.commit() {
+            // Not imported after all: the project database goes back where it was.
+            let _ = std::fs::rename(&renamed, old);
+            return Err(err(e));
+        }
+        Ok(Some(n))
     }
 }
 

@@ -594,10 +594,9 @@ fn version_10_fills_the_directory_of_older_rows() {
     assert_eq!(repository, None);
 }
 
-#[test]
-fn a_project_database_is_imported_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let old = dir.path().join("project/.stepguard/history.db");
+/// A project database of the old default location holding two finished runs.
+fn project_database(dir: &Path) -> PathBuf {
+    let old = dir.join("project/.stepguard/history.db");
     {
         let project = Store::open(&old).unwrap();
         for cwd in ["/p/one", "/p/two"] {
@@ -613,8 +612,16 @@ fn a_project_database_is_imported_once() {
             project.finish_run(id, &done).unwrap();
         }
     }
+    old
+}
+
+#[test]
+fn a_project_database_is_imported_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let old = project_database(dir.path());
     let mut user = Store::open(&dir.path().join("data/stepguard/history.db")).unwrap();
-    assert_eq!(user.import_legacy(&old).unwrap(), 2);
+    assert_eq!(user.import_legacy(&old).unwrap(), Some(2));
+    assert_eq!(user.import_legacy(&old).unwrap(), None);
     assert!(!old.exists(), "the project database stays where it was");
     assert!(old.with_extension("db.imported").is_file());
     let runs = user.list(&Filter::default()).unwrap();
@@ -630,6 +637,35 @@ fn a_project_database_is_imported_once() {
         .len(),
         1
     );
+}
+
+#[test]
+fn stepguards_starting_together_import_a_project_database_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let old = project_database(dir.path());
+    let user = dir.path().join("data/stepguard/history.db");
+    drop(Store::open(&user).unwrap());
+    let barrier = std::sync::Barrier::new(8);
+    let imported: Vec<Option<usize>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..8)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut store = Store::open(&user).unwrap();
+                    barrier.wait();
+                    store.import_legacy(&old).unwrap()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(
+        imported.iter().filter(|n| **n == Some(2)).count(),
+        1,
+        "{imported:?}"
+    );
+    assert_eq!(imported.iter().filter(|n| n.is_none()).count(), 7);
+    let store = Store::open(&user).unwrap();
+    assert_eq!(store.list(&Filter::default()).unwrap().len(), 2);
 }
 
 #[test]
