@@ -233,7 +233,7 @@ impl PgServer {
         let exe = self.bin.join(program);
         let mut cmd = match self.run_as {
             Some(user) => {
-                let mut c = Command::new("runuser");
+                let mut c = as_user();
                 c.args(["-u", user, "--"]).arg(&exe);
                 c
             }
@@ -270,7 +270,7 @@ fn reachable_parent(parent: &Path, run_as: Option<&str>) -> io::Result<PathBuf> 
     let Some(user) = run_as else {
         return Ok(parent.to_path_buf());
     };
-    let reachable = Command::new("runuser")
+    let reachable = as_user()
         .args(["-u", user, "--", "test", "-x"])
         .arg(parent)
         .status()
@@ -306,7 +306,7 @@ fn reap_orphans(parent: &Path, bin: &Path, run_as: Option<&str>) {
         let data = dir.join("data");
         let mut cmd = match run_as {
             Some(user) => {
-                let mut c = Command::new("runuser");
+                let mut c = as_user();
                 c.args(["-u", user, "--"]).arg(bin.join("pg_ctl"));
                 c
             }
@@ -320,6 +320,21 @@ fn reap_orphans(parent: &Path, bin: &Path, run_as: Option<&str>) {
             .output();
         let _ = fs::remove_dir_all(&dir);
     }
+}
+
+/// A command starting with `runuser` (util-linux), found in PATH or in the system directories
+/// a root PATH has but a CI runner's may not (`/usr/sbin`, `/sbin`).
+fn as_user() -> Command {
+    let in_path = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .unwrap_or_default();
+    let found = in_path
+        .iter()
+        .map(PathBuf::as_path)
+        .chain([Path::new("/usr/sbin"), Path::new("/sbin")])
+        .map(|d| d.join("runuser"))
+        .find(|p| p.is_file());
+    Command::new(found.unwrap_or_else(|| PathBuf::from("runuser")))
 }
 
 /// Finds the directory of `initdb` and `pg_ctl`.
