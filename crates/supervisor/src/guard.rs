@@ -59,11 +59,13 @@ pub fn exec_agent(args: &[OsString]) -> std::io::Error {
     Command::new(program).args(rest).exec()
 }
 
-/// The guardian's arguments, starting with [`GUARDIAN_ARG`]: `CGROUP|-`.
+/// The guardian's arguments, starting with [`GUARDIAN_ARG`]: `CGROUP|-` and the supervisor's
+/// process group (the guardian's own is another from before it runs).
 fn guardian_args(cgroup: Option<&Path>) -> Vec<OsString> {
     vec![
         GUARDIAN_ARG.into(),
         cgroup.map_or_else(|| "-".into(), |p| p.as_os_str().to_owned()),
+        rustix::process::getpgrp().as_raw_pid().to_string().into(),
     ]
 }
 
@@ -94,18 +96,19 @@ pub enum GuardianEnd {
     },
 }
 
-/// Runs the guardian: in a session of its own, it waits on standard input (a pipe only the
+/// Runs the guardian: in a process group of its own (given before it runs, so that a kill of
+/// the supervisor's group never takes it, however early), it waits on standard input (a pipe only the
 /// supervisor writes to: the agent's process group once it exists, then "done"). End of input
 /// without "done" means the supervisor is gone: the run is stopped as the engine stops it
 /// (see [`GuardianEnd`]; the caller says how it went: the supervisor no longer can).
 pub fn guardian_main(args: &[OsString]) -> GuardianEnd {
-    let [cgroup] = args else {
+    let [cgroup, group] = args else {
         return GuardianEnd::Released;
     };
-    // The supervisor's group, before leaving it: a process of the run may hide there.
-    let supervisor_group = rustix::process::getpgrp().as_raw_pid() as u32;
-    // Out of the supervisor's session and group: killing those must not take the guardian.
-    let _ = rustix::process::setsid();
+    // The supervisor's group: a process of the run may hide there.
+    let Some(supervisor_group) = group.to_str().and_then(|g| g.parse::<u32>().ok()) else {
+        return GuardianEnd::Released;
+    };
     let cgroup = (cgroup != "-").then(|| PathBuf::from(cgroup));
     let agent = match watch_supervisor() {
         None => return GuardianEnd::Released,
@@ -287,6 +290,9 @@ impl Guardian {
     pub fn spawn(binary: &Path, cgroup: Option<&Path>) -> std::io::Result<Guardian> {
         let mut child = Command::new(binary)
             .args(guardian_args(cgroup))
+            // Its own group from the fork on: a kill of the supervisor's group (a CI runner
+            // cancelling a job) must not take the guardian before it could leave.
+            .process_group(0)
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::null())
             .spawn()?;

@@ -15,7 +15,7 @@
 //!   find nothing; a zombie whose threads still run counts as alive;
 //! * plays two small programs from the supervisor's own binary: the agent's trampoline
 //!   ([`guard::exec_agent`]: `PR_SET_PDEATHSIG`, join the cgroup, exec) and the guardian
-//!   ([`guard::guardian_main`]: in a session of its own, it stops the run when the supervisor is
+//!   ([`guard::guardian_main`]: in a process group of its own, it stops the run when the supervisor is
 //!   gone, however it went);
 //! * reaps every child it inherits ([`Reaper`], one thread per process however many runs),
 //!   reporting each run's agent exit to that run.
