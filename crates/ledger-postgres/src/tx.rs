@@ -385,19 +385,7 @@ impl Tx<'_> {
         usage: Usage,
         now: SystemTime,
     ) -> Result<(), Fail> {
-        let until = now + self.lease;
-        self.execute(
-            INSERT_RESERVED,
-            &[
-                &key.run.as_str(),
-                &to_sql(key.seq),
-                &now,
-                &until,
-                &to_sql(usage.cost_micros),
-                &to_sql(usage.tokens),
-                &to_sql(usage.steps),
-            ],
-        )
+        self.insert_spend(INSERT_RESERVED, key, usage, now)
     }
 
     /// Charges `usage` for the key in every pool of the run.
@@ -407,9 +395,21 @@ impl Tx<'_> {
         usage: Usage,
         now: SystemTime,
     ) -> Result<(), Fail> {
+        self.insert_spend(INSERT_CHARGED, key, usage, now)
+    }
+
+    /// Runs one of the spend inserts (`INSERT_RESERVED`, `INSERT_CHARGED`): the same row shape,
+    /// held for a lease from `now`.
+    fn insert_spend(
+        &mut self,
+        sql: &'static str,
+        key: &ChargeKey,
+        usage: Usage,
+        now: SystemTime,
+    ) -> Result<(), Fail> {
         let until = now + self.lease;
         self.execute(
-            INSERT_CHARGED,
+            sql,
             &[
                 &key.run.as_str(),
                 &to_sql(key.seq),
