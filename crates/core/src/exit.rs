@@ -52,8 +52,8 @@ impl ExitCode {
             ExitCode::AgentFailed => "the agent failed",
             ExitCode::Usage => "usage or configuration error",
             ExitCode::BudgetExceeded => {
-                "a budget exceeded (max_steps, max_tokens, max_cost) or a loop detected \
-                 (loop_detected)"
+                "a budget exceeded (max_steps, max_tokens, max_cost), a loop, or a spent or \
+                 full pool"
             }
             ExitCode::Plugin => "plugin error",
             ExitCode::Timeout => "timeout (also: stalled, startup_hang)",
