@@ -102,6 +102,26 @@ impl Sandbox {
         self.cmd(args).output().expect("spawn stepguard").into()
     }
 
+    /// The history id of the run whose `--summary-file` record is `record`. A run whose
+    /// database did not answer within its exit bound (a loaded disk) spools its record, says
+    /// so, and carries no id; the next command imports it, so the id is then the newest row's.
+    pub fn recorded_id(&self, record: &serde_json::Value, run: &Run) -> String {
+        if let Some(id) = record["id"].as_i64() {
+            return id.to_string();
+        }
+        assert!(
+            run.stderr
+                .contains("the next stepguard to open the database adds it"),
+            "a record without an id must say where it is kept: {}",
+            run.stderr
+        );
+        let newest = self.run(&["history", "--json", "--last", "1"]).json();
+        newest[0]["id"]
+            .as_i64()
+            .expect("the spooled record was imported")
+            .to_string()
+    }
+
     /// Runs the binary with extra environment variables.
     pub fn run_env(&self, args: &[&str], env: &[(&str, &str)]) -> Run {
         let mut cmd = self.cmd(args);

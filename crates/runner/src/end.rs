@@ -58,6 +58,7 @@ pub(crate) fn wind_down(
     let stream_cost_usd = engine.stream_cost_usd();
     let control = engine.control;
     Ending {
+        loops_seen: engine.loops_seen,
         started_at,
         duration: start.elapsed(),
         pid: Some(pgid),

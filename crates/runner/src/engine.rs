@@ -281,6 +281,7 @@ impl Run {
         observers: &mut [&mut dyn RunObserver],
     ) -> RunReport {
         let asks = parts.on_limit.asks();
+        let looks_for_loops = parts.reading.loops.is_some();
         let watchers = self.watch(
             parts.launch.stderr,
             parts.launch.forward_signals,
@@ -327,6 +328,7 @@ impl Run {
             counts_requests: parts.launch.counts_requests,
             on_unrecognized: parts.on_unrecognized,
             spend: parts.spend,
+            looks_for_loops,
         });
         engine.supervise(events, observers);
         let leftovers = Leftovers {

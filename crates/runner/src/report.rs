@@ -28,6 +28,8 @@ pub(crate) struct Ending {
     pub spawn_error: Option<std::io::Error>,
     /// Steps the reader had counted (the only count left when it was abandoned).
     pub steps_seen: u64,
+    /// The loops the reader had reported (the only account left when it was abandoned).
+    pub loops_seen: Option<Vec<stepguard_core::loops::LoopFound>>,
     /// The containment mechanism used.
     pub containment: Option<&'static str>,
     /// What the record's message should say about the ending, when the engine knows best (a
@@ -82,6 +84,7 @@ impl Ending {
             decisions: Vec::new(),
             spawn_error: Some(error),
             steps_seen: 0,
+            loops_seen: None,
             containment: None,
             why: None,
             gateway: None,
@@ -253,7 +256,7 @@ impl Counted {
                     oversized_lines: 0,
                     truncated_last_line: false,
                     recognition: Default::default(),
-                    loops: None,
+                    loops: ending.loops_seen.take(),
                 },
                 None,
                 ending.pid.map(|_| ending.steps_seen),
@@ -421,4 +424,38 @@ fn spawn_message(command: &[String], err: &std::io::Error) -> String {
 
 fn rfc3339(t: SystemTime) -> String {
     humantime::format_rfc3339_millis(t).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Instant, SystemTime};
+
+    use stepguard_core::loops::{LoopFound, LoopKind};
+
+    use super::{Counted, Ending};
+
+    /// A reader abandoned after it reported a loop (a plugin stuck in the drain, a loaded
+    /// machine): the record still holds the loop the engine was told of, and the steps.
+    #[test]
+    fn an_abandoned_reader_leaves_its_loops_and_steps_in_the_record() {
+        let mut ending = Ending::not_started(
+            std::io::Error::other("unused"),
+            Instant::now(),
+            SystemTime::now(),
+            Instant::now(),
+        );
+        ending.spawn_error = None;
+        ending.pid = Some(42);
+        ending.steps_seen = 3;
+        let found = LoopFound {
+            tool: "shell".into(),
+            count: 3,
+            kind: LoopKind::Repeat,
+            first_step: 1,
+        };
+        ending.loops_seen = Some(vec![found.clone()]);
+        let counted = Counted::take(&mut ending);
+        assert_eq!(counted.count.loops, Some(vec![found]));
+        assert_eq!(counted.steps, Some(3));
+    }
 }

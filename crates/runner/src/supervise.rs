@@ -79,6 +79,9 @@ pub(crate) struct Engine<'t> {
     stream_cost_usd: Option<f64>,
     /// Whether a delta of the stream's usage could not be priced (its cost is then unknown).
     stream_unpriced: bool,
+    /// The loops the reader reported, in order (`None` when loops are not looked for): the
+    /// record's account of them when the reader itself is abandoned.
+    pub loops_seen: Option<Vec<LoopFound>>,
     last_tick: Instant,
 }
 
@@ -94,6 +97,8 @@ pub(crate) struct Launched<'t> {
     pub counts_requests: bool,
     pub on_unrecognized: OnUnrecognized,
     pub spend: SpendLimits,
+    /// Whether the reader looks for loops.
+    pub looks_for_loops: bool,
 }
 
 impl<'t> Engine<'t> {
@@ -118,6 +123,7 @@ impl<'t> Engine<'t> {
             stream_usage: CallUsage::default(),
             stream_cost_usd: None,
             stream_unpriced: false,
+            loops_seen: l.looks_for_loops.then(Vec::new),
             last_tick: l.start,
         }
     }
@@ -244,6 +250,9 @@ impl<'t> Engine<'t> {
     /// The agent's tool calls went round a loop: with a gateway, the ladder (a notice, then
     /// the wrap-up); without, a stop.
     fn on_loop(&mut self, found: &LoopFound) {
+        if let Some(seen) = &mut self.loops_seen {
+            seen.push(found.clone());
+        }
         if self.control.terminated_by.is_some() {
             return;
         }
