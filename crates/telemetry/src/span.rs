@@ -326,18 +326,16 @@ fn wrap_up_event(record: &RunRecord, at: SystemTime) -> Event {
 }
 
 /// Error when the run failed (or its supervisor died); unset otherwise, as the conventions
-/// ask for successful operations.
+/// ask for successful operations. The description is stepguard's own words only, the outcome
+/// and the slug (`failed: max_steps`): the record's message can hold what the model or the CLI
+/// wrote (a wrap-up's final report, a provider's error text), which never leaves the machine.
 fn status(record: &RunRecord) -> Status {
-    match record.verdict.outcome {
-        Outcome::Failed | Outcome::Interrupted => {
-            let why = record
-                .verdict
-                .message
-                .clone()
-                .or_else(|| record.verdict.error_type.as_ref().map(|s| s.to_string()))
-                .unwrap_or_else(|| record.verdict.outcome.as_str().to_owned());
-            Status::error(truncate(why, 256))
-        }
+    let outcome = record.verdict.outcome;
+    match outcome {
+        Outcome::Failed | Outcome::Interrupted => Status::error(match &record.verdict.error_type {
+            Some(slug) => format!("{}: {slug}", outcome.as_str()),
+            None => outcome.as_str().to_owned(),
+        }),
         _ => Status::Unset,
     }
 }
@@ -393,21 +391,10 @@ pub(crate) fn int(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
-fn truncate(mut text: String, max: usize) -> String {
-    if text.len() > max {
-        let mut cut = max;
-        while !text.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        text.truncate(cut);
-        text.push('…');
-    }
-    text
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use stepguard_core::{FailureSlug, RecordedSlug};
 
     fn attribute<'a>(kv: &'a [KeyValue], key: &str) -> Option<&'a Value> {
         kv.iter().find(|k| k.key.as_str() == key).map(|k| &k.value)
@@ -609,9 +596,32 @@ mod tests {
         assert!(identity.parent_is_remote);
     }
 
+    /// What the model or the CLI wrote (a wrap-up's final report, a provider's error text, a
+    /// plugin's message) is in no exported field, whatever the outcome.
     #[test]
-    fn long_messages_are_cut_on_a_character_boundary() {
-        assert_eq!(truncate("é".repeat(200), 5), "éé…");
-        assert_eq!(truncate("short".into(), 10), "short");
+    fn no_run_exports_the_text_of_its_message_or_final_report() {
+        const SECRET: &str = "AKIAIOSFODNN7EXAMPLE hunter2";
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+        let mut exported = 0;
+        for outcome in [Outcome::Success, Outcome::Failed, Outcome::Interrupted] {
+            for slug in std::iter::once(None).chain(FailureSlug::ALL.iter().map(Some)) {
+                let mut record = RunRecord::new("claude", outcome);
+                record.verdict.error_type = slug.map(|s| RecordedSlug::Known(*s));
+                record.verdict.message = Some(format!("Done. {SECRET}"));
+                record.gateway.final_report = Some(format!("Report: {SECRET}"));
+                record.verdict.terminated_by = Some(TerminatedBy::WrapUp);
+                let span = run_span(&record, &SpanIdentity::new(None), &StepLog::new(3), t0, t0);
+                let all = format!("{span:?}");
+                assert!(!all.contains("hunter2"), "{outcome:?} {slug:?}: {all}");
+                if let Some(slug) = slug.filter(|_| outcome != Outcome::Success) {
+                    let Status::Error { description } = &span.status else {
+                        panic!("{outcome:?} {slug:?}: {:?}", span.status)
+                    };
+                    assert_eq!(description, &format!("{}: {slug}", outcome.as_str()));
+                }
+                exported += 1;
+            }
+        }
+        assert_eq!(exported, 3 * (FailureSlug::ALL.len() + 1));
     }
 }
