@@ -19,6 +19,7 @@ mod ledger;
 mod ledger_pg;
 mod output;
 mod plan;
+mod pool_outbox;
 mod pools;
 mod providers;
 mod recording;

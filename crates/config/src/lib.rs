@@ -64,11 +64,11 @@ pub mod value;
 
 pub use budget::{BudgetRequest, ResolvedBudget};
 pub use ladder::{Limit, Resolved};
+pub use ledger::{LedgerConfig, OnLedgerError, PROJECT_LEDGER_IGNORED};
 pub use loop_settings::{LoopRequest, ResolvedLoops};
 pub use model::{
     Ceiling, ConfigModel, LevelSettings, Lock, LoopConfig, PolicySettings, ProfileSettings,
 };
-pub use ledger::{LedgerConfig, OnLedgerError, PROJECT_LEDGER_IGNORED};
 pub use pools::{PoolConfig, PoolMatch, RunFacts};
 pub use spend::{ResolvedLimit, ResolvedSpend, SpendRequest};
 pub use value::{InvalidValue, LimitError, LimitName, LoopLimit, Origin, RawValue, Setting};
@@ -784,8 +784,7 @@ impl Parser<'_> {
         // The fleet ledger counts in the files the repository cannot edit (see `ledger`).
         if let Some(value) = table.get("ledger") {
             if self.out.role.bears_policy() {
-                self.out.model.ledger =
-                    ledger::parse(self.path, value, &mut self.out.diagnostics);
+                self.out.model.ledger = ledger::parse(self.path, value, &mut self.out.diagnostics);
             } else {
                 self.diag(Severity::Warning, "ledger", PROJECT_LEDGER_IGNORED);
             }
