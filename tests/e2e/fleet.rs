@@ -209,6 +209,18 @@ fn the_ledger_comes_from_the_flag_the_variable_or_the_users_file_never_the_proje
         "{}",
         text.stdout
     );
+    // The commands that answer for this host alone refuse the flag rather than seem to answer
+    // for the fleet.
+    for cmd in [&["history"][..], &["show", "1"], &["stats"]] {
+        let out = sb.run(&[cmd, &["--ledger", "postgres://u@db/l"]].concat());
+        assert_eq!(out.code, Some(2), "{cmd:?}: {}", out.stderr);
+        assert!(
+            out.stderr
+                .contains("--ledger: only `run`, `pools`, `config` and `validate`"),
+            "{cmd:?}: {}",
+            out.stderr
+        );
+    }
     // Without any, the local ledger, refusing by default.
     let (plain, _) = host();
     let local = plain.run(&["config", "--json"]).json();
