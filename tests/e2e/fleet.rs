@@ -279,12 +279,38 @@ fn an_unreachable_fleet_ledger_with_on_ledger_error_local_runs_on_the_local_ledg
         "{record}"
     );
     assert_eq!(record["pools"], serde_json::json!(["fleet"]));
-    // Its spend is in the local ledger.
+    // `--ledger` in libpq's key=value form (no URL to spot) is hidden from stepguard's command
+    // line too: no process the agent can see holds the password.
+    let found = sb.root().join("found");
+    let peek = sb.write(
+        "peek.sh",
+        format!(
+            "#!/bin/sh\ncat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' '\\n' | grep -c 'hunte[r]2' > '{}'\ncat {}\n",
+            found.display(),
+            fixture("real/codex/tools3.jsonl")
+        ),
+    );
+    std::fs::set_permissions(&peek, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let keyvalue =
+        format!("host=127.0.0.1 port={port} user=fleet password=hunter2 dbname=l sslmode=disable");
+    let peeked = sb.run(&[
+        "run",
+        "-p",
+        "codex",
+        "--ledger",
+        &keyvalue,
+        "--",
+        &peek.display().to_string(),
+    ]);
+    assert_eq!(peeked.code, Some(0), "{}", peeked.stderr);
+    assert!(!peeked.stderr.contains("hunter2"), "{}", peeked.stderr);
+    assert_eq!(std::fs::read_to_string(&found).unwrap().trim(), "0");
+    // Its spend is in the local ledger (two runs of 480 tokens).
     std::fs::remove_file(sb.user_config()).unwrap();
     let local = sb.run(&["pools", "--json"]);
     assert_eq!(
         local.json()[0]["limits"][0]["spent"].as_f64(),
-        Some(480.0),
+        Some(960.0),
         "{}",
         local.stdout
     );
