@@ -95,6 +95,10 @@ fn config_precedence_flag_env_file_default() {
                 "locked": []
             },
             "pools": [],
+            "ledger": {
+                "kind": "local", "url": null, "source": null,
+                "on_ledger_error": "refuse", "on_ledger_error_source": null
+            },
             "errors": [],
             "warnings": []
         })

@@ -26,6 +26,12 @@ pub(crate) struct Cli {
     #[arg(long, global = true, value_name = "PATH", env = "STEPGUARD_DB")]
     pub db: Option<PathBuf>,
 
+    /// The fleet ledger (a PostgreSQL URL) that keeps the pools, over STEPGUARD_LEDGER_URL and
+    /// `[ledger] url` (docs/fleet.md). It is stepguard's: never given to the agent, and hidden
+    /// from the run's command line.
+    #[arg(long, global = true, value_name = "URL")]
+    pub ledger: Option<String>,
+
     /// Let a plugin file replace a built-in provider of the same name (named in the run record).
     #[arg(long, global = true)]
     pub allow_override: bool,

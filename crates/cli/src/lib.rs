@@ -19,6 +19,7 @@ mod ledger;
 mod ledger_pg;
 mod output;
 mod plan;
+mod pool_outbox;
 mod pools;
 mod providers;
 mod recording;
@@ -133,6 +134,13 @@ where
     init_logging(cli.verbose);
     let config = cli.config.as_deref();
     let result = match &cli.command {
+        _ if cli.ledger.is_some() && !uses_ledger(&cli.command) => Err(exit::UsageError(
+            "--ledger: only `run`, `pools`, `config` and `validate` use the fleet ledger; this \
+             command reads this host's history alone (fleet-wide `history`, `show` and `stats` \
+             are not there yet); leave out --ledger"
+                .into(),
+        )
+        .into()),
         Command::Config(a) => commands::config::run(&cli, a),
         Command::Validate(a) => commands::validate::run(&cli, config, a),
         Command::Run(a) => commands::run::run(&cli, a),
@@ -163,6 +171,15 @@ where
 }
 
 /// Parses the arguments, with clap's own messages (usage errors, help) coloured as `--color` says.
+/// Whether `command` uses the fleet ledger `--ledger` names: the others refuse the flag rather
+/// than answer for this host alone as if for the fleet.
+fn uses_ledger(command: &Command) -> bool {
+    matches!(
+        command,
+        Command::Run(_) | Command::Pools(_) | Command::Config(_) | Command::Validate(_)
+    )
+}
+
 fn parse(argv: Vec<OsString>) -> Result<Cli, clap::Error> {
     let mut command = Cli::command().color(color_arg(&argv));
     let mut matches = command.try_get_matches_from_mut(argv)?;

@@ -141,6 +141,7 @@ impl<'s> RunPlan<'s> {
         )?;
         let mut meta = meta(args, &selection, &limits, cwd);
         meta.pools = pools.as_ref().map(Membership::names);
+        meta.ledger = pools.as_ref().map(Membership::ledger);
         Ok(RunPlan {
             meta,
             counter,
@@ -335,8 +336,9 @@ fn history_db(
 }
 
 /// Admits the run to the pools it joins (its `match`es and `--pool`), in the ledger beside the
-/// history (even with `--no-record`); none when it joins none. A spent or full pool is a
-/// `PoolRefused`, an unreachable ledger a `LedgerError` (exit 2).
+/// history or the fleet ledger (even with `--no-record`); none when it joins none. A spent or
+/// full pool is a `PoolRefused`, an unreachable ledger a `LedgerError` (exit 2) unless
+/// `on_ledger_error = "local"` (then the local ledger, marked in the record).
 fn admit_pools(
     args: &RunArgs,
     session: &Session<'_>,
@@ -355,8 +357,8 @@ fn admit_pools(
     if pools.is_empty() {
         return Ok(None);
     }
-    let ledger = crate::ledger::open(&session.history_db(cwd)?)?;
-    crate::pools::admit(ledger.into(), pools, args.wait_for_pool).map(Some)
+    let opened = crate::ledger::open(&session.history_db(cwd)?, &session.ledger_choice(), true)?;
+    crate::pools::admit(opened, pools, args.wait_for_pool).map(Some)
 }
 
 /// The labels of the run's record.
@@ -371,6 +373,7 @@ fn meta(args: &RunArgs, selection: &Selection<'_>, limits: &Limits, cwd: &Path) 
         profile: limits.budget.profile.clone(),
         cwd: Some(cwd.display().to_string()),
         pools: None,
+        ledger: None,
     }
 }
 

@@ -9,7 +9,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
 use stepguard_config::{ConfigModel, Origin, PoolConfig, RunFacts};
-use stepguard_core::{FailureSlug, RunRecord, StepLimit};
+use stepguard_core::{FailureSlug, PoolLedger, RunRecord, StepLimit};
 use stepguard_gateway::{Budget, CallSpend, Reservation, SharedBudget};
 use stepguard_ledger::{
     Admission, ChargeKey, Exhaustion, Grant, Ledger, Measure, RunKey, Share, Usage, micros_to_usd,
@@ -62,11 +62,17 @@ pub(crate) fn select(
 /// A run admitted to its pools.
 pub(crate) struct Membership {
     ledger: Arc<dyn Ledger>,
+    /// Which ledger keeps the pools, for the record.
+    mark: PoolLedger,
     run: RunKey,
     pools: Vec<PoolConfig>,
     shares: Vec<Share>,
     /// What the gateway settled per model call, so the end-of-run charge leaves it out.
     settled: Arc<Mutex<Usage>>,
+    /// Whether the ledger was away at some point of the run.
+    lost: Arc<AtomicBool>,
+    /// The history database, beside which an end charge the ledger did not take is kept.
+    history: std::path::PathBuf,
 }
 
 /// The sequence number of the end-of-run charge; model call `n` reserves and settles `n + 1`.
@@ -80,7 +86,10 @@ struct PoolBudget {
     settled: Arc<Mutex<Usage>>,
     /// The calls settled, so a call settled twice is left out of the end charge once.
     seen: Mutex<std::collections::HashSet<u64>>,
+    /// Whether the ledger is away now, as the last call found it (said once per absence).
     warned: AtomicBool,
+    /// Whether the ledger was ever away during the run (shared with the end charge).
+    lost: Arc<AtomicBool>,
 }
 
 impl PoolBudget {
@@ -93,6 +102,7 @@ impl PoolBudget {
 
     /// A ledger fault mid-run: said once; the run goes on under its own (pool-lowered) budget.
     fn warn(&self, e: &stepguard_ledger::LedgerError) {
+        self.lost.store(true, Ordering::Relaxed);
         if !self.warned.swap(true, Ordering::Relaxed) {
             output::diag(
                 "warning",
@@ -101,6 +111,18 @@ impl PoolBudget {
                      its own budget and the pools' share it last knew, and what it spends is \
                      charged at its end"
                 ),
+            );
+        }
+    }
+}
+
+impl PoolBudget {
+    /// A call the ledger answered: when it was away, says it is back.
+    fn answered(&self) {
+        if self.warned.swap(false, Ordering::Relaxed) {
+            output::note(
+                "the pools' ledger is back: model calls reserve in the pools again, and what \
+                 the run spent meanwhile is charged at its end",
             );
         }
     }
@@ -150,12 +172,16 @@ impl SharedBudget for PoolBudget {
             .reserve(&self.key(seq), estimate, SystemTime::now())
         {
             Ok(Grant::Granted(shares)) => {
+                self.answered();
                 last_for(&shares, usage_of(after)).unwrap_or(Reservation::Go)
             }
-            Ok(Grant::Refused(e)) => Reservation::Refused {
-                pool: e.pool,
-                budget: budget_of(e.measure),
-            },
+            Ok(Grant::Refused(e)) => {
+                self.answered();
+                Reservation::Refused {
+                    pool: e.pool,
+                    budget: budget_of(e.measure),
+                }
+            }
             Err(e) => {
                 self.warn(&e);
                 Reservation::Go
@@ -167,6 +193,7 @@ impl SharedBudget for PoolBudget {
         let usage = usage_of(actual);
         match self.ledger.settle(&self.key(seq), usage, SystemTime::now()) {
             Ok(_) => {
+                self.answered();
                 let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
                 if !seen.insert(seq) {
                     return;
@@ -201,10 +228,12 @@ pub(crate) fn run_key() -> RunKey {
 /// Joins `pools`, waiting up to `wait` while a concurrency cap is full; a spent pool, or a full
 /// one past the wait, is a [`PoolRefused`].
 pub(crate) fn admit(
-    ledger: Arc<dyn Ledger>,
+    opened: crate::ledger::Opened,
     pools: Vec<PoolConfig>,
     wait: Option<Duration>,
 ) -> anyhow::Result<Membership> {
+    let (ledger, mark, history): (Arc<dyn Ledger>, _, _) =
+        (opened.ledger.into(), opened.mark, opened.history);
     let run = run_key();
     let specs: Vec<_> = pools.iter().map(PoolConfig::spec).collect();
     let deadline = wait.map(|w| Instant::now() + w);
@@ -213,10 +242,13 @@ pub(crate) fn admit(
             Admission::Admitted(shares) => {
                 return Ok(Membership {
                     ledger,
+                    mark,
                     run,
                     pools,
                     shares,
                     settled: Arc::default(),
+                    lost: Arc::default(),
+                    history,
                 });
             }
             Admission::Exhausted(e) => {
@@ -274,6 +306,11 @@ fn exhausted(e: &Exhaustion) -> String {
 }
 
 impl Membership {
+    /// Which ledger keeps the run's pools, for the record.
+    pub(crate) fn ledger(&self) -> PoolLedger {
+        self.mark
+    }
+
     /// The names of the pools joined, for the record.
     pub(crate) fn names(&self) -> Vec<String> {
         self.pools.iter().map(|p| p.name.clone()).collect()
@@ -318,6 +355,7 @@ impl Membership {
             settled: Arc::clone(&self.settled),
             seen: Mutex::default(),
             warned: AtomicBool::new(false),
+            lost: Arc::clone(&self.lost),
         })
     }
 
@@ -325,13 +363,18 @@ impl Membership {
     pub(crate) fn renew(&self) -> Renewer {
         let (stop, stopped) = mpsc::channel::<()>();
         let (ledger, run) = (Arc::clone(&self.ledger), self.run.clone());
+        let lost = Arc::clone(&self.lost);
         let every = ledger.lease_time() / 3;
         let thread = std::thread::Builder::new()
             .name("stepguard-lease".into())
             .spawn(move || {
                 let mut warned = false;
                 while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(every) {
-                    if let Err(e) = ledger.renew(&run, SystemTime::now())
+                    let renewed = ledger.renew(&run, SystemTime::now());
+                    if renewed.is_err() {
+                        lost.store(true, Ordering::Relaxed);
+                    }
+                    if let Err(e) = renewed
                         && !std::mem::replace(&mut warned, true)
                     {
                         output::diag(
@@ -376,13 +419,50 @@ impl Membership {
             .ledger
             .charge(&key, usage, now)
             .and_then(|_| self.ledger.leave(&self.run, now));
-        if let Err(e) = done {
-            output::diag(
+        match done {
+            Ok(()) if self.lost.load(Ordering::Relaxed) => output::note(format!(
+                "the pools' ledger is back: this run's spend ({}) is charged to its pools, once",
+                spent(usage)
+            )),
+            Ok(()) => {}
+            Err(e @ stepguard_ledger::LedgerError::Unreachable { .. }) => {
+                self.keep(&key, usage, &e)
+            }
+            Err(e) => output::diag(
                 "warning",
                 format!("cannot charge this run to its pools: {e}"),
-            );
+            ),
         }
     }
+
+    /// Keeps the end charge the ledger did not take in the outbox beside the history database,
+    /// for the next stepguard that reaches the ledger to charge (once); says where.
+    fn keep(&self, key: &ChargeKey, usage: Usage, e: &stepguard_ledger::LedgerError) {
+        let name = self.ledger.describe();
+        let said = match crate::pool_outbox::keep(&self.history, &name, key, usage) {
+            Ok(file) => format!(
+                "cannot charge this run to its pools ({e}); its spend ({}) is kept in {} and the \
+                 next stepguard to reach the ledger charges it, once",
+                spent(usage),
+                file.display()
+            ),
+            Err(io) => format!(
+                "cannot charge this run to its pools ({e}), nor keep the charge in {}: {io}",
+                crate::pool_outbox::dir(&self.history).display()
+            ),
+        };
+        output::diag("warning", said);
+    }
+}
+
+/// A charge in words: `N tokens, $C, S steps`.
+fn spent(usage: Usage) -> String {
+    format!(
+        "{} tokens, ${:.4}, {} steps",
+        usage.tokens,
+        micros_to_usd(usage.cost_micros),
+        usage.steps
+    )
 }
 
 /// The thread renewing a run's lease.
@@ -447,6 +527,7 @@ mod tests {
             settled: Arc::clone(&settled),
             seen: Mutex::default(),
             warned: AtomicBool::new(false),
+            lost: Arc::default(),
         };
         assert_eq!(budget.reserve(1, tokens(120), tokens(120)), Reservation::Go);
         budget.settle(1, tokens(120));
@@ -559,6 +640,7 @@ mod tests {
             settled: Arc::clone(&settled),
             seen: Mutex::default(),
             warned: AtomicBool::new(false),
+            lost: Arc::default(),
         };
         assert_eq!(budget.reserve(1, tokens(120), tokens(120)), Reservation::Go);
         assert!(budget.warned.load(Ordering::Relaxed), "said");

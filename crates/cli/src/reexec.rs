@@ -4,9 +4,10 @@
 //! Before a run, stepguard makes itself non-dumpable (`PR_SET_DUMPABLE` 0: its `environ`, `mem`
 //! and `fd` in `/proc` are closed to the same user) and, when its environment or arguments hold
 //! something secret, executes itself again in place (the same pid): the secret variables
-//! ([`is_secret`]) are left out of the new image's environment, arguments that carry a URL are
-//! shown as `<hidden>` in its command line, and the whole original command line and those
-//! variables travel in a memfd that the new image reads, then empties. The variables are then
+//! ([`is_secret`]) are left out of the new image's environment, arguments that carry a URL and
+//! the fleet ledger's `--ledger` value are shown as `<hidden>` in its command line, and the
+//! whole original command line and those variables travel in a memfd that the new image reads,
+//! then empties. The variables are then
 //! held in memory ([`moved`], [`var`]) and given to the agent, where the model gateway replaces
 //! the key and the base URL with the run's own.
 
@@ -104,7 +105,7 @@ pub(crate) fn seal(argv: Vec<OsString>) -> Result<Vec<OsString>, SealError> {
     }
     let _ = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable);
     let secret: Vars = std::env::vars_os().filter(|(k, _)| is_secret(k)).collect();
-    if secret.is_empty() && !argv.iter().any(|a| carries_url(a)) {
+    if secret.is_empty() && shown(&argv) == argv[1..] {
         return Ok(argv);
     }
     let err = reexec(&argv, &secret);
@@ -130,6 +131,25 @@ fn carries_url(arg: &OsStr) -> bool {
     arg.as_bytes().windows(3).any(|w| w == b"://")
 }
 
+/// The arguments after the program's name as the new image shows them: any carrying a URL,
+/// and the fleet ledger's (`--ledger VALUE`, `--ledger=VALUE`, before `--`: its libpq
+/// `key=value` form may hold a password too), as [`HIDDEN`].
+fn shown(argv: &[OsString]) -> Vec<OsString> {
+    let mut out = Vec::with_capacity(argv.len());
+    let (mut after_flag, mut options) = (false, true);
+    for a in argv.iter().skip(1) {
+        let ledger = options && (after_flag || a.as_bytes().starts_with(b"--ledger="));
+        after_flag = options && a == "--ledger";
+        options &= a != "--";
+        out.push(if ledger || carries_url(a) {
+            OsString::from(HIDDEN)
+        } else {
+            a.clone()
+        });
+    }
+    out
+}
+
 /// Executes this binary again with `secret` out of its environment and URLs out of its
 /// command line, both passed in a memfd. Returns only on failure.
 fn reexec(argv: &[OsString], secret: &[(OsString, OsString)]) -> std::io::Error {
@@ -146,20 +166,13 @@ fn reexec(argv: &[OsString], secret: &[(OsString, OsString)]) -> std::io::Error 
         Ok(exe) => exe,
         Err(e) => return e,
     };
-    let shown = argv.iter().skip(1).map(|a| {
-        if carries_url(a) {
-            OsString::from(HIDDEN)
-        } else {
-            a.clone()
-        }
-    });
     let mut cmd = std::process::Command::new(exe);
     if let Some(arg0) = argv.first() {
         cmd.arg0(arg0);
     }
     cmd.arg(SEALED_ARG)
         .arg(file.as_raw_fd().to_string())
-        .args(shown);
+        .args(shown(argv));
     for (name, _) in secret {
         cmd.env_remove(name);
     }
@@ -302,5 +315,32 @@ mod tests {
             "model_providers.m.base_url=http://h/v1"
         )));
         assert!(!carries_url(OsStr::new("--max-steps")));
+    }
+
+    #[test]
+    fn the_ledger_flag_is_hidden_in_any_form_and_only_stepguards() {
+        let v = |a: &[&str]| a.iter().map(OsString::from).collect::<Vec<_>>();
+        assert_eq!(
+            shown(&v(&[
+                "sg",
+                "--ledger",
+                "host=db password=pw",
+                "run",
+                "--ledger=host=db password=pw",
+                "--pool",
+                "x",
+                "--",
+                "agent",
+                "--ledger",
+                "kept",
+                "http://h",
+            ])),
+            v(&[
+                "--ledger", "<hidden>", "run", "<hidden>", "--pool", "x", "--", "agent",
+                "--ledger", "kept", "<hidden>",
+            ])
+        );
+        let plain = v(&["sg", "run", "--", "agent"]);
+        assert_eq!(shown(&plain), plain[1..]);
     }
 }

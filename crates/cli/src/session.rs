@@ -79,6 +79,15 @@ impl<'c> Session<'c> {
         self.cli.db.is_some()
     }
 
+    /// Where pools are kept: the fleet ledger `--ledger`, `STEPGUARD_LEDGER_URL` or
+    /// `[ledger] url` names (none: the local ledger), and `[ledger] on_ledger_error`.
+    pub(crate) fn ledger_choice(&self) -> crate::ledger::Choice {
+        crate::ledger::Choice {
+            fleet: crate::ledger_pg::chosen(self.cli.ledger.as_deref(), &self.config.model),
+            on_error: self.config.model.ledger.on_error.clone(),
+        }
+    }
+
     /// Returns the run history database (where the local ledger of pools is too): `--db` /
     /// `STEPGUARD_DB`, else the user's data directory, after importing a project database of
     /// the old default location (beside the config file in effect, else in `cwd`) once.

@@ -54,6 +54,7 @@ use std::path::{Path, PathBuf};
 
 pub mod budget;
 pub mod ladder;
+pub mod ledger;
 pub mod loop_settings;
 pub mod loosening;
 pub mod model;
@@ -63,6 +64,7 @@ pub mod value;
 
 pub use budget::{BudgetRequest, ResolvedBudget};
 pub use ladder::{Limit, Resolved};
+pub use ledger::{LedgerConfig, OnLedgerError, PROJECT_LEDGER_IGNORED};
 pub use loop_settings::{LoopRequest, ResolvedLoops};
 pub use model::{
     Ceiling, ConfigModel, LevelSettings, Lock, LoopConfig, PolicySettings, ProfileSettings,
@@ -105,6 +107,7 @@ const TOP_LEVEL_KEYS: &[&str] = &[
     "loops",
     "telemetry",
     "pools",
+    "ledger",
 ];
 const LEVEL_KEYS: &[&str] = &["max_steps", "max_turns", "max_tokens", "max_cost_usd"];
 const TASK_TYPE_KEYS: &[&str] = &[
@@ -530,9 +533,15 @@ pub fn merge(mut files: Vec<ParsedFile>) -> LoadedConfig {
         }
     }
     let pools = loosening::merge_pools(&mut files);
+    // Highest precedence first: the first file setting a key wins (project files set none).
+    let mut ledger = LedgerConfig::default();
+    for file in &files {
+        ledger.fill_from(&file.model.ledger);
+    }
     let model = ConfigModel {
         policy,
         pools,
+        ledger,
         ..overlay(files.iter())
     };
     LoadedConfig { files, model }
@@ -772,6 +781,14 @@ impl Parser<'_> {
                 self.diag(Severity::Warning, "policy", PROJECT_POLICY_IGNORED);
             }
         }
+        // The fleet ledger counts in the files the repository cannot edit (see `ledger`).
+        if let Some(value) = table.get("ledger") {
+            if self.out.role.bears_policy() {
+                self.out.model.ledger = ledger::parse(self.path, value, &mut self.out.diagnostics);
+            } else {
+                self.diag(Severity::Warning, "ledger", PROJECT_LEDGER_IGNORED);
+            }
+        }
         // Pools count in every file, the policy-only ones included (see `pools`).
         if let Some(value) = table.get("pools") {
             self.out.model.pools =
@@ -813,7 +830,7 @@ impl Parser<'_> {
                 // Handled after the loop, once the top-level keys of the same level are known.
                 "defaults" => {}
                 // Handled before the loop, by role.
-                "policy" | "pools" => {}
+                "policy" | "pools" | "ledger" => {}
                 "task_types" => {
                     if let Some(t) = self.expect_table(key, value) {
                         for (name, v) in t {

@@ -190,4 +190,7 @@ pub struct ConfigModel {
     /// `[telemetry]`: OpenTelemetry export settings (`endpoint`, `protocol`, `headers`,
     /// `service_name`, `flush_timeout`), kept as given; the environment overrides them.
     pub telemetry: BTreeMap<String, (serde_json::Value, Origin)>,
+    /// `[ledger]`: the fleet ledger (`url`) and `on_ledger_error`, from the user's, the
+    /// system's and the `STEPGUARD_POLICY` file only ([`crate::ledger`]).
+    pub ledger: crate::ledger::LedgerConfig,
 }

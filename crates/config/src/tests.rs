@@ -1124,3 +1124,62 @@ fn the_user_file_is_placed_by_xdg_then_home_then_passwd_and_never_silently_lost(
         )
     );
 }
+
+#[test]
+fn the_ledger_is_set_by_the_files_a_repository_cannot_edit_and_the_user_wins() {
+    let url = "postgres://u:pw@db.example/ledger";
+    let ledger = format!("[ledger]\nurl = \"{url}\"\non_ledger_error = \"local\"\n");
+    let project = parse_as(
+        "/repo/stepguard.toml",
+        "[ledger]\nurl = \"postgres://evil.example/x\"\n",
+        FileRole::Project,
+    );
+    assert_eq!(
+        messages(&project.diagnostics),
+        [format!(
+            "warning: /repo/stepguard.toml: ledger: {PROJECT_LEDGER_IGNORED}"
+        )]
+    );
+    let user = parse_as("/u/stepguard.toml", &ledger, FileRole::User);
+    let system = parse_as(
+        "/etc/stepguard.toml",
+        "[ledger]\nurl = \"postgres://system.example/l\"\non_ledger_error = \"refuse\"\n",
+        FileRole::System,
+    );
+    assert!(user.diagnostics.is_empty(), "{:?}", user.diagnostics);
+    let merged = merge(vec![project, user, system.clone()]).model.ledger;
+    let (got, origin) = merged.url.unwrap();
+    assert_eq!(got, url);
+    assert_eq!(origin.label(), "ledger.url");
+    assert!(matches!(origin, Origin::File { ref path, .. } if path == "/u/stepguard.toml"));
+    assert_eq!(merged.on_error.unwrap().0, OnLedgerError::Local);
+    // Alone, the system file's values count; the STEPGUARD_POLICY file's too.
+    let alone = merge(vec![system]).model.ledger;
+    assert_eq!(alone.url.unwrap().0, "postgres://system.example/l");
+    assert_eq!(alone.on_error.unwrap().0, OnLedgerError::Refuse);
+    let policy = parse_as("/p.toml", &ledger, FileRole::PolicyOnly);
+    assert_eq!(merge(vec![policy]).model.ledger.url.unwrap().0, url);
+}
+
+#[test]
+fn bad_ledger_values_are_errors_naming_the_key() {
+    let f = parse_as(
+        "/u/stepguard.toml",
+        "[ledger]\nurl = \"\"\non_ledger_error = \"fallback\"\nurls = 1\n",
+        FileRole::User,
+    );
+    assert_eq!(
+        messages(&f.diagnostics),
+        [
+            "error: /u/stepguard.toml: ledger.on_ledger_error: expected \"refuse\" or \"local\", found \"fallback\"",
+            "error: /u/stepguard.toml: ledger.url: expected the fleet ledger's URL, e.g. \"postgres://stepguard@ledger.example/stepguard\"",
+            "warning: /u/stepguard.toml: ledger.urls: unknown key `urls`; did you mean `url`?",
+        ]
+    );
+    assert_eq!(f.model.ledger, LedgerConfig::default());
+    let f = parse_as("/u/stepguard.toml", "ledger = 3\n", FileRole::User);
+    assert_eq!(
+        messages(&f.diagnostics),
+        ["error: /u/stepguard.toml: ledger: expected a table, found integer"]
+    );
+}

@@ -183,6 +183,33 @@ pub struct SpendBudgets {
     /// The pools (budgets shared with other runs) the run joined; null when none. A budget that
     /// a pool's share lowered names it as its source (`pool NAME`).
     pub pools: Option<Vec<String>>,
+    /// The ledger the run's pools were kept in; null when it joined none. `fallback` is true
+    /// when the fleet ledger could not be reached at the start and `on_ledger_error = "local"`
+    /// kept them in the local ledger instead (other hosts did not see this run's spend).
+    pub ledger: Option<PoolLedger>,
+}
+
+/// Which ledger kept a run's pools.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum LedgerKind {
+    /// The history database of the host (SQLite).
+    Local,
+    /// The fleet ledger (PostgreSQL) every host shares.
+    Fleet,
+}
+
+/// The ledger a run's pools were kept in, and whether it was a fallback.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct PoolLedger {
+    /// `local` or `fleet`.
+    pub kind: LedgerKind,
+    /// True when the fleet ledger was named but unreachable at the start, and the run kept its
+    /// pools in the local ledger (`on_ledger_error = "local"`).
+    pub fallback: bool,
 }
 
 /// What the stream said: steps, turns, and the lines that were not events.
@@ -635,7 +662,7 @@ mod tests {
              profile,max_steps,max_steps_source,command,cwd,started_at,ended_at,duration_ms,\
              outcome,error_type,message,exit_code,child_exit_code,child_signal,terminated_by,\
              containment,breached_at_step,loops,on_limit_decisions,final_report,model_calls,\
-             max_tokens,max_tokens_source,max_cost_usd,max_cost_usd_source,pools,sub_agent_tokens,\
+             max_tokens,max_tokens_source,max_cost_usd,max_cost_usd_source,pools,ledger,sub_agent_tokens,\
              num_steps_computed,num_steps_reported,num_turns_computed,num_turns_reported,\
              noise_lines,unknown_events,oversized_lines,truncated_last_line,tokens,cost_usd,\
              sub_agent_steps"
@@ -650,7 +677,7 @@ mod tests {
     fn every_field_is_present_in_json_even_when_unknown() {
         let json = serde_json::to_value(RunRecord::new("codex", Outcome::Success)).unwrap();
         let object = json.as_object().unwrap();
-        assert_eq!(object.len(), 46);
+        assert_eq!(object.len(), 47);
         assert_eq!(object["schema_version"], RECORD_SCHEMA_VERSION);
         assert!(object["id"].is_null());
         assert_eq!(object["on_limit_decisions"], serde_json::json!([]));
@@ -663,6 +690,7 @@ mod tests {
             "max_cost_usd",
             "max_cost_usd_source",
             "pools",
+            "ledger",
             "sub_agent_tokens",
         ] {
             assert!(object[key].is_null(), "{key}");

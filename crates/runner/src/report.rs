@@ -382,6 +382,7 @@ fn set_spend_fields(record: &mut RunRecord, spend: &crate::spec::SpendLimits) {
         max_cost_usd: spend.max_cost_usd,
         max_cost_usd_source: spend.max_cost_usd.and(spend.max_cost_usd_source.clone()),
         pools: record.spend.pools.take(),
+        ledger: record.spend.ledger.take(),
     };
 }
 

@@ -91,6 +91,8 @@ pub struct RunMeta {
     pub cwd: Option<String>,
     /// The pools the run joined (shared budgets), for the record.
     pub pools: Option<Vec<String>>,
+    /// The ledger those pools were kept in, for the record.
+    pub ledger: Option<stepguard_core::PoolLedger>,
 }
 
 /// One agent run to supervise, built with [`RunSpec::builder`] (or [`RunSpec::new`] for the

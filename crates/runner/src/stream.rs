@@ -463,6 +463,7 @@ pub fn stream_record(meta: &RunMeta, stats: &RunStats, count: &StreamCount) -> R
     record.source.profile = meta.profile.clone();
     record.invocation.cwd = meta.cwd.clone();
     record.spend.pools = meta.pools.clone();
+    record.spend.ledger = meta.ledger;
     record.set_stats(stats);
     let counter = &count.stats;
     let terminal = counter.terminal.as_ref();

@@ -4,7 +4,9 @@
 use std::collections::BTreeMap;
 
 use serde::Serialize;
-use stepguard_config::{LoadedConfig, LoopLimit, Origin, ResolvedLimit, RunFacts, Severity};
+use stepguard_config::{
+    LoadedConfig, LoopLimit, OnLedgerError, Origin, ResolvedLimit, RunFacts, Severity,
+};
 use stepguard_core::{ExitCode, StepLimit};
 
 use crate::args::{Cli, ConfigArgs};
@@ -41,10 +43,65 @@ struct ConfigReport<'a> {
     /// Every pool declared, whether a run with these flags would join it and why, and where it
     /// was declared.
     pools: Vec<PoolLine>,
+    /// Where pools are kept: the local ledger, or the fleet ledger (without its password) and
+    /// where it was named; what a run does when the fleet ledger is unreachable at its start.
+    ledger: LedgerLine,
     /// Problems that make `validate` fail and `run`/`count` refuse to start (exit 2), as
     /// `FILE: KEY: message`.
     errors: Vec<String>,
     warnings: Vec<String>,
+}
+
+/// The ledger in `config`'s report.
+#[derive(Serialize)]
+struct LedgerLine {
+    /// `local` or `fleet`.
+    kind: &'static str,
+    /// The fleet ledger's URL without its password; null for the local ledger.
+    url: Option<String>,
+    /// `--ledger`, `env STEPGUARD_LEDGER_URL` or `FILE: ledger.url`; null for the local ledger.
+    source: Option<String>,
+    /// `refuse` (the default) or `local`.
+    on_ledger_error: &'static str,
+    /// `FILE: ledger.on_ledger_error`; null for the default.
+    on_ledger_error_source: Option<String>,
+}
+
+impl LedgerLine {
+    fn of(choice: &crate::ledger::Choice) -> Self {
+        let (on_error, on_error_source) = match &choice.on_error {
+            Some((what, origin)) => (*what, Some(origin.to_string())),
+            None => (OnLedgerError::default(), None),
+        };
+        LedgerLine {
+            kind: if choice.fleet.is_some() {
+                "fleet"
+            } else {
+                "local"
+            },
+            url: choice.fleet.as_ref().map(crate::ledger_pg::Fleet::shown),
+            source: choice.fleet.as_ref().map(|f| f.origin.to_string()),
+            on_ledger_error: on_error.as_str(),
+            on_ledger_error_source: on_error_source,
+        }
+    }
+
+    fn print(&self) -> std::io::Result<()> {
+        match (&self.url, &self.source) {
+            (Some(url), Some(source)) => {
+                output::line(format!("ledger: fleet {url} (from {source})"))?;
+            }
+            _ => output::line("ledger: local (the history database)")?,
+        }
+        let from = self
+            .on_ledger_error_source
+            .as_deref()
+            .map_or_else(|| "default".to_owned(), |s| format!("from {s}"));
+        output::line(format!(
+            "  on_ledger_error: {} ({from})",
+            self.on_ledger_error
+        ))
+    }
 }
 
 /// One pool in `config`'s report.
@@ -245,6 +302,7 @@ pub(crate) fn run(cli: &Cli, args: &ConfigArgs) -> anyhow::Result<ExitCode> {
     warnings.extend(option_warnings.iter().map(ToString::to_string));
     let mut report = config_report(args, loaded, &limits);
     report.pools = pool_lines(args, loaded, &limits)?;
+    report.ledger = LedgerLine::of(&session.ledger_choice());
     report.errors = errors.iter().map(providers::located).collect();
     report.warnings = warnings;
     let code = if report.errors.is_empty() {
@@ -302,6 +360,10 @@ fn config_report<'a>(
         provider_options,
         policy: policy_report(loaded, args.provider.as_deref()),
         pools: Vec::new(),
+        ledger: LedgerLine::of(&crate::ledger::Choice {
+            fleet: None,
+            on_error: None,
+        }),
         errors: Vec::new(),
         warnings: Vec::new(),
     }
@@ -364,6 +426,7 @@ fn print_report(report: &ConfigReport<'_>, limits: &Limits) -> std::io::Result<(
     }
     print_policy(&report.policy)?;
     print_pools(&report.pools)?;
+    report.ledger.print()?;
     for (provider, opts) in &report.provider_options {
         output::line(format!("[{provider}] options:"))?;
         for (k, v) in opts {

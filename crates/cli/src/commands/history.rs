@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use stepguard_core::loops::{LoopFound, LoopKind};
 use stepguard_core::money::usd;
-use stepguard_core::{ExitCode, FailureSlug, RecordedSlug, TokenUsage};
+use stepguard_core::{ExitCode, FailureSlug, LedgerKind, PoolLedger, RecordedSlug, TokenUsage};
 use stepguard_store::{Filter, Order, RunRecord, StatsReport, Store};
 
 use crate::args::{Cli, HistoryAction, HistoryArgs, ShowArgs, StatsArgs};
@@ -322,10 +322,25 @@ fn pool_line(r: &RunRecord) -> Option<String> {
     match (pools, ended) {
         (None, None) => None,
         (pools, ended) => Some(format!(
-            "Pools: {}{}",
+            "Pools: {}{}{}",
             pools.map_or_else(|| "-".to_owned(), |p| p.join(", ")),
+            ledger_note(r),
             ended.map_or_else(String::new, |e| format!("; {e}"))
         )),
+    }
+}
+
+/// Where the run's pools were kept, when not simply the local ledger.
+fn ledger_note(r: &RunRecord) -> &'static str {
+    match r.spend.ledger {
+        Some(PoolLedger { fallback: true, .. }) => {
+            " (in the local ledger: the fleet ledger was unreachable at the start)"
+        }
+        Some(PoolLedger {
+            kind: LedgerKind::Fleet,
+            ..
+        }) => " (fleet ledger)",
+        _ => "",
     }
 }
 

@@ -92,7 +92,10 @@ pub(crate) fn run(cli: &Cli, args: &PoolsArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::Success);
     }
     let cwd = std::env::current_dir()?;
-    let ledger = crate::ledger::open(&session.history_db(&cwd)?)?;
+    // What a pool has spent is read where it is kept: no fallback to the local ledger here,
+    // which would show another ledger's figures.
+    let ledger =
+        crate::ledger::open(&session.history_db(&cwd)?, &session.ledger_choice(), false)?.ledger;
     let specs: Vec<_> = pools.iter().map(|p| p.spec()).collect();
     let status = ledger.status(&specs, SystemTime::now())?;
     let reports: Vec<PoolReport> = pools
