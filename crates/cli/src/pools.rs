@@ -1,7 +1,10 @@
 //! A run's pools: which it joins (`match` and `--pool`), its admission at the start (refused
 //! when a pool is spent or full, or waiting for a slot with `--wait-for-pool`), its budgets
-//! lowered to each pool's share, its lease renewed by a thread of its own, and its spend
-//! charged when it ends.
+//! lowered to each pool's share, its lease renewed by a thread of its own, its spend charged
+//! live and its pools watched while it runs ([`live`]), and the rest of its spend charged when
+//! it ends.
+
+mod live;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, mpsc};
@@ -19,6 +22,8 @@ use stepguard_ledger::{
 use crate::exit::UsageError;
 use crate::output;
 use crate::settings::Limits;
+
+pub(crate) use live::{LiveKeeper, LiveObserver};
 
 /// How often `--wait-for-pool` asks again for a slot.
 const WAIT_POLL: Duration = Duration::from_millis(250);
@@ -67,6 +72,8 @@ pub(crate) struct Membership {
     shares: Vec<Share>,
     /// What the gateway settled per model call, so the end-of-run charge leaves it out.
     settled: Arc<Mutex<Usage>>,
+    /// How often the run reads its pools' allowance while it runs.
+    watch: Duration,
 }
 
 /// The sequence number of the end-of-run charge; model call `n` reserves and settles `n + 1`.
@@ -205,6 +212,7 @@ pub(crate) fn admit(
     pools: Vec<PoolConfig>,
     wait: Option<Duration>,
 ) -> anyhow::Result<Membership> {
+    let watch = live::watch_interval()?;
     let run = run_key();
     let specs: Vec<_> = pools.iter().map(PoolConfig::spec).collect();
     let deadline = wait.map(|w| Instant::now() + w);
@@ -217,6 +225,7 @@ pub(crate) fn admit(
                     pools,
                     shares,
                     settled: Arc::default(),
+                    watch,
                 });
             }
             Admission::Exhausted(e) => {
@@ -348,10 +357,29 @@ impl Membership {
         Renewer { stop, thread }
     }
 
+    /// Starts keeping the run's pools live (see [`live`]): the observer feeds the stream's
+    /// spend to a thread that charges it and reads the pools' allowance, and tells the run
+    /// through `limits` when other runs spent one of its pools.
+    pub(crate) fn live(
+        &self,
+        limits: stepguard_runner::OutsideLimits,
+    ) -> (LiveKeeper, LiveObserver) {
+        live::Keeper {
+            ledger: Arc::clone(&self.ledger),
+            run: self.run.clone(),
+            start: self.shares.clone(),
+            settled: Arc::clone(&self.settled),
+            limits: Some(limits),
+            watch: self.watch,
+        }
+        .spawn()
+    }
+
     /// Charges what the run spent (steps, tokens, cost from its record) to its pools, once, and
-    /// leaves them; what its model calls already settled is left out. A ledger fault is a
-    /// warning.
-    pub(crate) fn finish(self, record: &RunRecord, renewer: Renewer) {
+    /// leaves them; what its model calls already settled and what was charged live are left
+    /// out. A ledger fault is a warning.
+    pub(crate) fn finish(self, record: &RunRecord, renewer: Renewer, live: LiveKeeper) {
+        let charged = live.stop();
         renewer.stop();
         let settled = *self.settled.lock().unwrap_or_else(PoisonError::into_inner);
         let usage = Usage {
@@ -359,13 +387,19 @@ impl Membership {
                 .usage
                 .tokens
                 .map_or(0, |t| t.input_tokens.saturating_add(t.output_tokens))
-                .saturating_sub(settled.tokens),
+                .saturating_sub(settled.tokens)
+                .saturating_sub(charged.tokens),
             cost_micros: record
                 .usage
                 .cost_usd
                 .map_or(0, usd_to_micros)
-                .saturating_sub(settled.cost_micros),
-            steps: record.counts.num_steps_computed.unwrap_or(0),
+                .saturating_sub(settled.cost_micros)
+                .saturating_sub(charged.cost_micros),
+            steps: record
+                .counts
+                .num_steps_computed
+                .unwrap_or(0)
+                .saturating_sub(charged.steps),
         };
         let now = SystemTime::now();
         let key = ChargeKey {
