@@ -369,7 +369,9 @@ impl Membership {
             run: self.run.clone(),
             start: self.shares.clone(),
             settled: Arc::clone(&self.settled),
-            limits: Some(limits),
+            tell: Some(Box::new(move |limit| {
+                limits.reached(limit);
+            })),
             watch: self.watch,
         }
         .spawn()

@@ -2,7 +2,8 @@
 //! (tokens, cost, steps, as the engine counts them) is charged to every pool the run joined a
 //! few times a second, so other runs in them see it; and the pools' allowance is read every
 //! [`WATCH_ENV`] interval (1 s by default), so that when other runs spent a pool the run is in,
-//! the engine is told ([`OutsideLimits`]) and wraps the run up or stops it.
+//! the engine is told (an [`OutsideLimit`], through `stepguard_runner::OutsideLimits`) and
+//! wraps the run up or stops it.
 //!
 //! Nothing here is on the enforcement path: the engine's progress ticks only send a total on a
 //! channel ([`LiveObserver`]); the ledger is written and read by the keeper's thread. Every
@@ -17,7 +18,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use stepguard_gateway::Budget;
 use stepguard_ledger::{ChargeKey, Ledger, LedgerError, Measure, RunKey, Share, Usage};
-use stepguard_runner::{OutsideLimit, OutsideLimits, Progress, RunObserver};
+use stepguard_runner::{OutsideLimit, Progress, RunObserver};
 
 use crate::exit::UsageError;
 use crate::output;
@@ -107,8 +108,8 @@ pub(crate) struct Keeper {
     pub start: Vec<Share>,
     /// What the gateway settled per model call (the run's own spend, besides the live charges).
     pub settled: Arc<Mutex<Usage>>,
-    /// Where to say a pool is spent; `None`: nobody to tell (charges only).
-    pub limits: Option<OutsideLimits>,
+    /// Where to say a pool is spent (the run's `OutsideLimits`); `None`: nobody to tell.
+    pub tell: Option<Box<dyn Fn(OutsideLimit) + Send>>,
     /// How often the allowance is read.
     pub watch: Duration,
 }
@@ -244,7 +245,7 @@ impl State {
 
     /// Reads what the pools have left for the run.
     fn watch(&mut self) {
-        if self.told || self.keeper.limits.is_none() {
+        if self.told || self.keeper.tell.is_none() {
             return;
         }
         match self
@@ -263,7 +264,7 @@ impl State {
         if self.told {
             return;
         }
-        let Some(limits) = &self.keeper.limits else {
+        let Some(tell) = &self.keeper.tell else {
             return;
         };
         let settled = *self
@@ -283,7 +284,7 @@ impl State {
         });
         if let Some((pool, measure)) = spent {
             self.told = true;
-            limits.reached(OutsideLimit {
+            tell(OutsideLimit {
                 why: format!(
                     "pool `{pool}` is spent: nothing is left of its {}, spent by the runs in it",
                     measure.key()
@@ -306,5 +307,252 @@ impl State {
                 ),
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use stepguard_core::StepLimit;
+    use stepguard_ledger::sqlite::SqliteLedger;
+    use stepguard_ledger::{Admission, PoolLimits, PoolSpec, PoolStatus, Window};
+
+    use super::*;
+
+    fn pool(max_tokens: u64) -> PoolSpec {
+        PoolSpec {
+            name: "daily".into(),
+            limits: PoolLimits {
+                max_tokens: Some(max_tokens),
+                ..PoolLimits::default()
+            },
+            window: Window::Lifetime,
+        }
+    }
+
+    fn join(ledger: &dyn Ledger, run: &RunKey, spec: &PoolSpec) -> Vec<Share> {
+        match ledger
+            .join(run, std::slice::from_ref(spec), SystemTime::now())
+            .unwrap()
+        {
+            Admission::Admitted(shares) => shares,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn charged(ledger: &dyn Ledger, spec: &PoolSpec) -> u64 {
+        ledger
+            .status(std::slice::from_ref(spec), SystemTime::now())
+            .unwrap()[0]
+            .measures[0]
+            .charged
+    }
+
+    fn progress(tokens: u64, steps: u64) -> Progress {
+        Progress {
+            steps,
+            limit: StepLimit::Unlimited,
+            elapsed: Duration::ZERO,
+            stream_tokens: tokens,
+            stream_cost_usd: None,
+        }
+    }
+
+    /// A ledger whose first `lose` charges are made but answered with an error (an answer lost
+    /// on the way back).
+    struct LosesAnswers {
+        inner: SqliteLedger,
+        lose: AtomicU32,
+    }
+
+    impl Ledger for LosesAnswers {
+        fn lease_time(&self) -> Duration {
+            self.inner.lease_time()
+        }
+        fn describe(&self) -> String {
+            self.inner.describe()
+        }
+        fn join(
+            &self,
+            run: &RunKey,
+            pools: &[PoolSpec],
+            now: SystemTime,
+        ) -> Result<Admission, LedgerError> {
+            self.inner.join(run, pools, now)
+        }
+        fn reserve(
+            &self,
+            key: &ChargeKey,
+            estimate: Usage,
+            now: SystemTime,
+        ) -> Result<stepguard_ledger::Grant, LedgerError> {
+            self.inner.reserve(key, estimate, now)
+        }
+        fn settle(
+            &self,
+            key: &ChargeKey,
+            actual: Usage,
+            now: SystemTime,
+        ) -> Result<Vec<Share>, LedgerError> {
+            self.inner.settle(key, actual, now)
+        }
+        fn charge(
+            &self,
+            key: &ChargeKey,
+            actual: Usage,
+            now: SystemTime,
+        ) -> Result<Vec<Share>, LedgerError> {
+            let shares = self.inner.charge(key, actual, now)?;
+            if self
+                .lose
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+            {
+                return Err(LedgerError::Unreachable {
+                    ledger: "test".into(),
+                    reason: "the answer was lost".into(),
+                    source: None,
+                });
+            }
+            Ok(shares)
+        }
+        fn renew(&self, run: &RunKey, now: SystemTime) -> Result<(), LedgerError> {
+            self.inner.renew(run, now)
+        }
+        fn leave(&self, run: &RunKey, now: SystemTime) -> Result<(), LedgerError> {
+            self.inner.leave(run, now)
+        }
+        fn allowance(&self, run: &RunKey, now: SystemTime) -> Result<Vec<Share>, LedgerError> {
+            self.inner.allowance(run, now)
+        }
+        fn status(
+            &self,
+            pools: &[PoolSpec],
+            now: SystemTime,
+        ) -> Result<Vec<PoolStatus>, LedgerError> {
+            self.inner.status(pools, now)
+        }
+    }
+
+    /// The stream's totals are charged as they grow, while the run goes on; a charge whose
+    /// answer was lost is sent again with its key and is taken once; what the keeper returns is
+    /// what the pool holds, so the end charge can leave it out.
+    #[test]
+    fn the_streams_spend_is_charged_live_and_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Arc::new(LosesAnswers {
+            inner: SqliteLedger::open(&dir.path().join("history.db")).unwrap(),
+            lose: AtomicU32::new(1),
+        });
+        let spec = pool(10_000);
+        let run = RunKey::new("host/live");
+        let start = join(ledger.as_ref(), &run, &spec);
+        let (keeper, mut observer) = Keeper {
+            ledger: Arc::clone(&ledger) as Arc<dyn Ledger>,
+            run,
+            start,
+            settled: Arc::default(),
+            tell: None,
+            watch: Duration::from_millis(50),
+        }
+        .spawn();
+        observer.tick(&progress(300, 2));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while charged(ledger.as_ref(), &spec) < 300 {
+            assert!(Instant::now() < deadline, "never charged live");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // The first answer was lost: the same key again, then the growth on a key of its own.
+        observer.tick(&progress(500, 3));
+        std::thread::sleep(CHARGE_EVERY * 3);
+        observer.tick(&progress(700, 4));
+        let live = keeper.stop();
+        assert_eq!(
+            live,
+            Usage {
+                tokens: 700,
+                cost_micros: 0,
+                steps: 4
+            }
+        );
+        assert_eq!(charged(ledger.as_ref(), &spec), 700, "each token once");
+        assert_eq!(ledger.lose.load(Ordering::SeqCst), 0, "an answer was lost");
+    }
+
+    /// A pool other runs spent is told once, naming the pool and its measure; a pool the run
+    /// spent itself (its whole share) is left to its own budget.
+    #[test]
+    fn a_pool_spent_by_others_is_told_once_and_one_spent_by_the_run_itself_is_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger: Arc<dyn Ledger> =
+            Arc::new(SqliteLedger::open(&dir.path().join("history.db")).unwrap());
+        let spec = pool(1_000);
+        let (me, other) = (RunKey::new("host/me"), RunKey::new("host/other"));
+        let start = join(ledger.as_ref(), &me, &spec);
+        join(ledger.as_ref(), &other, &spec);
+        let told = Arc::new(Mutex::new(Vec::new()));
+        let keep = |run: &RunKey, start: Vec<Share>| {
+            let told = Arc::clone(&told);
+            Keeper {
+                ledger: Arc::clone(&ledger),
+                run: run.clone(),
+                start,
+                settled: Arc::default(),
+                tell: Some(Box::new(move |l| told.lock().unwrap().push(l))),
+                watch: Duration::from_millis(50),
+            }
+            .spawn()
+        };
+        let (keeper, mut observer) = keep(&me, start.clone());
+        observer.tick(&progress(200, 1));
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(told.lock().unwrap().is_empty(), "800 left: nothing to tell");
+        let key = ChargeKey {
+            run: other.clone(),
+            seq: 9,
+        };
+        ledger
+            .charge(&key, Usage::tokens(900), SystemTime::now())
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while told.lock().unwrap().is_empty() {
+            assert!(Instant::now() < deadline, "never told");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(keeper.stop().tokens, 200);
+        let told_now = told.lock().unwrap().clone();
+        assert_eq!(
+            told_now,
+            [OutsideLimit {
+                name: "daily".into(),
+                measure: Budget::Tokens,
+                why: "pool `daily` is spent: nothing is left of its max_tokens, spent by the \
+                      runs in it"
+                    .into(),
+            }],
+            "told once"
+        );
+
+        // A run alone that spends its whole share: its own budget keeps it.
+        told.lock().unwrap().clear();
+        let spec = PoolSpec {
+            name: "solo".into(),
+            ..pool(500)
+        };
+        let solo = RunKey::new("host/solo");
+        let start = join(ledger.as_ref(), &solo, &spec);
+        let (keeper, mut observer) = keep(&solo, start);
+        observer.tick(&progress(500, 1));
+        std::thread::sleep(Duration::from_millis(500));
+        assert_eq!(keeper.stop().tokens, 500);
+        assert!(
+            told.lock().unwrap().is_empty(),
+            "{:?}",
+            told.lock().unwrap()
+        );
     }
 }
