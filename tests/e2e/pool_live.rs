@@ -1,7 +1,7 @@
 //! Pools kept live while runs go on (#28): without the gateway the stream's usage is charged
 //! as it comes, so other runs in the pool see it, and a run whose pool other runs spent is
 //! stopped; with `--wrap-up` it wraps up, its last model call tool-less, instead of being
-//! answered by the gateway.
+//! answered by the gateway. A watch interval out of its range refuses the run.
 
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
@@ -368,4 +368,35 @@ fn a_run_with_the_gateway_wraps_up_when_another_run_spends_its_pool() {
     let reached = server.main_requests().len() as u64;
     assert_eq!(reached, 4, "two calls of each run");
     assert_eq!(pool_spent(&sb), reached * PER_CALL);
+}
+
+/// A watch interval out of its range refuses the run before the agent starts, naming the fix.
+#[test]
+fn a_bad_watch_interval_is_refused_before_the_agent_starts() {
+    let sb = Sandbox::new();
+    sb.write(
+        "project/stepguard.toml",
+        "[pools.shared]\nmax_tokens = 3000\nwindow = \"none\"\nmatch = \"all\"\n",
+    );
+    let marker = sb.root().join("started");
+    let agent = sb.write(
+        "agent.sh",
+        format!("#!/bin/sh\ntouch {}\n", marker.display()),
+    );
+    std::fs::set_permissions(&agent, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    for bad in ["10ms", "2m", "soon"] {
+        let run = sb.run_env(
+            &["run", "-p", "codex", "--", &agent.display().to_string()],
+            &[("STEPGUARD_POOL_WATCH", bad)],
+        );
+        assert_eq!(run.code, Some(2), "{}", run.stderr);
+        assert!(
+            run.stderr.contains(&format!(
+                "STEPGUARD_POOL_WATCH={bad}: expected a duration from 50ms to 1m, e.g. 1s"
+            )),
+            "{}",
+            run.stderr
+        );
+    }
+    assert!(!marker.exists(), "the agent never started");
 }
