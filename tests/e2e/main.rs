@@ -31,6 +31,7 @@ mod opencode;
 mod options;
 mod plugins;
 mod pool_calls;
+mod pool_live;
 mod pools;
 mod record_schema;
 mod run_cmd;

@@ -1,7 +1,10 @@
 //! A run's pools: which it joins (`match` and `--pool`), its admission at the start (refused
 //! when a pool is spent or full, or waiting for a slot with `--wait-for-pool`), its budgets
-//! lowered to each pool's share, its lease renewed by a thread of its own, and its spend
-//! charged when it ends.
+//! lowered to each pool's share, its lease renewed by a thread of its own, its spend charged
+//! live and its pools watched while it runs ([`live`]), and the rest of its spend charged when
+//! it ends.
+
+mod live;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, mpsc};
@@ -19,6 +22,8 @@ use stepguard_ledger::{
 use crate::exit::UsageError;
 use crate::output;
 use crate::settings::Limits;
+
+pub(crate) use live::{LiveKeeper, LiveObserver};
 
 /// How often `--wait-for-pool` asks again for a slot.
 const WAIT_POLL: Duration = Duration::from_millis(250);
@@ -73,6 +78,8 @@ pub(crate) struct Membership {
     lost: Arc<AtomicBool>,
     /// The history database, beside which an end charge the ledger did not take is kept.
     history: std::path::PathBuf,
+    /// How often the run reads its pools' allowance while it runs.
+    watch: Duration,
 }
 
 /// The sequence number of the end-of-run charge; model call `n` reserves and settles `n + 1`.
@@ -234,6 +241,7 @@ pub(crate) fn admit(
 ) -> anyhow::Result<Membership> {
     let (ledger, mark, history): (Arc<dyn Ledger>, _, _) =
         (opened.ledger.into(), opened.mark, opened.history);
+    let watch = live::watch_interval()?;
     let run = run_key();
     let specs: Vec<_> = pools.iter().map(PoolConfig::spec).collect();
     let deadline = wait.map(|w| Instant::now() + w);
@@ -249,6 +257,7 @@ pub(crate) fn admit(
                     settled: Arc::default(),
                     lost: Arc::default(),
                     history,
+                    watch,
                 });
             }
             Admission::Exhausted(e) => {
@@ -391,10 +400,31 @@ impl Membership {
         Renewer { stop, thread }
     }
 
+    /// Starts keeping the run's pools live (see [`live`]): the observer feeds the stream's
+    /// spend to a thread that charges it and reads the pools' allowance, and tells the run
+    /// through `limits` when other runs spent one of its pools.
+    pub(crate) fn live(
+        &self,
+        limits: stepguard_runner::OutsideLimits,
+    ) -> (LiveKeeper, LiveObserver) {
+        live::Keeper {
+            ledger: Arc::clone(&self.ledger),
+            run: self.run.clone(),
+            start: self.shares.clone(),
+            settled: Arc::clone(&self.settled),
+            tell: Some(Box::new(move |limit| {
+                limits.reached(limit);
+            })),
+            watch: self.watch,
+        }
+        .spawn()
+    }
+
     /// Charges what the run spent (steps, tokens, cost from its record) to its pools, once, and
-    /// leaves them; what its model calls already settled is left out. A ledger fault is a
-    /// warning.
-    pub(crate) fn finish(self, record: &RunRecord, renewer: Renewer) {
+    /// leaves them; what its model calls already settled and what was charged live are left
+    /// out. A ledger fault is a warning.
+    pub(crate) fn finish(self, record: &RunRecord, renewer: Renewer, live: LiveKeeper) {
+        let charged = live.stop();
         renewer.stop();
         let settled = *self.settled.lock().unwrap_or_else(PoisonError::into_inner);
         let usage = Usage {
@@ -402,13 +432,19 @@ impl Membership {
                 .usage
                 .tokens
                 .map_or(0, |t| t.input_tokens.saturating_add(t.output_tokens))
-                .saturating_sub(settled.tokens),
+                .saturating_sub(settled.tokens)
+                .saturating_sub(charged.tokens),
             cost_micros: record
                 .usage
                 .cost_usd
                 .map_or(0, usd_to_micros)
-                .saturating_sub(settled.cost_micros),
-            steps: record.counts.num_steps_computed.unwrap_or(0),
+                .saturating_sub(settled.cost_micros)
+                .saturating_sub(charged.cost_micros),
+            steps: record
+                .counts
+                .num_steps_computed
+                .unwrap_or(0)
+                .saturating_sub(charged.steps),
         };
         let now = SystemTime::now();
         let key = ChargeKey {

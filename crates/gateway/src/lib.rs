@@ -306,6 +306,9 @@ pub(crate) struct Tally {
     pub(crate) reserved: u64,
     /// The shared budget (pool) that made the last call the last, or refused a call.
     pub(crate) pool: Option<String>,
+    /// Whether the run was told its shared budget is spent ([`Gateway::wrap_up_for`]): its
+    /// last call goes out even though the shared budget refuses it.
+    pub(crate) outside: bool,
 }
 
 /// What the next two main calls will likely use, in tokens and dollars.
@@ -520,6 +523,13 @@ impl Shared {
             return (Plan::Unpriced, None);
         }
         let forced = t.force_last;
+        let shared = match shared {
+            // Told that other runs spent the shared budget: the wrap-up still goes out.
+            Some(Reservation::Refused { pool, budget }) if t.outside => {
+                Some(Reservation::Last { pool, budget })
+            }
+            other => other,
+        };
         let spend = match (t.spend_plan(pace), shared) {
             (Some((true, budget)), _) => Some((true, budget)),
             (own, None | Some(Reservation::Go)) => own,
@@ -840,6 +850,18 @@ impl Gateway {
     /// the budget: for a run that must end for another reason, such as a loop.
     pub fn force_last(&self) {
         self.shared.tally().force_last = true;
+    }
+
+    /// Makes the next main request the last one because the shared budget `pool` is spent by
+    /// other runs (its `budget` measure): tool-less, with the notice naming the pool, and
+    /// forwarded even though the shared budget would refuse it, so the run wraps up instead of
+    /// being answered by the gateway. The run's own budgets still refuse a call they cannot pay.
+    pub fn wrap_up_for(&self, pool: &str, budget: Budget) {
+        let mut t = self.shared.tally();
+        t.force_last = true;
+        t.outside = true;
+        t.pool.get_or_insert_with(|| pool.to_owned());
+        t.reason.get_or_insert(budget);
     }
 
     /// Adds `text` (starting `system notice: `) to the next forwarded main request, once.

@@ -15,7 +15,7 @@ use stepguard_plugin_api::host::Counter;
 use stepguard_supervisor::Reaper;
 
 use crate::end::{Leftovers, RECORD_RESERVE, finish, wind_down};
-use crate::event::{Event, Interrupter, Resume};
+use crate::event::{Event, Interrupter, OutsideLimits, Resume};
 use crate::launch::{self, Agent, Env, Launch};
 use crate::limit::{AtLimit, Supervision};
 use crate::observe::{RunObserver, RunStarted};
@@ -54,6 +54,12 @@ impl Runner {
     /// Returns a handle that stops the run as a forwarded signal would.
     pub fn interrupter(&self) -> Interrupter {
         Interrupter(self.events_tx.clone())
+    }
+
+    /// Returns a handle that tells the run a limit kept outside it (a pool other runs share)
+    /// is reached: the run wraps up or stops as at its own budget of that measure.
+    pub fn outside_limits(&self) -> OutsideLimits {
+        OutsideLimits(self.events_tx.clone())
     }
 
     /// Runs the agent to its end and reports the run; `observers` see its start, progress and

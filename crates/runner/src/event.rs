@@ -6,7 +6,7 @@ use std::sync::mpsc::Sender;
 use stepguard_core::StepLedger;
 use stepguard_core::StepLimit;
 use stepguard_core::loops::LoopFound;
-use stepguard_gateway::GatewayEvent;
+use stepguard_gateway::{Budget, GatewayEvent};
 use stepguard_plugin_api::CounterStats;
 use stepguard_plugin_api::host::CallError;
 use stepguard_supervisor::ExitStatus;
@@ -38,6 +38,38 @@ pub(crate) enum Event {
     Gateway(GatewayEvent),
     /// A chunk of the stream reported this much more token usage.
     StreamUsage(stepguard_plugin_api::Tokens),
+    /// A limit kept outside the run (a pool other runs share) is reached.
+    Outside(OutsideLimit),
+}
+
+/// A limit kept outside the run that it has reached: a budget other runs share (stepguard's
+/// pools), spent by them. The engine reacts through the ladder of a budget of the same
+/// measure: with the gateway the next model call is the last, tool-less, with a notice naming
+/// `name` (it goes out even though the outside budget could no longer pay it); without, the
+/// tree is stopped. The run ends with the measure's slug (`max_tokens`, `max_cost`,
+/// `max_steps`) and `why` as its message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OutsideLimit {
+    /// The shared budget's name (the pool's), for the model's notice: "the shared budget
+    /// `NAME` is spent".
+    pub name: String,
+    /// The measure that is spent.
+    pub measure: Budget,
+    /// What the record's message says, e.g. "pool `daily` is spent by the runs in it".
+    pub why: String,
+}
+
+/// Feeds an [`OutsideLimit`] into a running supervision, from another thread (a watcher of
+/// the ledger of pools): the caller keeps the outside budget, the runner only reacts to it.
+#[derive(Clone)]
+pub struct OutsideLimits(pub(crate) Sender<Event>);
+
+impl OutsideLimits {
+    /// Tells the run that `limit` is reached; false when the run is over. The first one
+    /// counts: later ones (another pool, the same again) change nothing.
+    pub fn reached(&self, limit: OutsideLimit) -> bool {
+        self.0.send(Event::Outside(limit)).is_ok()
+    }
 }
 
 /// Stops a run from another thread as a signal to stepguard would (slug `interrupted`).

@@ -16,6 +16,8 @@
 //! * a reaper collects exits (stepguard is a child subreaper, so orphans come back to it);
 //! * a signal listener turns SIGINT, SIGTERM and SIGHUP into a stop of the tree;
 //! * the calling thread owns every decision: stop the tree, ask the [`LimitPolicy`], time out;
+//!   a limit the caller keeps outside the run (a budget other runs share) comes in as an
+//!   event too, through [`Runner::outside_limits`], and is kept by the same ladder;
 //! * with [`RunSpec::wrap_up`], a model gateway ([`stepguard_gateway`]) sits between the agent
 //!   and its model: it makes the budget's last model call tool-less so the agent ends by itself
 //!   with a summary, and never forwards a call past the budget. The process-tree stop stays the
@@ -72,7 +74,7 @@ mod supervise;
 mod watchdog;
 
 pub use engine::Runner;
-pub use event::Interrupter;
+pub use event::{Interrupter, OutsideLimit, OutsideLimits};
 pub use observe::{Progress, RunObserver, RunStarted};
 pub use report::RunReport;
 pub use spec::{

@@ -33,6 +33,12 @@ pub struct Progress {
     pub limit: StepLimit,
     /// Time since the start.
     pub elapsed: Duration,
+    /// Tokens the agent's stream reported so far (input plus output), when the engine reads
+    /// the stream's usage (a token or cost budget without the gateway); 0 otherwise.
+    pub stream_tokens: u64,
+    /// Their cost as the engine priced them (a cost budget without the gateway), when every
+    /// delta could be priced.
+    pub stream_cost_usd: Option<f64>,
 }
 
 /// Sees a run's start, progress and end; called on the thread that runs the engine, in

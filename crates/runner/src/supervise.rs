@@ -13,7 +13,7 @@ use stepguard_core::verdict::TerminatedBy;
 use stepguard_gateway::{Budget, CallUsage, Gateway, GatewayEvent};
 use stepguard_supervisor::{ExitStatus, Tree};
 
-use crate::event::{Event, ReaderEnd, StreamWatch};
+use crate::event::{Event, OutsideLimit, ReaderEnd, StreamWatch};
 use crate::limit::Supervision;
 use crate::observe::{Progress, RunObserver};
 use crate::spec::{LimitDecision, OnUnrecognized, SpendLimits};
@@ -82,6 +82,8 @@ pub(crate) struct Engine<'t> {
     /// The loops the reader reported, in order (`None` when loops are not looked for): the
     /// record's account of them when the reader itself is abandoned.
     pub loops_seen: Option<Vec<LoopFound>>,
+    /// Whether an outside limit (a pool others spent) was reached and acted on.
+    outside: bool,
     last_tick: Instant,
 }
 
@@ -124,6 +126,7 @@ impl<'t> Engine<'t> {
             stream_cost_usd: None,
             stream_unpriced: false,
             loops_seen: l.looks_for_loops.then(Vec::new),
+            outside: false,
             last_tick: l.start,
         }
     }
@@ -214,6 +217,7 @@ impl<'t> Engine<'t> {
             Event::Loop(found) => self.on_loop(&found),
             Event::StreamUsage(delta) => self.on_stream_usage(&delta),
             Event::Gateway(event) => self.on_gateway(event),
+            Event::Outside(limit) => self.on_outside(limit),
             Event::Uncountable(why) => self.control.unrecognised(self.on_unrecognized, why),
             Event::Unrecognized { lines } => {
                 if let Some(why) = self.dogs.unrecognised_lines(lines) {
@@ -300,6 +304,36 @@ impl<'t> Engine<'t> {
             tracing::info!("{why}");
             self.control.why.get_or_insert(why);
             self.control.stop(reason, Signal::TERM);
+        }
+    }
+
+    /// A limit kept outside the run is reached (a pool other runs spent): the ladder of a
+    /// budget of its measure. With the gateway, the next model call is the last, tool-less,
+    /// with a notice naming the pool; without, the tree is stopped. Once: a run already
+    /// ending, or told before, is left as it goes.
+    fn on_outside(&mut self, limit: OutsideLimit) {
+        if self.outside || self.control.terminated_by.is_some() || self.child_exit.is_some() {
+            return;
+        }
+        self.outside = true;
+        match &self.gateway {
+            Some(gw) => {
+                tracing::info!("{}; the next model call is the last", limit.why);
+                self.control
+                    .why
+                    .get_or_insert_with(|| format!("{}; wrapped up", limit.why));
+                gw.wrap_up_for(&limit.name, limit.measure);
+            }
+            None => {
+                let reason = match limit.measure {
+                    Budget::Tokens => TerminatedBy::Tokens,
+                    Budget::Cost => TerminatedBy::Cost,
+                    Budget::Steps => TerminatedBy::Budget,
+                };
+                tracing::debug!("{}; stopped", limit.why);
+                self.control.why = Some(format!("{}; stopped", limit.why));
+                self.control.stop(reason, Signal::TERM);
+            }
         }
     }
 
@@ -411,6 +445,8 @@ impl<'t> Engine<'t> {
             },
             limit: self.control.limit,
             elapsed: self.start.elapsed(),
+            stream_tokens: self.stream_usage.total(),
+            stream_cost_usd: self.stream_cost_usd(),
         };
         for o in observers.iter_mut() {
             o.tick(&progress);

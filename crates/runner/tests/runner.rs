@@ -8,12 +8,13 @@ mod support;
 use std::time::{Duration, Instant};
 
 use stepguard_core::{ExitCode, FailureSlug, Outcome, StepLimit};
+use stepguard_gateway::Budget;
 use stepguard_plugin_api::{
     CounterRequest, CounterStats, LineReport, Manifest, ProviderPlugin, StepCounter,
 };
 use stepguard_runner::{
-    Breach, ExitStatus, LimitDecision, LimitPolicy, Progress, Question, RunObserver, RunReport,
-    RunStarted, Runner,
+    Breach, ExitStatus, LimitDecision, LimitPolicy, OutsideLimit, Progress, Question, RunObserver,
+    RunReport, RunStarted, Runner,
 };
 use support::{Dir, TURN_COMPLETED, alive, codex, counter_of, item, read_pid, spec};
 
@@ -148,6 +149,53 @@ fn an_interrupt_stops_the_tree_with_the_signal_first() {
     );
     // SIGINT, not SIGTERM, reached the agent first.
     assert!(marker.exists(), "the agent never saw SIGINT");
+}
+
+/// A limit kept outside the run (a pool other runs spent), fed in through the runner's handle:
+/// without the gateway the tree is stopped with the measure's slug and the caller's message;
+/// a second one changes nothing; a handle used after the run says the run is over.
+#[test]
+fn an_outside_limit_stops_the_tree_with_its_measures_slug_and_message() {
+    let dir = Dir::new();
+    let body = format!("echo '{}'\nwhile :; do sleep 0.05; done\n", item(0));
+    let (spec, _) = spec(dir.script("long.sh", &body), codex(), 10);
+    let runner = Runner::new(spec);
+    let limits = runner.outside_limits();
+    let started = Instant::now();
+    let poke = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        let limit = |measure| OutsideLimit {
+            name: "daily".into(),
+            measure,
+            why: "pool `daily` is spent".into(),
+        };
+        let first = limits.reached(limit(Budget::Tokens));
+        let second = limits.reached(limit(Budget::Cost));
+        (first, second, limits)
+    });
+    let report = runner.run(&mut []);
+    let (first, second, limits) = poke.join().unwrap();
+    assert!(first && second);
+    assert_eq!(report.exit_code, ExitCode::BudgetExceeded);
+    assert_eq!(report.stats.slug, Some(FailureSlug::MaxTokens));
+    assert_eq!(
+        report.record.verdict.terminated_by.map(|t| t.as_str()),
+        Some("tokens")
+    );
+    assert_eq!(
+        report.record.verdict.message.as_deref(),
+        Some("pool `daily` is spent; stopped")
+    );
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert!(!alive(report.pid.unwrap()));
+    assert!(
+        !limits.reached(OutsideLimit {
+            name: "daily".into(),
+            measure: Budget::Steps,
+            why: "late".into(),
+        }),
+        "the run is over"
+    );
 }
 
 /// A provider whose counter fails on a line containing `BOOM`.

@@ -299,8 +299,8 @@ pub(crate) fn show(cli: &Cli, args: &ShowArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::Success)
 }
 
-/// The pools the run joined, and the one that ended it: a refusal at the start, or the budget
-/// a pool's share lowered and the run ran out of.
+/// The pools the run joined, and the one that ended it: a refusal at the start, a pool the
+/// runs in it spent while it ran, or the budget a pool's share lowered and the run ran out of.
 fn pool_line(r: &RunRecord) -> Option<String> {
     let pools = r.spend.pools.as_ref().filter(|p| !p.is_empty());
     let slug = r.verdict.error_type.as_ref().map(|s| s.as_str());
@@ -310,10 +310,20 @@ fn pool_line(r: &RunRecord) -> Option<String> {
         Some("max_steps") => r.step_budget.max_steps_source.as_deref(),
         _ => None,
     };
+    // Other runs spent a pool while it ran: the message names it.
+    let message = r.verdict.message.as_deref().unwrap_or_default();
+    let spent_by_others = pools.and_then(|p| {
+        p.iter()
+            .find(|name| message.contains(&format!("pool `{name}` is spent")))
+    });
     let ended = match (slug, source.and_then(|s| s.strip_prefix("pool "))) {
         (Some("pool_exhausted" | "pool_busy"), _) => {
             Some("refused at the start by a pool".to_owned())
         }
+        (Some(_), _) if spent_by_others.is_some() => Some(format!(
+            "ended by pool {} (spent by the runs in it)",
+            spent_by_others.map_or("", String::as_str)
+        )),
         (_, Some(pool)) => Some(format!(
             "ended by pool {pool} (its share was the run's budget)"
         )),

@@ -70,9 +70,19 @@ pub(crate) fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
     }
     // From here on stderr is written by a thread of its own: the engine never waits for it.
     let stderr = output::queue_stderr();
-    let report = Runner::new(spec).run(&mut observers);
-    if let (Some(pools), Some(renewer)) = (pools, renewer) {
-        pools.finish(&report.record, renewer);
+    let runner = Runner::new(spec);
+    // The stream's spend charged live, and the pools watched for other runs spending them.
+    let (keeper, mut live) = pools
+        .as_ref()
+        .map(|p| p.live(runner.outside_limits()))
+        .unzip();
+    if let Some(live) = live.as_mut() {
+        observers.push(live);
+    }
+    let report = runner.run(&mut observers);
+    drop(observers);
+    if let (Some(pools), Some(renewer), Some(keeper)) = (pools, renewer, keeper) {
+        pools.finish(&report.record, renewer, keeper);
     }
     let code = report_outcome(&report);
     if let Some(queue) = stderr {

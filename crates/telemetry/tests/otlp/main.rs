@@ -873,6 +873,8 @@ fn the_run_observer_adapter_times_step_events_from_the_agents_start() {
         steps: 2,
         limit: StepLimit::Limited(5),
         elapsed: Duration::from_millis(1500),
+        stream_tokens: 0,
+        stream_cost_usd: None,
     });
     let mut record = over_budget_record();
     record.counts.num_steps_computed = Some(2);
