@@ -4,6 +4,7 @@
 //! live and its pools watched while it runs ([`live`]), and the rest of its spend charged when
 //! it ends.
 
+mod end;
 mod live;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -422,68 +423,68 @@ impl Membership {
 
     /// Charges what the run spent (steps, tokens, cost from its record) to its pools, once, and
     /// leaves them; what its model calls already settled and what was charged live are left
-    /// out. A ledger fault is a warning.
-    pub(crate) fn finish(self, record: &RunRecord, renewer: Renewer, live: LiveKeeper) {
-        let charged = live.stop();
-        renewer.stop();
-        let settled = *self.settled.lock().unwrap_or_else(PoisonError::into_inner);
-        let usage = Usage {
-            tokens: record
-                .usage
-                .tokens
-                .map_or(0, |t| t.input_tokens.saturating_add(t.output_tokens))
-                .saturating_sub(settled.tokens)
-                .saturating_sub(charged.tokens),
-            cost_micros: record
-                .usage
-                .cost_usd
-                .map_or(0, usd_to_micros)
-                .saturating_sub(settled.cost_micros)
-                .saturating_sub(charged.cost_micros),
-            steps: record
-                .counts
-                .num_steps_computed
-                .unwrap_or(0)
-                .saturating_sub(charged.steps),
-        };
-        let now = SystemTime::now();
-        let key = ChargeKey {
+    /// out. Within the run's exit bound `by` (at least [`end::END_FLOOR`]): a ledger that has
+    /// not answered by then, or cannot be reached, has what is owed kept in the outbox for the
+    /// next stepguard; another ledger fault is a warning.
+    pub(crate) fn finish(
+        self,
+        record: &RunRecord,
+        renewer: Renewer,
+        live: LiveKeeper,
+        by: Instant,
+    ) {
+        let charge = end::EndCharge {
+            ledger: Arc::clone(&self.ledger),
             run: self.run.clone(),
-            seq: END_CHARGE,
+            settled: Arc::clone(&self.settled),
+            total: end::spent_by(record),
         };
-        let done = self
-            .ledger
-            .charge(&key, usage, now)
-            .and_then(|_| self.ledger.leave(&self.run, now));
-        match done {
-            Ok(()) if self.lost.load(Ordering::Relaxed) => output::note(format!(
-                "the pools' ledger is back: this run's spend ({}) is charged to its pools, once",
-                spent(usage)
-            )),
-            Ok(()) => {}
-            Err(e @ stepguard_ledger::LedgerError::Unreachable { .. }) => {
-                self.keep(&key, usage, &e)
+        let book = live.book();
+        let stop = move || {
+            let book = live.stop();
+            renewer.stop();
+            book
+        };
+        match charge.run(stop, book, by) {
+            end::Ended::Charged(usage) if self.lost.load(Ordering::Relaxed) => {
+                output::note(format!(
+                    "the pools' ledger is back: this run's spend ({}) is charged to its pools, once",
+                    spent(usage)
+                ));
             }
-            Err(e) => output::diag(
+            end::Ended::Charged(_) => {}
+            end::Ended::Failed(e @ stepguard_ledger::LedgerError::Unreachable { .. }, owed) => {
+                self.keep(&owed, &e.to_string());
+            }
+            end::Ended::Failed(e, _) => output::diag(
                 "warning",
                 format!("cannot charge this run to its pools: {e}"),
             ),
+            end::Ended::Late(owed) => {
+                self.keep(
+                    &owed,
+                    "the pools' ledger did not answer by the run's exit bound",
+                );
+            }
         }
     }
 
-    /// Keeps the end charge the ledger did not take in the outbox beside the history database,
-    /// for the next stepguard that reaches the ledger to charge (once); says where.
-    fn keep(&self, key: &ChargeKey, usage: Usage, e: &stepguard_ledger::LedgerError) {
+    /// Keeps the charges the ledger did not take in the outbox beside the history database,
+    /// for the next stepguard that reaches the ledger to charge (once each); says where.
+    fn keep(&self, owed: &[(ChargeKey, Usage)], why: &str) {
         let name = self.ledger.describe();
-        let said = match crate::pool_outbox::keep(&self.history, &name, key, usage) {
-            Ok(file) => format!(
-                "cannot charge this run to its pools ({e}); its spend ({}) is kept in {} and the \
-                 next stepguard to reach the ledger charges it, once",
-                spent(usage),
-                file.display()
+        let kept = owed.iter().try_fold(None, |_, (key, usage)| {
+            crate::pool_outbox::keep(&self.history, &name, key, *usage).map(Some)
+        });
+        let said = match kept {
+            Ok(_) => format!(
+                "cannot charge this run to its pools ({why}); its spend ({}) is kept in {} and \
+                 the next stepguard to reach the ledger charges it, once",
+                end::owed_in_words(owed),
+                crate::pool_outbox::dir(&self.history).display()
             ),
             Err(io) => format!(
-                "cannot charge this run to its pools ({e}), nor keep the charge in {}: {io}",
+                "cannot charge this run to its pools ({why}), nor keep the charge in {}: {io}",
                 crate::pool_outbox::dir(&self.history).display()
             ),
         };
@@ -594,7 +595,7 @@ mod tests {
     }
 
     /// A ledger that cannot be reached.
-    struct Down;
+    pub(super) struct Down;
 
     fn down<T>() -> Result<T, stepguard_ledger::LedgerError> {
         Err(stepguard_ledger::LedgerError::Unreachable {

@@ -82,7 +82,7 @@ pub(crate) fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
     let report = runner.run(&mut observers);
     drop(observers);
     if let (Some(pools), Some(renewer), Some(keeper)) = (pools, renewer, keeper) {
-        pools.finish(&report.record, renewer, keeper);
+        pools.finish(&report.record, renewer, keeper, report.exit_by);
     }
     let code = report_outcome(&report);
     if let Some(queue) = stderr {

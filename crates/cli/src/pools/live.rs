@@ -85,18 +85,37 @@ impl RunObserver for LiveObserver {
     }
 }
 
+/// What the live charges came to: what the ledger confirmed, and the charge sent whose answer
+/// did not come (it may or may not have been taken: it is owed under its own key, never folded
+/// into another charge).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Book {
+    pub charged: Usage,
+    pub pending: Option<(u64, Usage)>,
+}
+
 /// The keeper's thread, running until the run ends.
 pub(crate) struct LiveKeeper {
     tx: Sender<Msg>,
-    thread: Option<JoinHandle<Usage>>,
+    thread: Option<JoinHandle<()>>,
+    book: Arc<Mutex<Book>>,
 }
 
 impl LiveKeeper {
-    /// Stops the keeper and returns what it charged (confirmed by the ledger); the end charge
-    /// leaves it out.
-    pub(crate) fn stop(self) -> Usage {
+    /// The live charges' book as it stands, readable while the keeper is still at work (a
+    /// ledger call that does not return).
+    pub(crate) fn book(&self) -> Arc<Mutex<Book>> {
+        Arc::clone(&self.book)
+    }
+
+    /// Stops the keeper (after its last try at a charge whose answer was lost) and returns its
+    /// book; the end charge leaves out what it charged.
+    pub(crate) fn stop(self) -> Book {
         let _ = self.tx.send(Msg::Stop);
-        self.thread.and_then(|t| t.join().ok()).unwrap_or_default()
+        if let Some(t) = self.thread {
+            let _ = t.join();
+        }
+        *self.book.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -124,6 +143,8 @@ struct State {
     next_seq: u64,
     told: bool,
     warned: bool,
+    /// `charged` and `pending`, published after every charge for the end of the run.
+    book: Arc<Mutex<Book>>,
 }
 
 impl Keeper {
@@ -138,7 +159,9 @@ impl Keeper {
             next_seq: LIVE_SEQ,
             told: false,
             warned: false,
+            book: Arc::default(),
         };
+        let book = Arc::clone(&state.book);
         let thread = std::thread::Builder::new()
             .name("stepguard-pool-live".into())
             .spawn(move || state.run(&rx))
@@ -147,7 +170,7 @@ impl Keeper {
             tx: tx.clone(),
             last: Usage::default(),
         };
-        (LiveKeeper { tx, thread }, observer)
+        (LiveKeeper { tx, thread, book }, observer)
     }
 }
 
@@ -186,8 +209,8 @@ fn budget_of(measure: Measure) -> Budget {
 }
 
 impl State {
-    /// Charges and watches until told to stop; returns what was charged.
-    fn run(mut self, rx: &Receiver<Msg>) -> Usage {
+    /// Charges and watches until told to stop; its book says what was charged.
+    fn run(mut self, rx: &Receiver<Msg>) {
         let mut next_charge = Instant::now();
         let mut next_watch = Instant::now() + self.keeper.watch;
         loop {
@@ -215,7 +238,6 @@ impl State {
         if self.pending.is_some() {
             self.charge();
         }
-        self.charged
     }
 
     /// Whether something is to be charged.
@@ -233,10 +255,18 @@ impl State {
             run: self.keeper.run.clone(),
             seq,
         };
+        *self.book.lock().unwrap_or_else(PoisonError::into_inner) = Book {
+            charged: self.charged,
+            pending: self.pending,
+        };
         match self.keeper.ledger.charge(&key, amount, SystemTime::now()) {
             Ok(shares) => {
                 self.pending = None;
                 self.charged = plus(self.charged, amount);
+                *self.book.lock().unwrap_or_else(PoisonError::into_inner) = Book {
+                    charged: self.charged,
+                    pending: None,
+                };
                 self.check(&shares);
             }
             Err(e) => self.warn(&e),
@@ -470,8 +500,9 @@ mod tests {
         std::thread::sleep(CHARGE_EVERY * 3);
         observer.tick(&progress(700, 4));
         let live = keeper.stop();
+        assert_eq!(live.pending, None);
         assert_eq!(
-            live,
+            live.charged,
             Usage {
                 tokens: 700,
                 cost_micros: 0,
@@ -523,7 +554,7 @@ mod tests {
             std::thread::sleep(Duration::from_millis(20));
         }
         std::thread::sleep(Duration::from_millis(300));
-        assert_eq!(keeper.stop().tokens, 200);
+        assert_eq!(keeper.stop().charged.tokens, 200);
         let told_now = told.lock().unwrap().clone();
         assert_eq!(
             told_now,
@@ -548,7 +579,7 @@ mod tests {
         let (keeper, mut observer) = keep(&solo, start);
         observer.tick(&progress(500, 1));
         std::thread::sleep(Duration::from_millis(500));
-        assert_eq!(keeper.stop().tokens, 500);
+        assert_eq!(keeper.stop().charged.tokens, 500);
         assert!(
             told.lock().unwrap().is_empty(),
             "{:?}",
