@@ -10,10 +10,10 @@ use std::time::{Duration, Instant, SystemTime};
 
 use stepguard_config::{ConfigModel, Origin, PoolConfig, RunFacts};
 use stepguard_core::{FailureSlug, RunRecord, StepLimit};
-use stepguard_gateway::{Budget, CallSpend, Reservation, SharedBudget};
+use stepguard_gateway::{Budget, CallSpend, PoolLeft, Reservation, SharedBudget};
 use stepguard_ledger::{
-    Admission, ChargeKey, Exhaustion, Grant, Ledger, Measure, RunKey, Share, Usage, micros_to_usd,
-    usd_to_micros,
+    Admission, ChargeKey, Exhaustion, Grant, Ledger, Measure, PoolSpec, RunKey, Share, Usage,
+    micros_to_usd, usd_to_micros,
 };
 
 use crate::exit::UsageError;
@@ -81,6 +81,10 @@ struct PoolBudget {
     /// The calls settled, so a call settled twice is left out of the end charge once.
     seen: Mutex<std::collections::HashSet<u64>>,
     warned: AtomicBool,
+    /// The caps of the run's pools, for the share the staged notices tell of.
+    caps: Vec<PoolSpec>,
+    /// What each pool had left after the latest granted reservation.
+    last: Mutex<Vec<Share>>,
 }
 
 impl PoolBudget {
@@ -150,7 +154,9 @@ impl SharedBudget for PoolBudget {
             .reserve(&self.key(seq), estimate, SystemTime::now())
         {
             Ok(Grant::Granted(shares)) => {
-                last_for(&shares, usage_of(after)).unwrap_or(Reservation::Go)
+                let answer = last_for(&shares, usage_of(after)).unwrap_or(Reservation::Go);
+                *self.last.lock().unwrap_or_else(PoisonError::into_inner) = shares;
+                answer
             }
             Ok(Grant::Refused(e)) => Reservation::Refused {
                 pool: e.pool,
@@ -161,6 +167,12 @@ impl SharedBudget for PoolBudget {
                 Reservation::Go
             }
         }
+    }
+
+    /// The most spent token or cost share of the run's pools, as the latest grant left it.
+    fn left(&self) -> Option<PoolLeft> {
+        let last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
+        most_spent(&self.caps, &last)
     }
 
     fn settle(&self, seq: u64, actual: CallSpend) {
@@ -178,6 +190,45 @@ impl SharedBudget for PoolBudget {
             Err(e) => self.warn(&e),
         }
     }
+}
+
+/// Of `shares`, the token or cost share with the least left for its cap, in the gateway's units
+/// (tokens, dollars).
+fn most_spent(caps: &[PoolSpec], shares: &[Share]) -> Option<PoolLeft> {
+    let mut best: Option<(f64, PoolLeft)> = None;
+    for share in shares {
+        let Some(spec) = caps.iter().find(|c| c.name == share.pool) else {
+            continue;
+        };
+        for m in [Measure::Tokens, Measure::Cost] {
+            let (Some(left), Some(cap)) = (share.left(m), spec.limits.cap(m)) else {
+                continue;
+            };
+            if cap == 0 {
+                continue;
+            }
+            let ratio = left as f64 / cap as f64;
+            if best.as_ref().is_some_and(|(r, _)| *r <= ratio) {
+                continue;
+            }
+            let (left, cap) = match m {
+                Measure::Cost => (micros_to_usd(left), micros_to_usd(cap)),
+                _ => (left as f64, cap as f64),
+            };
+            let pool = share.pool.clone();
+            let budget = budget_of(m);
+            best = Some((
+                ratio,
+                PoolLeft {
+                    pool,
+                    budget,
+                    left,
+                    cap,
+                },
+            ));
+        }
+    }
+    best.map(|(_, p)| p)
 }
 
 /// A name for this run unique across hosts: host, boot, pid and the start time.
@@ -318,6 +369,8 @@ impl Membership {
             settled: Arc::clone(&self.settled),
             seen: Mutex::default(),
             warned: AtomicBool::new(false),
+            caps: self.pools.iter().map(PoolConfig::spec).collect(),
+            last: Mutex::default(),
         })
     }
 
@@ -411,6 +464,49 @@ mod tests {
 
     use super::*;
 
+    #[test]
+    fn the_notices_tell_of_the_most_spent_share_in_tokens_or_dollars() {
+        let spec = |name: &str, tokens, cost| PoolSpec {
+            name: name.into(),
+            limits: PoolLimits {
+                max_tokens: tokens,
+                max_cost_micros: cost,
+                ..PoolLimits::default()
+            },
+            window: Window::Lifetime,
+        };
+        let caps = [
+            spec("a", Some(1000), None),
+            spec("b", None, Some(2_000_000)),
+        ];
+        let share = |pool: &str, tokens, cost_micros| Share {
+            pool: pool.into(),
+            tokens,
+            cost_micros,
+            steps: None,
+        };
+        let left = most_spent(
+            &caps,
+            &[share("a", Some(500), None), share("b", None, Some(400_000))],
+        );
+        assert_eq!(
+            left,
+            Some(PoolLeft {
+                pool: "b".into(),
+                budget: Budget::Cost,
+                left: 0.4,
+                cap: 2.0
+            })
+        );
+        let left = most_spent(&caps, &[share("a", Some(100), None)]).unwrap();
+        assert_eq!(
+            (left.pool.as_str(), left.left, left.cap),
+            ("a", 100.0, 1000.0)
+        );
+        assert_eq!(most_spent(&caps, &[]), None);
+        assert_eq!(most_spent(&[], &[share("a", Some(1), None)]), None);
+    }
+
     fn tokens(tokens: u64) -> CallSpend {
         CallSpend {
             tokens,
@@ -447,6 +543,8 @@ mod tests {
             settled: Arc::clone(&settled),
             seen: Mutex::default(),
             warned: AtomicBool::new(false),
+            caps: Vec::new(),
+            last: Mutex::default(),
         };
         assert_eq!(budget.reserve(1, tokens(120), tokens(120)), Reservation::Go);
         budget.settle(1, tokens(120));
@@ -559,6 +657,8 @@ mod tests {
             settled: Arc::clone(&settled),
             seen: Mutex::default(),
             warned: AtomicBool::new(false),
+            caps: Vec::new(),
+            last: Mutex::default(),
         };
         assert_eq!(budget.reserve(1, tokens(120), tokens(120)), Reservation::Go);
         assert!(budget.warned.load(Ordering::Relaxed), "said");

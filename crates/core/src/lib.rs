@@ -48,7 +48,10 @@ pub mod verdict;
 pub use budget::StepLimit;
 pub use exit::ExitCode;
 pub use ledger::{BudgetStatus, StepLedger};
-pub use record::{Containment, LimitChoice, RECORD_SCHEMA_VERSION, RecordedSlug, RunRecord};
+pub use record::{
+    BudgetNotice, Containment, LimitChoice, NoticeLimit, RECORD_SCHEMA_VERSION, RecordedSlug,
+    RunRecord,
+};
 pub use slug::FailureSlug;
 pub use stats::{Outcome, RunStats, TokenUsage};
 pub use verdict::TerminatedBy;

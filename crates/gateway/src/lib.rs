@@ -14,6 +14,10 @@
 //!   ([`Dialect::disable_tools`], [`Dialect::add_notice`]); any after it is never forwarded and
 //!   is answered by the gateway with a short final text ([`Dialect::final_reply`]), so the
 //!   upstream never sees more model calls than the budget.
+//! * **Staged notices** ([`Staged`]): when the run has spent 50%, 80% or 95% (the run's choice)
+//!   of a limit (steps, tokens, cost, its pool share, the time before its timeout), the next
+//!   main call forwarded as usual carries one ephemeral `system notice:` saying what is left;
+//!   each threshold once, recorded ([`Gateway::notices`]).
 //! * Response bodies stream back frame by frame (SSE included) with constant memory; only the
 //!   last reply's first MiB is kept, for its text ([`Gateway::final_text`]).
 //! * Headers pass as they are (the per-run key swapped for the real one) and are never logged; request bodies are
@@ -43,6 +47,7 @@
 
 mod dialect;
 mod keys;
+mod notices;
 mod point;
 mod proxy;
 mod usage;
@@ -55,6 +60,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 pub use dialect::{Dialect, UnknownDialect};
+pub use notices::{Deadline, NoticeLimit, PoolLeft, SentNotice, Staged};
 pub use point::{PointError, Pointing, point};
 pub use usage::CallUsage;
 
@@ -112,6 +118,12 @@ pub trait SharedBudget: Send + Sync {
 
     /// Settles call `seq` to what it really spent (zero for a call that was not made).
     fn settle(&self, seq: u64, actual: CallSpend);
+
+    /// What is left of the run's share, as of the latest reservation, for the staged notices
+    /// ([`Staged`]); `None` (the default): the budget does not say.
+    fn left(&self) -> Option<PoolLeft> {
+        None
+    }
 }
 
 /// How the run's budget paces model calls.
@@ -217,6 +229,8 @@ pub struct GatewayConfig {
     pub pace: Pace,
     /// Whether every forwarded main request carries `system notice: this is step X of Y`.
     pub notices: bool,
+    /// The staged notices: at which shares of its limits the model is told what is left.
+    pub staged: Staged,
     /// A directory to write every request into (bodies, headers without credentials), for
     /// debugging; `None` stores nothing.
     pub record_requests: Option<PathBuf>,
@@ -306,6 +320,8 @@ pub(crate) struct Tally {
     pub(crate) reserved: u64,
     /// The shared budget (pool) that made the last call the last, or refused a call.
     pub(crate) pool: Option<String>,
+    /// The staged notices told so far.
+    pub(crate) told: notices::Told,
 }
 
 /// What the next two main calls will likely use, in tokens and dollars.
@@ -520,6 +536,7 @@ impl Shared {
             return (Plan::Unpriced, None);
         }
         let forced = t.force_last;
+        let steps_spent = t.steps_spent(pace);
         let spend = match (t.spend_plan(pace), shared) {
             (Some((true, budget)), _) => Some((true, budget)),
             (own, None | Some(Reservation::Go)) => own,
@@ -595,7 +612,18 @@ impl Shared {
             Plan::Refuse => t.last_sent = true,
             Plan::Unpriced => {}
         }
-        (plan, t.notice.take())
+        let pending = t.notice.take();
+        let staged = match plan {
+            Plan::Forward { number } => {
+                t.staged_notice(pace, &self.config.staged, steps_spent, number)
+            }
+            _ => None,
+        };
+        let notice = match (pending, staged) {
+            (Some(a), Some(b)) => Some(format!("{a}\n{b}")),
+            (a, b) => a.or(b),
+        };
+        (plan, notice)
     }
 
     /// The budget that refuses a side call: none goes out once the token or cost budget is
@@ -649,9 +677,16 @@ impl Shared {
             };
             (t.reserved, spend(e.next), spend(e.after))
         };
-        let answer = tokio::task::spawn_blocking(move || budget.reserve(seq, next, after))
-            .await
-            .unwrap_or(Reservation::Go);
+        let staged = !self.config.staged.thresholds.is_empty();
+        let (answer, left) = tokio::task::spawn_blocking(move || {
+            let answer = budget.reserve(seq, next, after);
+            (answer, staged.then(|| budget.left()).flatten())
+        })
+        .await
+        .unwrap_or((Reservation::Go, None));
+        if left.is_some() {
+            self.tally().told.pool = left;
+        }
         if !matches!(answer, Reservation::Refused { .. }) {
             slot.seq = Some(seq);
         }
@@ -840,6 +875,11 @@ impl Gateway {
     /// the budget: for a run that must end for another reason, such as a loop.
     pub fn force_last(&self) {
         self.shared.tally().force_last = true;
+    }
+
+    /// The staged notices sent so far, in order ([`Staged`]).
+    pub fn notices(&self) -> Vec<SentNotice> {
+        self.shared.tally().told.sent.clone()
     }
 
     /// Adds `text` (starting `system notice: `) to the next forwarded main request, once.

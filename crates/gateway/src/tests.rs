@@ -30,6 +30,7 @@ fn config(upstream: &str, limit: Option<u64>, steps: Arc<AtomicU64>) -> (Gateway
             price: None,
         },
         notices: false,
+        staged: Staged::default(),
         record_requests: None,
         on_event: Box::new(move |e| log.lock().unwrap().push(e)),
         connect_timeout: Duration::from_secs(5),
