@@ -48,7 +48,7 @@ fn staged(main: &[RecordedRequest]) -> Vec<Option<String>> {
             content
                 .iter()
                 .filter_map(|b| b["text"].as_str())
-                .find(|t| t.starts_with("system notice: ") && t.contains(" left"))
+                .find(|t| t.starts_with("system notice: ") && t.contains(" left. Plan the rest"))
                 .map(str::to_owned)
         })
         .collect()
