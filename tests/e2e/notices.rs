@@ -48,7 +48,9 @@ fn staged(main: &[RecordedRequest]) -> Vec<Option<String>> {
             content
                 .iter()
                 .filter_map(|b| b["text"].as_str())
-                .find(|t| t.starts_with("system notice: ") && t.contains(" left. Plan the rest"))
+                .find(|t| {
+                    t.starts_with("system notice: ") && t.contains(". Plan the rest of the work")
+                })
                 .map(str::to_owned)
         })
         .collect()
@@ -316,4 +318,44 @@ fn bad_thresholds_are_refused_naming_the_key_and_the_fix() {
         "{}",
         run.stderr
     );
+}
+
+#[test]
+fn a_pool_share_is_told_naming_the_pool() {
+    if !python() {
+        eprintln!("SKIPPED: python3 is not installed; the stand-in agent needs it");
+        return;
+    }
+    let sb = Sandbox::new();
+    // Ten calls' tokens (120 each) in the pool; the run's only budget is its share.
+    sb.write(
+        "project/stepguard.toml",
+        "[pools.calls]\nmax_tokens = 1200\nwindow = \"none\"\nmatch = { provider = \"claude\" }\n",
+    );
+    let (run, rec, main) = run_calls(&sb, &["--max-steps", "100", "--notices", "0.5"], &[]);
+    assert_eq!(run.code, Some(3), "{}", run.stderr);
+    let pool: Vec<(usize, String)> = staged(&main)
+        .into_iter()
+        .enumerate()
+        .filter_map(|(i, n)| {
+            n.filter(|t| t.contains("shared budget `calls`"))
+                .map(|t| (i, t))
+        })
+        .collect();
+    assert_eq!(pool.len(), 1, "{pool:?} {rec}");
+    // The 5th call's reservation leaves half of the pool (4 settled, its own reserved).
+    assert_eq!(pool[0].0, 4, "{pool:?}");
+    assert!(
+        pool[0]
+            .1
+            .contains("600 of 1200 tokens left in the shared budget `calls`"),
+        "{pool:?}"
+    );
+    let limits: Vec<&str> = rec["notices"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{rec}"))
+        .iter()
+        .map(|n| n["limit"].as_str().unwrap())
+        .collect();
+    assert!(limits.contains(&"pool"), "{rec}");
 }
