@@ -612,18 +612,24 @@ impl Shared {
             Plan::Refuse => t.last_sent = true,
             Plan::Unpriced => {}
         }
+        let notice = self.notice_for(&mut t, plan, steps_spent);
+        (plan, notice)
+    }
+
+    /// The notice a planned call carries: the one pushed (a loop's) and, on a call forwarded
+    /// as usual, the staged one for thresholds newly crossed, in one text.
+    fn notice_for(&self, t: &mut Tally, plan: Plan, steps_spent: u64) -> Option<String> {
         let pending = t.notice.take();
         let staged = match plan {
             Plan::Forward { number } => {
-                t.staged_notice(pace, &self.config.staged, steps_spent, number)
+                t.staged_notice(&self.config.pace, &self.config.staged, steps_spent, number)
             }
             _ => None,
         };
-        let notice = match (pending, staged) {
+        match (pending, staged) {
             (Some(a), Some(b)) => Some(format!("{a}\n{b}")),
             (a, b) => a.or(b),
-        };
-        (plan, notice)
+        }
     }
 
     /// The budget that refuses a side call: none goes out once the token or cost budget is
