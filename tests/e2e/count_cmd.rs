@@ -167,7 +167,7 @@ fn empty_file_counts_nothing() {
             "num_turns_computed": 0, "outcome": "incomplete", "error_type": null, "message": null,
             "exit_code": null, "child_exit_code": null, "child_signal": null,
             "terminated_by": null, "containment": null, "breached_at_step": null, "loops": [],
-            "on_limit_decisions": [], "final_report": null, "model_calls": null,
+            "on_limit_decisions": [], "final_report": null, "model_calls": null, "notices": null,
             "max_tokens": null, "max_tokens_source": null, "max_cost_usd": null,
             "max_cost_usd_source": null, "sub_agent_tokens": {},
             "noise_lines": 0, "unknown_events": 0, "oversized_lines": 0, "truncated_last_line": false,

@@ -27,6 +27,7 @@ mod history_location;
 mod history_spool;
 mod hoppers;
 mod loops;
+mod notices;
 mod opencode;
 mod options;
 mod plugins;

@@ -52,8 +52,10 @@ fn wraps_up_agent(
     assert!(last.tools_disabled, "the last call had tools disabled");
     assert_eq!(last.notices, 1, "one notice on the last call");
     for r in before {
+        // Only a staged budget notice (the default thresholds) may ride on a call before.
+        let staged = r.body.to_string().contains(" steps left.");
         assert!(
-            !r.tools_disabled && r.notices == 0,
+            !r.tools_disabled && r.notices == usize::from(staged),
             "request {} was rewritten",
             r.seq
         );
@@ -292,6 +294,7 @@ fn step_notices_and_recorded_requests() {
     let run = agent.run(&[
         "--wrap-up",
         "--notices",
+        "every",
         "--max-steps",
         "3",
         "--record-requests",
@@ -345,6 +348,7 @@ fn wrap_up_flags_are_checked_before_anything_starts() {
                 "-p",
                 "codex",
                 "--notices",
+                "every",
                 "--",
                 "codex",
                 "exec",
@@ -819,4 +823,73 @@ fn a_gateway_refusal_is_said_once() {
         "{}",
         run.stderr
     );
+}
+
+/// `--wrap-up --unit request --max-steps 10` with the default notices: the real CLI's 6th and
+/// 9th model calls (after 50% and 80% of the budget) carry the staged notice, in the CLI's own
+/// dialect, and no other call does; the 10th is the tool-less last; the record lists the two.
+fn notices_at_the_thresholds(cli: Cli) {
+    let agent = Agent::start(cli, twelve_rounds());
+    let run = agent.run(&["--wrap-up", "--unit", "request", "--max-steps", "10"]);
+    run.assert_exit(3);
+    let main = main_requests(&agent);
+    assert_eq!(main.len(), 10, "{}", run.run.stderr);
+    let told: Vec<(usize, bool, bool)> = main
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.body.to_string().contains(" steps left."))
+        .map(|(i, r)| {
+            let text = r.body.to_string();
+            (
+                i,
+                text.contains("system notice: 5 of 10 steps left."),
+                text.contains("system notice: 2 of 10 steps left."),
+            )
+        })
+        .collect();
+    assert_eq!(told, [(5, true, false), (8, false, true)], "{}", cli.name());
+    for (i, r) in main.iter().enumerate() {
+        let want = usize::from(matches!(i, 5 | 8 | 9));
+        assert_eq!(r.notices, want, "{} call {}", cli.name(), i + 1);
+    }
+    assert!(main[9].tools_disabled);
+    let rec = agent.last_record();
+    let listed: Vec<(Value, Value)> = rec["notices"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{rec}"))
+        .iter()
+        .map(|n| (n["threshold"].clone(), n["model_call"].clone()))
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            (serde_json::json!(0.5), serde_json::json!(6)),
+            (serde_json::json!(0.8), serde_json::json!(9))
+        ],
+        "{rec}"
+    );
+}
+
+#[test]
+#[ignore = "runs the real agent CLIs: .ci/install-agent-clis, then --run-ignored all"]
+fn claude_sees_its_budget_coming_at_the_thresholds_only() {
+    notices_at_the_thresholds(Cli::Claude);
+}
+
+#[test]
+#[ignore = "runs the real agent CLIs: .ci/install-agent-clis, then --run-ignored all"]
+fn codex_sees_its_budget_coming_at_the_thresholds_only() {
+    notices_at_the_thresholds(Cli::Codex);
+}
+
+#[test]
+#[ignore = "runs the real agent CLIs: .ci/install-agent-clis, then --run-ignored all"]
+fn gemini_sees_its_budget_coming_at_the_thresholds_only() {
+    notices_at_the_thresholds(Cli::Gemini);
+}
+
+#[test]
+#[ignore = "runs the real agent CLIs: .ci/install-agent-clis, then --run-ignored all"]
+fn opencode_sees_its_budget_coming_at_the_thresholds_only() {
+    notices_at_the_thresholds(Cli::OpenCode);
 }

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use serde_json::{Value, json};
-use stepguard_gateway::{Dialect, Gateway, GatewayConfig, Pace};
+use stepguard_gateway::{Dialect, Gateway, GatewayConfig, Pace, Staged};
 
 /// Exchanges per path before measuring (connections, pools, caches and the CPU warm up).
 const WARMUP: usize = 200;
@@ -376,6 +376,7 @@ pub(crate) fn run(requests: usize) -> anyhow::Result<()> {
             price: None,
         },
         notices: false,
+        staged: Staged::default(),
         record_requests: None,
         on_event: Box::new(|_| {}),
         connect_timeout: Duration::from_secs(5),

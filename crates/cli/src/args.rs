@@ -189,9 +189,13 @@ pub(crate) struct RunArgs {
     /// No model gateway, whatever the config says.
     #[arg(long, overrides_with = "wrap_up")]
     pub no_wrap_up: bool,
-    /// With the gateway: every model call carries `system notice: this is step X of Y`.
-    #[arg(long)]
-    pub notices: bool,
+    /// With the gateway: the shares of each limit (steps, tokens, cost, a pool's share, the
+    /// time before `--timeout`) at which the next model call tells the model what is left,
+    /// ascending in (0, 1), e.g. `0.5,0.8`; `off` for none; `every` (debugging): every call
+    /// carries `system notice: this is step X of Y` (default: `STEPGUARD_NOTICES`, else `[run]
+    /// notices` from the config, else 0.5,0.8,0.95).
+    #[arg(long, value_name = "LIST", value_parser = stepguard_config::notices::parse)]
+    pub notices: Option<stepguard_config::notices::NoticeSetting>,
     /// A price file laid over genai-prices' bundled data for `--max-cost-usd`: stepguard's TOML
     /// (`stepguard prices` prints a template) or genai-prices' JSON data (also
     /// `STEPGUARD_PRICES`).

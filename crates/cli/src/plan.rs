@@ -9,6 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
+use stepguard_config::notices::NoticeSetting;
 use stepguard_config::{LoadedConfig, Lock, ResolvedLoops, RunFacts};
 use stepguard_core::loops::LoopSettings;
 use stepguard_plugin_api::Manifest;
@@ -127,6 +128,7 @@ impl<'s> RunPlan<'s> {
         }
         let unit = selection.request.unit.as_str();
         let wrap_up = wrap_up_on(args, config);
+        let notices = notice_setting(args, config)?;
         let agent = command::agent_command(
             args,
             &command::Context {
@@ -134,6 +136,7 @@ impl<'s> RunPlan<'s> {
                 unit,
                 limits: &limits,
                 wrap_up,
+                notices: &notices,
                 cwd,
                 prices: &|| session.price_table(args.prices.as_deref()),
             },
@@ -295,6 +298,29 @@ fn loops_ignored(manifest: &Manifest, loops: &ResolvedLoops) -> Option<String> {
 }
 
 /// Whether the run has a model gateway: `--no-wrap-up`, else `--wrap-up`, else the config.
+/// The staged notices' setting: `--notices`, else `STEPGUARD_NOTICES`, else `[run] notices`,
+/// else the default thresholds. A bad value of the variable is a usage error naming it (the
+/// flag's is refused by its parser, the file's by the config's diagnostics).
+fn notice_setting(args: &RunArgs, config: &LoadedConfig) -> anyhow::Result<NoticeSetting> {
+    if let Some(n) = &args.notices {
+        return Ok(n.clone());
+    }
+    if let Some(text) = std::env::var_os(NOTICES_VAR) {
+        let text = text.to_string_lossy();
+        return stepguard_config::notices::parse(&text)
+            .map_err(|e| UsageError(format!("{NOTICES_VAR}={text}: {e}")).into());
+    }
+    Ok(config
+        .model
+        .notices
+        .as_ref()
+        .map(|(n, _)| n.clone())
+        .unwrap_or_default())
+}
+
+/// The environment variable of the staged notices' setting.
+const NOTICES_VAR: &str = "STEPGUARD_NOTICES";
+
 fn wrap_up_on(args: &RunArgs, config: &LoadedConfig) -> bool {
     if args.no_wrap_up {
         false

@@ -14,10 +14,10 @@ use std::time::{Duration, Instant, SystemTime};
 
 use stepguard_config::{ConfigModel, Origin, PoolConfig, RunFacts};
 use stepguard_core::{FailureSlug, PoolLedger, RunRecord, StepLimit};
-use stepguard_gateway::{Budget, CallSpend, Reservation, SharedBudget};
+use stepguard_gateway::{Budget, CallSpend, PoolLeft, Reservation, SharedBudget};
 use stepguard_ledger::{
-    Admission, ChargeKey, Exhaustion, Grant, Ledger, Measure, RunKey, Share, Usage, micros_to_usd,
-    usd_to_micros,
+    Admission, ChargeKey, Exhaustion, Grant, Ledger, Measure, PoolSpec, RunKey, Share, Usage,
+    micros_to_usd, usd_to_micros,
 };
 
 use crate::exit::UsageError;
@@ -98,6 +98,10 @@ struct PoolBudget {
     warned: AtomicBool,
     /// Whether the ledger was ever away during the run (shared with the end charge).
     lost: Arc<AtomicBool>,
+    /// The caps of the run's pools, for the share the staged notices tell of.
+    caps: Vec<PoolSpec>,
+    /// What each pool had left after the latest granted reservation.
+    last: Mutex<Vec<Share>>,
 }
 
 impl PoolBudget {
@@ -181,7 +185,9 @@ impl SharedBudget for PoolBudget {
         {
             Ok(Grant::Granted(shares)) => {
                 self.answered();
-                last_for(&shares, usage_of(after)).unwrap_or(Reservation::Go)
+                let answer = last_for(&shares, usage_of(after)).unwrap_or(Reservation::Go);
+                *self.last.lock().unwrap_or_else(PoisonError::into_inner) = shares;
+                answer
             }
             Ok(Grant::Refused(e)) => {
                 self.answered();
@@ -195,6 +201,12 @@ impl SharedBudget for PoolBudget {
                 Reservation::Go
             }
         }
+    }
+
+    /// The most spent token or cost share of the run's pools, as the latest grant left it.
+    fn left(&self) -> Option<PoolLeft> {
+        let last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
+        most_spent(&self.caps, &last)
     }
 
     fn settle(&self, seq: u64, actual: CallSpend) {
@@ -213,6 +225,45 @@ impl SharedBudget for PoolBudget {
             Err(e) => self.warn(&e),
         }
     }
+}
+
+/// Of `shares`, the token or cost share with the least left for its cap, in the gateway's units
+/// (tokens, dollars).
+fn most_spent(caps: &[PoolSpec], shares: &[Share]) -> Option<PoolLeft> {
+    let mut best: Option<(f64, PoolLeft)> = None;
+    for share in shares {
+        let Some(spec) = caps.iter().find(|c| c.name == share.pool) else {
+            continue;
+        };
+        for m in [Measure::Tokens, Measure::Cost] {
+            let (Some(left), Some(cap)) = (share.left(m), spec.limits.cap(m)) else {
+                continue;
+            };
+            if cap == 0 {
+                continue;
+            }
+            let ratio = left as f64 / cap as f64;
+            if best.as_ref().is_some_and(|(r, _)| *r <= ratio) {
+                continue;
+            }
+            let (left, cap) = match m {
+                Measure::Cost => (micros_to_usd(left), micros_to_usd(cap)),
+                _ => (left as f64, cap as f64),
+            };
+            let pool = share.pool.clone();
+            let budget = budget_of(m);
+            best = Some((
+                ratio,
+                PoolLeft {
+                    pool,
+                    budget,
+                    left,
+                    cap,
+                },
+            ));
+        }
+    }
+    best.map(|(_, p)| p)
 }
 
 /// A name for this run unique across hosts: host, boot, pid and the start time.
@@ -366,6 +417,8 @@ impl Membership {
             seen: Mutex::default(),
             warned: AtomicBool::new(false),
             lost: Arc::clone(&self.lost),
+            caps: self.pools.iter().map(PoolConfig::spec).collect(),
+            last: Mutex::default(),
         })
     }
 
@@ -528,6 +581,49 @@ mod tests {
 
     use super::*;
 
+    #[test]
+    fn the_notices_tell_of_the_most_spent_share_in_tokens_or_dollars() {
+        let spec = |name: &str, tokens, cost| PoolSpec {
+            name: name.into(),
+            limits: PoolLimits {
+                max_tokens: tokens,
+                max_cost_micros: cost,
+                ..PoolLimits::default()
+            },
+            window: Window::Lifetime,
+        };
+        let caps = [
+            spec("a", Some(1000), None),
+            spec("b", None, Some(2_000_000)),
+        ];
+        let share = |pool: &str, tokens, cost_micros| Share {
+            pool: pool.into(),
+            tokens,
+            cost_micros,
+            steps: None,
+        };
+        let left = most_spent(
+            &caps,
+            &[share("a", Some(500), None), share("b", None, Some(400_000))],
+        );
+        assert_eq!(
+            left,
+            Some(PoolLeft {
+                pool: "b".into(),
+                budget: Budget::Cost,
+                left: 0.4,
+                cap: 2.0
+            })
+        );
+        let left = most_spent(&caps, &[share("a", Some(100), None)]).unwrap();
+        assert_eq!(
+            (left.pool.as_str(), left.left, left.cap),
+            ("a", 100.0, 1000.0)
+        );
+        assert_eq!(most_spent(&caps, &[]), None);
+        assert_eq!(most_spent(&[], &[share("a", Some(1), None)]), None);
+    }
+
     fn tokens(tokens: u64) -> CallSpend {
         CallSpend {
             tokens,
@@ -565,6 +661,8 @@ mod tests {
             seen: Mutex::default(),
             warned: AtomicBool::new(false),
             lost: Arc::default(),
+            caps: Vec::new(),
+            last: Mutex::default(),
         };
         assert_eq!(budget.reserve(1, tokens(120), tokens(120)), Reservation::Go);
         budget.settle(1, tokens(120));
@@ -678,6 +776,8 @@ mod tests {
             seen: Mutex::default(),
             warned: AtomicBool::new(false),
             lost: Arc::default(),
+            caps: Vec::new(),
+            last: Mutex::default(),
         };
         assert_eq!(budget.reserve(1, tokens(120), tokens(120)), Reservation::Go);
         assert!(budget.warned.load(Ordering::Relaxed), "said");

@@ -58,6 +58,7 @@ pub mod ledger;
 pub mod loop_settings;
 pub mod loosening;
 pub mod model;
+pub mod notices;
 pub mod pools;
 pub mod spend;
 pub mod value;
@@ -127,7 +128,7 @@ const POLICY_KEYS: &[&str] = &[
     "locked",
 ];
 const POLICY_PROVIDER_KEYS: &[&str] = &["max_steps_unit"];
-const RUN_KEYS: &[&str] = &["unrecognized_stream", "wrap_up"];
+const RUN_KEYS: &[&str] = &["unrecognized_stream", "wrap_up", "notices"];
 const TELEMETRY_KEYS: &[&str] = &[
     "endpoint",
     "protocol",
@@ -578,6 +579,9 @@ fn overlay<'f>(files: impl DoubleEndedIterator<Item = &'f ParsedFile>) -> Config
         if m.wrap_up.is_some() {
             model.wrap_up.clone_from(&m.wrap_up);
         }
+        if m.notices.is_some() {
+            model.notices.clone_from(&m.notices);
+        }
         for (key, value) in &m.telemetry {
             model.telemetry.insert(key.clone(), value.clone());
         }
@@ -935,6 +939,13 @@ impl Parser<'_> {
                         &path,
                         format!("expected true or false, found {}", type_name(v)),
                     ),
+                },
+                "notices" => match notices::from_toml(v) {
+                    Ok(setting) => {
+                        let origin = self.origin(&path);
+                        self.out.model.notices = Some((setting, origin));
+                    }
+                    Err(e) => self.diag(Severity::Error, &path, e),
                 },
                 other => self.unknown_key(&path, other, RUN_KEYS),
             }

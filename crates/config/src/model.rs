@@ -181,6 +181,9 @@ pub struct ConfigModel {
     /// `[run] wrap_up`: whether runs go through the model gateway, which makes the budget's
     /// last model call tool-less so the agent ends with a summary (`--wrap-up`).
     pub wrap_up: Option<(bool, Origin)>,
+    /// `[run] notices`: the thresholds of the gateway's staged notices, or off
+    /// ([`crate::notices`]).
+    pub notices: Option<(crate::notices::NoticeSetting, Origin)>,
     /// `[loops]` and the `loop_limit` keys of task types and profiles (resolved by
     /// `loop_settings::resolve`).
     pub loops: LoopConfig,

@@ -49,8 +49,8 @@ pub use budget::StepLimit;
 pub use exit::ExitCode;
 pub use ledger::{BudgetStatus, StepLedger};
 pub use record::{
-    Containment, LedgerKind, LimitChoice, PoolLedger, RECORD_SCHEMA_VERSION, RecordedSlug,
-    RunRecord,
+    BudgetNotice, Containment, LedgerKind, LimitChoice, NoticeLimit, PoolLedger,
+    RECORD_SCHEMA_VERSION, RecordedSlug, RunRecord,
 };
 pub use slug::FailureSlug;
 pub use stats::{Outcome, RunStats, TokenUsage};

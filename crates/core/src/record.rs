@@ -166,6 +166,58 @@ pub struct GatewayFigures {
     /// Model calls that offered tools and were forwarded upstream by the model gateway; null
     /// when the run had no gateway.
     pub model_calls: Option<u64>,
+    /// The staged notices the gateway gave the model as the run crossed its thresholds of a
+    /// limit, in order: `[]` when none was given; null when the run had no gateway, or was
+    /// recorded before notices were.
+    pub notices: Option<Vec<BudgetNotice>>,
+}
+
+/// A staged notice: the model was told what was left of one of its limits.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct BudgetNotice {
+    /// The limit it told of.
+    pub limit: NoticeLimit,
+    /// The share of the limit spent that it marked (e.g. 0.8): the highest crossed, when one
+    /// model call crossed several.
+    pub threshold: f64,
+    /// The steps the run had taken when it was given.
+    pub at_step: u64,
+    /// The model call that carried it (the gateway's count of forwarded calls, from 1).
+    pub model_call: u64,
+    /// The notice as the model got it (one notice may tell of several limits).
+    pub text: String,
+}
+
+/// The limit a [`BudgetNotice`] told of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum NoticeLimit {
+    /// The step budget.
+    Steps,
+    /// The token budget.
+    Tokens,
+    /// The cost budget.
+    Cost,
+    /// The run's share of a pool.
+    Pool,
+    /// The time before `--timeout`.
+    Time,
+}
+
+impl NoticeLimit {
+    /// Returns the stable name.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            NoticeLimit::Steps => "steps",
+            NoticeLimit::Tokens => "tokens",
+            NoticeLimit::Cost => "cost",
+            NoticeLimit::Pool => "pool",
+            NoticeLimit::Time => "time",
+        }
+    }
 }
 
 /// The token and cost budgets of a run.
@@ -662,7 +714,7 @@ mod tests {
              profile,max_steps,max_steps_source,command,cwd,started_at,ended_at,duration_ms,\
              outcome,error_type,message,exit_code,child_exit_code,child_signal,terminated_by,\
              containment,breached_at_step,loops,on_limit_decisions,final_report,model_calls,\
-             max_tokens,max_tokens_source,max_cost_usd,max_cost_usd_source,pools,ledger,sub_agent_tokens,\
+             notices,max_tokens,max_tokens_source,max_cost_usd,max_cost_usd_source,pools,ledger,sub_agent_tokens,\
              num_steps_computed,num_steps_reported,num_turns_computed,num_turns_reported,\
              noise_lines,unknown_events,oversized_lines,truncated_last_line,tokens,cost_usd,\
              sub_agent_steps"
@@ -684,6 +736,7 @@ mod tests {
         assert!(object["loops"].is_null());
         assert!(object["final_report"].is_null());
         assert!(object["model_calls"].is_null());
+        assert!(object["notices"].is_null());
         for key in [
             "max_tokens",
             "max_tokens_source",
@@ -747,6 +800,29 @@ mod tests {
         assert_eq!(json["model_calls"], 0);
         let back: RunRecord = serde_json::from_value(json).unwrap();
         assert_eq!(back, record);
+    }
+
+    #[test]
+    fn notices_serialize_with_their_limit_and_read_back() {
+        let mut record = RunRecord::new("claude", Outcome::Success);
+        record.gateway.notices = Some(vec![BudgetNotice {
+            limit: NoticeLimit::Cost,
+            threshold: 0.8,
+            at_step: 12,
+            model_call: 13,
+            text: "system notice: $0.40 of $2.00 left.".into(),
+        }]);
+        let json = serde_json::to_value(&record).unwrap();
+        assert_eq!(
+            json["notices"],
+            serde_json::json!([{"limit": "cost", "threshold": 0.8, "at_step": 12,
+                "model_call": 13, "text": "system notice: $0.40 of $2.00 left."}])
+        );
+        let back: RunRecord = serde_json::from_value(json).unwrap();
+        assert_eq!(back, record);
+        let bad = serde_json::json!({"limit": "budget", "threshold": 0.5, "at_step": 1,
+            "model_call": 1, "text": ""});
+        assert!(serde_json::from_value::<BudgetNotice>(bad).is_err());
     }
 
     #[test]

@@ -14,6 +14,10 @@
 //!   ([`Dialect::disable_tools`], [`Dialect::add_notice`]); any after it is never forwarded and
 //!   is answered by the gateway with a short final text ([`Dialect::final_reply`]), so the
 //!   upstream never sees more model calls than the budget.
+//! * **Staged notices** ([`Staged`]): when the run has spent 50%, 80% or 95% (the run's choice)
+//!   of a limit (steps, tokens, cost, its pool share, the time before its timeout), the next
+//!   main call forwarded as usual carries one ephemeral `system notice:` saying what is left;
+//!   each threshold once, recorded ([`Gateway::notices`]).
 //! * Response bodies stream back frame by frame (SSE included) with constant memory; only the
 //!   last reply's first MiB is kept, for its text ([`Gateway::final_text`]).
 //! * Headers pass as they are (the per-run key swapped for the real one) and are never logged; request bodies are
@@ -43,6 +47,7 @@
 
 mod dialect;
 mod keys;
+mod notices;
 mod point;
 mod proxy;
 mod usage;
@@ -55,6 +60,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 pub use dialect::{Dialect, UnknownDialect};
+pub use notices::{Deadline, NoticeLimit, PoolLeft, SentNotice, Staged};
 pub use point::{PointError, Pointing, point};
 pub use usage::CallUsage;
 
@@ -112,6 +118,12 @@ pub trait SharedBudget: Send + Sync {
 
     /// Settles call `seq` to what it really spent (zero for a call that was not made).
     fn settle(&self, seq: u64, actual: CallSpend);
+
+    /// What is left of the run's share, as of the latest reservation, for the staged notices
+    /// ([`Staged`]); `None` (the default): the budget does not say.
+    fn left(&self) -> Option<PoolLeft> {
+        None
+    }
 }
 
 /// How the run's budget paces model calls.
@@ -217,6 +229,8 @@ pub struct GatewayConfig {
     pub pace: Pace,
     /// Whether every forwarded main request carries `system notice: this is step X of Y`.
     pub notices: bool,
+    /// The staged notices: at which shares of its limits the model is told what is left.
+    pub staged: Staged,
     /// A directory to write every request into (bodies, headers without credentials), for
     /// debugging; `None` stores nothing.
     pub record_requests: Option<PathBuf>,
@@ -309,6 +323,8 @@ pub(crate) struct Tally {
     /// Whether the run was told its shared budget is spent ([`Gateway::wrap_up_for`]): its
     /// last call goes out even though the shared budget refuses it.
     pub(crate) outside: bool,
+    /// The staged notices told so far.
+    pub(crate) told: notices::Told,
 }
 
 /// What the next two main calls will likely use, in tokens and dollars.
@@ -530,6 +546,7 @@ impl Shared {
             }
             other => other,
         };
+        let steps_spent = t.steps_spent(pace);
         let spend = match (t.spend_plan(pace), shared) {
             (Some((true, budget)), _) => Some((true, budget)),
             (own, None | Some(Reservation::Go)) => own,
@@ -605,7 +622,24 @@ impl Shared {
             Plan::Refuse => t.last_sent = true,
             Plan::Unpriced => {}
         }
-        (plan, t.notice.take())
+        let notice = self.notice_for(&mut t, plan, steps_spent);
+        (plan, notice)
+    }
+
+    /// The notice a planned call carries: the one pushed (a loop's) and, on a call forwarded
+    /// as usual, the staged one for thresholds newly crossed, in one text.
+    fn notice_for(&self, t: &mut Tally, plan: Plan, steps_spent: u64) -> Option<String> {
+        let pending = t.notice.take();
+        let staged = match plan {
+            Plan::Forward { number } => {
+                t.staged_notice(&self.config.pace, &self.config.staged, steps_spent, number)
+            }
+            _ => None,
+        };
+        match (pending, staged) {
+            (Some(a), Some(b)) => Some(format!("{a}\n{b}")),
+            (a, b) => a.or(b),
+        }
     }
 
     /// The budget that refuses a side call: none goes out once the token or cost budget is
@@ -659,9 +693,16 @@ impl Shared {
             };
             (t.reserved, spend(e.next), spend(e.after))
         };
-        let answer = tokio::task::spawn_blocking(move || budget.reserve(seq, next, after))
-            .await
-            .unwrap_or(Reservation::Go);
+        let staged = !self.config.staged.thresholds.is_empty();
+        let (answer, left) = tokio::task::spawn_blocking(move || {
+            let answer = budget.reserve(seq, next, after);
+            (answer, staged.then(|| budget.left()).flatten())
+        })
+        .await
+        .unwrap_or((Reservation::Go, None));
+        if left.is_some() {
+            self.tally().told.pool = left;
+        }
         if !matches!(answer, Reservation::Refused { .. }) {
             slot.seq = Some(seq);
         }
@@ -862,6 +903,11 @@ impl Gateway {
         t.outside = true;
         t.pool.get_or_insert_with(|| pool.to_owned());
         t.reason.get_or_insert(budget);
+    }
+
+    /// The staged notices sent so far, in order ([`Staged`]).
+    pub fn notices(&self) -> Vec<SentNotice> {
+        self.shared.tally().told.sent.clone()
     }
 
     /// Adds `text` (starting `system notice: `) to the next forwarded main request, once.

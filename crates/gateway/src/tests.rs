@@ -30,6 +30,7 @@ fn config(upstream: &str, limit: Option<u64>, steps: Arc<AtomicU64>) -> (Gateway
             price: None,
         },
         notices: false,
+        staged: Staged::default(),
         record_requests: None,
         on_event: Box::new(move |e| log.lock().unwrap().push(e)),
         connect_timeout: Duration::from_secs(5),
@@ -977,4 +978,213 @@ fn a_call_the_shared_pool_cannot_pay_is_answered_by_the_gateway() {
     assert_eq!(s.reserves, [1, 2]);
     assert_eq!(s.settles, [(1, 120)], "the refused call reserved nothing");
     assert_eq!(s.charged, 120);
+}
+
+/// A main request of each dialect, its path, and where its notice must be found.
+fn dialect_bodies() -> Vec<(Dialect, &'static str, Value)> {
+    vec![
+        (
+            Dialect::AnthropicMessages,
+            "/v1/messages",
+            json!({"model": "claude-x", "max_tokens": 100, "stream": true, "tools": [{"name": "Bash", "input_schema": {"type": "object"}}],
+                "messages": [{"role": "user", "content": "hi"},
+                    {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "Bash", "input": {}}]},
+                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "ok",
+                        "cache_control": {"type": "ephemeral"}}]}]}),
+        ),
+        (
+            Dialect::OpenAiResponses,
+            "/v1/responses",
+            json!({"model": "gpt-x", "stream": true,
+                "tools": [{"type": "function", "name": "exec_command"}],
+                "input": [{"type": "message", "role": "user", "content": "hi"}]}),
+        ),
+        (
+            Dialect::Gemini,
+            "/v1beta/models/gemini-x:streamGenerateContent?alt=sse",
+            json!({"tools": [{"functionDeclarations": [{"name": "run_shell_command"}]}],
+                "contents": [{"role": "user", "parts": [{"text": "hi"}]},
+                    {"role": "model", "parts": [{"functionCall": {"name": "x", "args": {}}}]},
+                    {"role": "user", "parts": [{"functionResponse": {"name": "x", "response": {}}}]}]}),
+        ),
+        (
+            Dialect::OpenAiChat,
+            "/v1/chat/completions",
+            json!({"model": "m", "stream": true, "tools": [{"type": "function", "function": {"name": "bash"}}],
+                "messages": [{"role": "user", "content": "hi"},
+                    {"role": "tool", "tool_call_id": "c", "content": "ok"}]}),
+        ),
+    ]
+}
+
+#[test]
+fn staged_notices_reach_the_upstream_once_at_each_threshold_in_every_dialect() {
+    for (dialect, rest, body) in dialect_bodies() {
+        let server = ModelServer::start(Script::tool_rounds(20)).unwrap();
+        let (mut cfg, _) = config(&server.url(), Some(10), Arc::default());
+        cfg.dialect = dialect;
+        cfg.staged = Staged {
+            thresholds: vec![0.5, 0.8],
+            deadline: None,
+        };
+        let gw = Gateway::start(cfg).unwrap();
+        let p = path(&gw, rest);
+        for _ in 0..9 {
+            let (status, _) = send(gw.addr(), "POST", &p, &[], &body.to_string());
+            assert_eq!(status, 200, "{dialect}");
+        }
+        let main = server.main_requests();
+        let counts: Vec<usize> = main.iter().map(|r| r.notices).collect();
+        assert_eq!(counts, [0, 0, 0, 0, 0, 1, 0, 0, 1], "{dialect}");
+        let texts: Vec<String> = main.iter().map(|r| r.body.to_string()).collect();
+        assert!(
+            texts[5].contains("system notice: 5 of 10 steps left."),
+            "{dialect}: {}",
+            texts[5]
+        );
+        assert!(texts[8].contains("system notice: 2 of 10 steps left."));
+        assert!(
+            main.iter().all(|r| !r.tools_disabled),
+            "{dialect}: a notice leaves the tools on"
+        );
+        if dialect == Dialect::AnthropicMessages {
+            // The notice is its own text after the conversation, outside any cached prefix.
+            let last = main[5].body["messages"]
+                .as_array()
+                .unwrap()
+                .last()
+                .unwrap()
+                .clone();
+            let block = last["content"].as_array().unwrap().last().unwrap().clone();
+            assert_eq!(block["type"], "text");
+            assert!(block.get("cache_control").is_none(), "{block}");
+        }
+        let sent = gw.notices();
+        let seen: Vec<(NoticeLimit, f64, u64, u64)> = sent
+            .iter()
+            .map(|n| (n.limit, n.threshold, n.at_step, n.model_call))
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                (NoticeLimit::Steps, 0.5, 5, 6),
+                (NoticeLimit::Steps, 0.8, 8, 9)
+            ],
+            "{dialect}"
+        );
+        // The budget's last call carries the wrap-up notice alone.
+        send(gw.addr(), "POST", &p, &[], &body.to_string());
+        let main = server.main_requests();
+        assert!(main[9].tools_disabled && main[9].notices == 1, "{dialect}");
+        assert!(
+            !main[9].body.to_string().contains("steps left"),
+            "{dialect}"
+        );
+        assert_eq!(gw.notices().len(), 2);
+    }
+}
+
+#[test]
+fn a_staged_notice_and_a_pushed_one_share_the_call_as_one_text() {
+    let server = ModelServer::start(Script::tool_rounds(12)).unwrap();
+    let (mut cfg, _) = config(&server.url(), Some(4), Arc::default());
+    cfg.staged = Staged {
+        thresholds: vec![0.5],
+        deadline: None,
+    };
+    let gw = Gateway::start(cfg).unwrap();
+    let p = path(&gw, "/v1/messages");
+    send(gw.addr(), "POST", &p, &[], &anthropic(0, true));
+    send(gw.addr(), "POST", &p, &[], &anthropic(1, true));
+    gw.push_notice("system notice: you have called Bash with the same arguments 3 times");
+    send(gw.addr(), "POST", &p, &[], &anthropic(2, true));
+    let main = server.main_requests();
+    assert_eq!(main[2].notices, 1, "one text");
+    let body = main[2].body.to_string();
+    assert!(
+        body.contains("same arguments 3 times\\nsystem notice: 2 of 4 steps left."),
+        "{body}"
+    );
+}
+
+#[test]
+fn a_time_notice_goes_out_once_the_deadline_is_half_spent() {
+    let server = ModelServer::start(Script::tool_rounds(12)).unwrap();
+    let (mut cfg, _) = config(&server.url(), None, Arc::default());
+    cfg.staged = Staged {
+        thresholds: vec![0.5],
+        deadline: Some(Deadline {
+            started: Instant::now() - Duration::from_secs(400),
+            timeout: Duration::from_secs(600),
+        }),
+    };
+    let gw = Gateway::start(cfg).unwrap();
+    let p = path(&gw, "/v1/messages");
+    send(gw.addr(), "POST", &p, &[], &anthropic(0, true));
+    send(gw.addr(), "POST", &p, &[], &anthropic(1, true));
+    let main = server.main_requests();
+    assert!(
+        main[0]
+            .body
+            .to_string()
+            .contains("system notice: about 3 minutes left."),
+        "{}",
+        main[0].body
+    );
+    assert_eq!(main[1].notices, 0, "never repeated");
+    assert_eq!(gw.notices()[0].limit, NoticeLimit::Time);
+}
+
+/// A pool that says how much of it is left, counting each reservation as 100 tokens of 1000.
+#[derive(Default)]
+struct TellingPool {
+    reserved: std::sync::atomic::AtomicU64,
+}
+
+impl SharedBudget for TellingPool {
+    fn reserve(&self, _: u64, _: CallSpend, _: CallSpend) -> Reservation {
+        self.reserved
+            .fetch_add(100, std::sync::atomic::Ordering::SeqCst);
+        Reservation::Go
+    }
+
+    fn settle(&self, _: u64, _: CallSpend) {}
+
+    fn left(&self) -> Option<PoolLeft> {
+        let spent = self.reserved.load(std::sync::atomic::Ordering::SeqCst);
+        Some(PoolLeft {
+            pool: "team".into(),
+            budget: Budget::Tokens,
+            left: 1000.0 - spent as f64,
+            cap: 1000.0,
+        })
+    }
+}
+
+#[test]
+fn a_pool_share_is_told_as_the_pool_answers_the_reservation() {
+    let server = ModelServer::start(Script::tool_rounds(12)).unwrap();
+    let (mut cfg, _) = config(&server.url(), None, Arc::default());
+    cfg.staged = Staged {
+        thresholds: vec![0.5],
+        deadline: None,
+    };
+    cfg.shared_budget = Some(Arc::new(TellingPool::default()));
+    let gw = Gateway::start(cfg).unwrap();
+    let p = path(&gw, "/v1/messages");
+    for round in 0..6 {
+        send(gw.addr(), "POST", &p, &[], &anthropic(round, true));
+    }
+    let counts: Vec<usize> = server.main_requests().iter().map(|r| r.notices).collect();
+    assert_eq!(
+        counts,
+        [0, 0, 0, 0, 1, 0],
+        "the 5th reservation spends half"
+    );
+    let body = server.main_requests()[4].body.to_string();
+    assert!(
+        body.contains("500 of 1000 tokens left in the shared budget `team`"),
+        "{body}"
+    );
+    assert_eq!(gw.notices()[0].limit, NoticeLimit::Pool);
 }

@@ -199,6 +199,7 @@ fn account(engine: &mut Engine<'_>, gw: Gateway) -> GatewayEnd {
         usage: gw.usage(),
         cost_usd: gw.cost_usd(),
         reason: gw.reason(),
+        notices: gw.notices(),
     };
     gw.stop();
     end

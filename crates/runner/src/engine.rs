@@ -126,6 +126,8 @@ struct LaunchParts {
     forward_signals: bool,
     wrap_up: Option<WrapUp>,
     counts_requests: bool,
+    /// `--timeout`, for the gateway's notices of the time left.
+    timeout: Option<Duration>,
 }
 
 /// What the reader needs of the spec.
@@ -183,6 +185,7 @@ impl Parts {
                 forward_signals: confinement.forward_signals,
                 wrap_up,
                 counts_requests: counter.counts_model_calls(),
+                timeout: clocks.timeout,
             },
             reading: ReadingParts {
                 counter,
@@ -233,6 +236,7 @@ fn start_agent(
             Some(launch::start_gateway(
                 w,
                 pace,
+                launch.timeout,
                 &mut command,
                 &mut env,
                 events,

@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::time::Duration;
 
-use stepguard_gateway::{Dialect, Gateway, GatewayConfig, Pace};
+use stepguard_gateway::{Deadline, Dialect, Gateway, GatewayConfig, Pace, Staged};
 use stepguard_supervisor::guard::{self, Guardian};
 use stepguard_supervisor::{RunCgroup, Tree};
 
@@ -41,6 +41,7 @@ pub(crate) fn cgroup_for(containment: Containment) -> std::io::Result<Option<Run
 pub(crate) fn start_gateway(
     w: &WrapUp,
     pace: Pace,
+    timeout: Option<Duration>,
     command: &mut Vec<String>,
     env: &mut Env,
     events: &Sender<Event>,
@@ -59,7 +60,15 @@ pub(crate) fn start_gateway(
         })
         .collect();
     let real = held.iter().map(|(_, v)| v.clone()).collect();
-    let gw = gateway(w, probe.upstream, real, pace, events)?;
+    let staged = Staged {
+        thresholds: w.notice_thresholds.clone(),
+        // Started a moment before the agent and its clock: the time left is never overstated.
+        deadline: timeout.map(|timeout| Deadline {
+            started: std::time::Instant::now(),
+            timeout,
+        }),
+    };
+    let gw = gateway(w, probe.upstream, real, (pace, staged), events)?;
     let pointing = point_at(w, command, env, gw.url()).map_err(std::io::Error::other)?;
     tracing::info!(
         gateway = %gw.addr(),
@@ -104,7 +113,7 @@ fn gateway(
     w: &WrapUp,
     upstream: String,
     api_keys: Vec<String>,
-    pace: Pace,
+    (pace, staged): (Pace, Staged),
     events: &Sender<Event>,
 ) -> std::io::Result<Gateway> {
     let dialect: Dialect = w.endpoint.dialect.parse().map_err(std::io::Error::other)?;
@@ -114,6 +123,7 @@ fn gateway(
         upstream,
         pace,
         notices: w.notices,
+        staged,
         record_requests: w.record_requests.clone(),
         on_event: Box::new(move |e| {
             let events = events.lock().unwrap_or_else(|p| p.into_inner());

@@ -62,6 +62,8 @@ pub(crate) struct GatewayEnd {
     pub cost_usd: Option<f64>,
     /// Which budget made the last call the last one.
     pub reason: Option<stepguard_gateway::Budget>,
+    /// The staged notices sent, in order.
+    pub notices: Vec<stepguard_gateway::SentNotice>,
 }
 
 impl Ending {
@@ -358,6 +360,7 @@ fn set_process_fields(record: &mut RunRecord, spec: &Labels, ending: &Ending, ex
 fn set_gateway_fields(record: &mut RunRecord, g: &GatewayEnd) {
     record.gateway.model_calls = Some(g.model_calls);
     record.gateway.final_report.clone_from(&g.final_report);
+    record.gateway.notices = Some(g.notices.iter().map(budget_notice).collect());
     // The gateway saw every model call (sub-agents' and side calls too): its usage is the
     // run's; a cost the provider reported itself still wins.
     let usage = &mut record.usage;
@@ -371,6 +374,25 @@ fn set_gateway_fields(record: &mut RunRecord, g: &GatewayEnd) {
     }
     if usage.cost_usd.is_none() {
         usage.cost_usd = g.cost_usd.filter(|_| g.usage.total() > 0);
+    }
+}
+
+/// A staged notice the gateway sent, as the record holds it.
+fn budget_notice(n: &stepguard_gateway::SentNotice) -> stepguard_core::BudgetNotice {
+    use stepguard_core::NoticeLimit as R;
+    use stepguard_gateway::NoticeLimit as G;
+    stepguard_core::BudgetNotice {
+        limit: match n.limit {
+            G::Steps => R::Steps,
+            G::Tokens => R::Tokens,
+            G::Cost => R::Cost,
+            G::Pool => R::Pool,
+            G::Time => R::Time,
+        },
+        threshold: n.threshold,
+        at_step: n.at_step,
+        model_call: n.model_call,
+        text: n.text.clone(),
     }
 }
 

@@ -329,6 +329,10 @@ pub struct WrapUp {
     pub reply_cost: u64,
     /// Whether every forwarded model call carries `system notice: this is step X of Y`.
     pub notices: bool,
+    /// The shares of each limit (steps, tokens, cost, a pool's share, the time before the
+    /// timeout) at which the next model call tells the model what is left, ascending, each in
+    /// (0, 1); empty: no staged notices.
+    pub notice_thresholds: Vec<f64>,
     /// Where to write every model request, without credentials; `None` stores nothing.
     pub record_requests: Option<std::path::PathBuf>,
     /// The pools every main model call reserves its estimate in, before it is forwarded, and
@@ -342,6 +346,7 @@ impl std::fmt::Debug for WrapUp {
             .field("endpoint", &self.endpoint)
             .field("reply_cost", &self.reply_cost)
             .field("notices", &self.notices)
+            .field("notice_thresholds", &self.notice_thresholds)
             .field("record_requests", &self.record_requests)
             .field("shared_budget", &self.shared_budget.is_some())
             .finish()

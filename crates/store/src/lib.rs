@@ -67,7 +67,9 @@ use stepguard_core::record::{Invocation, Source, StepBudget};
 
 pub use stepguard_core::RunRecord;
 
-pub use stats::{CostSpread, GroupStats, Spread, StatsReport, compute_stats, percentile};
+pub use stats::{
+    AfterNotice, CostSpread, GroupStats, Spread, StatsReport, compute_stats, percentile,
+};
 
 /// The query `mark_dead_runs` makes at every open: this host's `running` rows (index
 /// `runs_running`, which holds only them).

@@ -120,6 +120,48 @@ fn evidence(successes: usize, with: usize, what: &str) -> String {
     }
 }
 
+/// How the runs of a group that got a staged notice (the model was told what was left of a
+/// limit) ended: by themselves, or at a limit. The effect of the notices, measured.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct AfterNotice {
+    /// Finished runs that got at least one notice.
+    pub runs: usize,
+    /// Of them, the runs that ended by themselves (success).
+    pub successes: usize,
+    /// Of them, the runs that hit a limit (`max_steps`, `max_tokens`, `max_cost`, `timeout`,
+    /// `pool_exhausted`; a run that wrapped up at its budget included).
+    pub hit_limit: usize,
+}
+
+/// The failure slugs of a run that hit one of its limits.
+const LIMIT_SLUGS: [&str; 5] = [
+    "max_steps",
+    "max_tokens",
+    "max_cost",
+    "timeout",
+    "pool_exhausted",
+];
+
+impl AfterNotice {
+    fn of<'r>(rows: impl Iterator<Item = &'r RunRecord>) -> AfterNotice {
+        let mut a = AfterNotice::default();
+        for r in rows.filter(|r| r.gateway.notices.as_ref().is_some_and(|n| !n.is_empty())) {
+            a.runs += 1;
+            if r.verdict.outcome == Outcome::Success {
+                a.successes += 1;
+            }
+            if r.verdict
+                .error_type
+                .as_ref()
+                .is_some_and(|s| LIMIT_SLUGS.contains(&s.as_str()))
+            {
+                a.hit_limit += 1;
+            }
+        }
+        a
+    }
+}
+
 /// Figures for one (provider, task type) group.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct GroupStats {
@@ -150,6 +192,8 @@ pub struct GroupStats {
     /// The `--max-cost-usd` that would have covered 95% of successful runs (their p95 of cost,
     /// rounded up to the next $0.0001).
     pub suggested_max_cost_usd: Option<f64>,
+    /// How the runs told of their budget by a staged notice ended.
+    pub after_notice: AfterNotice,
     /// Successful runs with token usage: the evidence for `suggested_max_tokens`.
     #[serde(skip)]
     successes_with_tokens: usize,
@@ -284,6 +328,7 @@ pub fn compute_stats(records: &[RunRecord]) -> StatsReport {
                 cost_usd: CostSpread::of(rows.iter().filter_map(|r| r.usage.cost_usd).collect()),
                 suggested_max_tokens: successful_tokens.as_ref().map(|s| s.p95.max(1)),
                 suggested_max_cost_usd: successful_cost.as_ref().map(|s| cost_budget(s.p95)),
+                after_notice: AfterNotice::of(rows.iter().copied()),
                 successes_with_tokens: successful_tokens.map_or(0, |s| s.runs),
                 successes_with_cost: successful_cost.map_or(0, |s| s.runs),
             }
@@ -323,7 +368,8 @@ pub(crate) fn figures_sql(provider: bool) -> String {
             coalesce(json_extract(record, '$.num_turns_reported'), json_extract(record, '$.num_turns_computed')) AS turns,
             json_extract(record, '$.tokens.input_tokens') + json_extract(record, '$.tokens.output_tokens') AS tokens,
             json_extract(record, '$.cost_usd') AS cost,
-            json_extract(record, '$.error_type') AS slug
+            json_extract(record, '$.error_type') AS slug,
+            coalesce(json_array_length(record, '$.notices'), 0) > 0 AS noticed
          FROM runs WHERE outcome != 'running'{}",
         if provider { " AND provider = ?1" } else { "" }
     )
@@ -337,7 +383,11 @@ pub(crate) const GROUPS_SQL: &str =
         count(CASE WHEN outcome = 'success' THEN steps END),
         count(CASE WHEN outcome = 'success' THEN turns END),
         count(CASE WHEN outcome = 'success' THEN tokens END),
-        count(CASE WHEN outcome = 'success' THEN cost END)
+        count(CASE WHEN outcome = 'success' THEN cost END),
+        count(CASE WHEN noticed THEN 1 END),
+        count(CASE WHEN noticed AND outcome = 'success' THEN 1 END),
+        count(CASE WHEN noticed AND slug IN
+            ('max_steps', 'max_tokens', 'max_cost', 'timeout', 'pool_exhausted') THEN 1 END)
     FROM temp.stats_figures GROUP BY provider, task_type ORDER BY provider, task_type";
 
 /// How often each failure slug occurred in each group.
@@ -448,6 +498,7 @@ struct GroupCounts {
     successes: usize,
     /// Runs with steps, turns, tokens, cost; then successful runs with each.
     with: [usize; 8],
+    after_notice: AfterNotice,
 }
 
 /// One sorted pass over the values of `metric` (column `index` of the counts): for each group,
@@ -535,6 +586,11 @@ fn group_counts(conn: &Connection) -> rusqlite::Result<Vec<GroupCounts>> {
             runs: count(r, 2)?,
             successes: r.get::<_, f64>(3)? as usize,
             with,
+            after_notice: AfterNotice {
+                runs: count(r, 12)?,
+                successes: count(r, 13)?,
+                hit_limit: count(r, 14)?,
+            },
         })
     })?
     .collect()
@@ -589,6 +645,7 @@ pub(crate) fn in_sql(conn: &Connection, provider: Option<&str>) -> rusqlite::Res
                 suggested_max_cost_usd: ok_cost.as_ref().map(|s| cost_budget(s.p95)),
                 successes_with_tokens: ok_tokens.map_or(0, |s| s.runs),
                 successes_with_cost: ok_cost.map_or(0, |s| s.runs),
+                after_notice: g.after_notice,
                 provider: g.key.0,
                 task_type: g.key.1,
                 success_rate: if g.runs == 0 {

@@ -1526,6 +1526,18 @@ fn varied_records(n: u64) -> Vec<RunRecord> {
                 }),
             };
             r.usage.cost_usd = (i % 7 != 0).then_some((i % 9) as f64 * 0.0123);
+            // Notices: none known, none given, one given.
+            r.gateway.notices = match i % 5 {
+                0 => None,
+                1 => Some(Vec::new()),
+                _ => Some(vec![stepguard_core::BudgetNotice {
+                    limit: stepguard_core::NoticeLimit::Steps,
+                    threshold: 0.8,
+                    at_step: 8,
+                    model_call: 9,
+                    text: "system notice: 2 of 10 steps left.".into(),
+                }]),
+            };
             r.invocation.started_at = Some(format!("2026-11-{:02}T00:00:00.000Z", 1 + i % 28));
             r
         })
@@ -1555,6 +1567,21 @@ fn stats_in_sql_match_the_figures_computed_in_memory() {
     assert_eq!(got, compute_stats(&codex));
     assert_eq!(got.groups.len(), 2);
     assert!(store.stats(Some("nobody")).unwrap().groups.is_empty());
+    // The runs told of their budget are counted, and how they ended.
+    let noticed: usize = want.groups.iter().map(|g| g.after_notice.runs).sum();
+    let ok: usize = want.groups.iter().map(|g| g.after_notice.successes).sum();
+    let hit: usize = want.groups.iter().map(|g| g.after_notice.hit_limit).sum();
+    let finished = all.iter().filter(|r| r.verdict.outcome != Outcome::Running);
+    let with = |f: &dyn Fn(&RunRecord) -> bool| {
+        finished
+            .clone()
+            .filter(|r| r.gateway.notices.as_ref().is_some_and(|n| !n.is_empty()) && f(r))
+            .count()
+    };
+    assert_eq!(noticed, with(&|_| true));
+    assert_eq!(ok, with(&|r| r.verdict.outcome == Outcome::Success));
+    assert_eq!(hit, with(&|r| r.verdict.error_type.is_some()));
+    assert!(noticed > 0 && ok > 0 && hit > 0 && ok + hit <= noticed);
     // The saturated token sums are there: the largest is i64::MAX, as in memory.
     let g = &want.groups[0];
     assert_eq!(g.tokens.as_ref().map(|t| t.max), Some(i64::MAX));

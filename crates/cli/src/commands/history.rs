@@ -379,8 +379,21 @@ fn show_lines(r: &RunRecord) -> Vec<String> {
     if let Some(calls) = r.gateway.model_calls {
         lines.push(format!("Model calls: {calls}"));
     }
+    lines.extend(r.gateway.notices.iter().flatten().map(notice_line));
     lines.extend(end_lines(r));
     lines
+}
+
+/// A staged notice as `show` lists it: the limit and threshold, when, and what the model read.
+fn notice_line(n: &stepguard_core::BudgetNotice) -> String {
+    format!(
+        "Notice: {} {}% at step {} (model call {}): {}",
+        n.limit.as_str(),
+        (n.threshold * 100.0).round(),
+        n.at_step,
+        n.model_call,
+        output::printable(&n.text)
+    )
 }
 
 /// The limit the run failed on, against what it spent, for a budget failure.
@@ -560,6 +573,26 @@ fn final_report_block(report: &str) -> Vec<String> {
     block
 }
 
+/// How the runs told of their budget ended, when any was; the share of them that ended by
+/// themselves is the notices' effect.
+fn after_notice_line(a: &stepguard_store::AfterNotice) -> Option<String> {
+    (a.runs > 0).then(|| {
+        format!(
+            "  after a budget notice: {} run{}, {} ended by {} ({:.1}%), {} hit the limit",
+            a.runs,
+            if a.runs == 1 { "" } else { "s" },
+            a.successes,
+            if a.successes == 1 {
+                "itself"
+            } else {
+                "themselves"
+            },
+            a.successes as f64 / a.runs as f64 * 100.0,
+            a.hit_limit
+        )
+    })
+}
+
 /// Runs `stepguard stats`.
 ///
 /// No runs is an answer, not an error: the report with no groups under `--json`, else a note on
@@ -625,6 +658,9 @@ pub(crate) fn stats(cli: &Cli, args: &StatsArgs) -> anyhow::Result<ExitCode> {
                 if c.runs == 1 { "" } else { "s" }
             ))?;
         }
+        if let Some(line) = after_notice_line(&g.after_notice) {
+            output::line(line)?;
+        }
         for s in g.suggestions() {
             output::line(format!("  suggestion: {s}"))?;
         }
@@ -634,7 +670,40 @@ pub(crate) fn stats(cli: &Cli, args: &StatsArgs) -> anyhow::Result<ExitCode> {
 
 #[cfg(test)]
 mod tests {
-    use super::{TokenUsage, final_report_block, usage};
+    use super::{TokenUsage, after_notice_line, final_report_block, notice_line, usage};
+
+    #[test]
+    fn notices_are_listed_and_their_effect_counted() {
+        let n = stepguard_core::BudgetNotice {
+            limit: stepguard_core::NoticeLimit::Steps,
+            threshold: 0.8,
+            at_step: 8,
+            model_call: 9,
+            text: "system notice: 2 of 10 steps left.\u{1b}[2J".into(),
+        };
+        let line = notice_line(&n);
+        assert!(
+            line.starts_with(
+                "Notice: steps 80% at step 8 (model call 9): system notice: 2 of 10 steps left."
+            ),
+            "{line}"
+        );
+        assert!(!line.contains('\u{1b}'), "escaped: {line}");
+        let a = |runs, successes, hit_limit| stepguard_store::AfterNotice {
+            runs,
+            successes,
+            hit_limit,
+        };
+        assert_eq!(after_notice_line(&a(0, 0, 0)), None);
+        assert_eq!(
+            after_notice_line(&a(4, 3, 1)).unwrap(),
+            "  after a budget notice: 4 runs, 3 ended by themselves (75.0%), 1 hit the limit"
+        );
+        assert_eq!(
+            after_notice_line(&a(1, 1, 0)).unwrap(),
+            "  after a budget notice: 1 run, 1 ended by itself (100.0%), 0 hit the limit"
+        );
+    }
     use crate::output::one_line;
 
     #[test]

@@ -4,6 +4,7 @@
 use std::path::Path;
 
 use stepguard_config::ResolvedSpend;
+use stepguard_config::notices::NoticeSetting;
 use stepguard_plugin_api::{Manifest, NativeLimit, program_name};
 use stepguard_runner::{SpendLimits, WrapUp};
 
@@ -26,6 +27,8 @@ pub(super) struct Context<'a> {
     pub limits: &'a Limits,
     /// Whether the run has the model gateway.
     pub wrap_up: bool,
+    /// The staged notices' setting, resolved.
+    pub notices: &'a NoticeSetting,
     pub cwd: &'a Path,
     /// The price table in effect, loaded only for a cost budget.
     pub prices: &'a dyn Fn() -> anyhow::Result<stepguard_prices::PriceTable>,
@@ -193,7 +196,8 @@ fn wrap_up_spec(
 ) -> anyhow::Result<Option<WrapUp>> {
     let (manifest, unit) = (cx.manifest, cx.unit);
     if !cx.wrap_up {
-        if args.notices || args.record_requests.is_some() {
+        let notices = args.notices.as_ref().is_some_and(|n| !n.is_off());
+        if notices || args.record_requests.is_some() {
             return Err(UsageError(
                 "`--notices` and `--record-requests` need the model gateway: add `--wrap-up`"
                     .into(),
@@ -242,7 +246,8 @@ fn wrap_up_spec(
     Ok(Some(WrapUp {
         endpoint,
         reply_cost,
-        notices: args.notices,
+        notices: *cx.notices == NoticeSetting::EveryStep,
+        notice_thresholds: cx.notices.thresholds().to_vec(),
         record_requests: args.record_requests.clone(),
         shared_budget: None,
     }))

@@ -177,6 +177,7 @@ fn what_cannot_be_kept_is_refused_before_anything_starts() {
                 "-p",
                 "codex",
                 "--notices",
+                "0.5,0.8",
                 "--",
                 "codex",
                 "exec",
