@@ -181,6 +181,9 @@ pub struct ConfigModel {
     /// `[run] wrap_up`: whether runs go through the model gateway, which makes the budget's
     /// last model call tool-less so the agent ends with a summary (`--wrap-up`).
     pub wrap_up: Option<(bool, Origin)>,
+    /// `[run] checkpoint`, `checkpoint_max_file_mb` and `checkpoint_timeout`: whether a run
+    /// that does not succeed saves its work tree as a git ref, and how.
+    pub checkpoint: CheckpointConfig,
     /// `[loops]` and the `loop_limit` keys of task types and profiles (resolved by
     /// `loop_settings::resolve`).
     pub loops: LoopConfig,
@@ -190,4 +193,15 @@ pub struct ConfigModel {
     /// `[telemetry]`: OpenTelemetry export settings (`endpoint`, `protocol`, `headers`,
     /// `service_name`, `flush_timeout`), kept as given; the environment overrides them.
     pub telemetry: BTreeMap<String, (serde_json::Value, Origin)>,
+}
+
+/// `[run] checkpoint`, `checkpoint_max_file_mb` and `checkpoint_timeout`, as the files say.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CheckpointConfig {
+    /// `"git"` or `"none"`.
+    pub kind: Option<(String, Origin)>,
+    /// Files over this many MiB are left out of a checkpoint.
+    pub max_file_mb: Option<(u64, Origin)>,
+    /// How long one checkpoint may take.
+    pub timeout: Option<(std::time::Duration, Origin)>,
 }
