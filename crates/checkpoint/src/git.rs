@@ -4,12 +4,12 @@ use std::ffi::OsString;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use crate::error::CheckpointError;
+use stepguard_supervisor::{ExitStatus, Reaper};
 
-/// How often a running git is checked against the deadline.
-const POLL: Duration = Duration::from_millis(2);
+use crate::error::CheckpointError;
 
 /// The name and address every checkpoint commit is written with.
 pub(crate) const AUTHOR: (&str, &str) = ("stepguard", "stepguard@localhost");
@@ -79,18 +79,20 @@ impl Git {
         });
         let out = drain(child.stdout.take());
         let err = drain(child.stderr.take());
-        let status = self.wait(&mut child, &step)?;
+        let status = self.wait(&child, &step)?;
         if let Some(f) = feeder {
             let _ = f.join();
         }
         let stdout = out.join().unwrap_or_default();
         let stderr = err.join().unwrap_or_default();
-        if status.success() {
-            return Ok(stdout);
-        }
+        let status = match status {
+            ExitStatus::Code(0) => return Ok(stdout),
+            ExitStatus::Code(code) => format!("exit status {code}"),
+            ExitStatus::Signal(signal) => format!("killed by signal {signal}"),
+        };
         Err(CheckpointError::Git {
             step,
-            status: status.to_string(),
+            status,
             stderr: String::from_utf8_lossy(&stderr).trim().to_owned(),
         })
     }
@@ -132,38 +134,27 @@ impl Git {
         })
     }
 
-    fn wait(
-        &self,
-        child: &mut Child,
-        step: &str,
-    ) -> Result<std::process::ExitStatus, CheckpointError> {
-        loop {
-            let polled = child.try_wait().map_err(|source| CheckpointError::Io {
-                what: format!("wait for git {step}"),
-                source,
-            })?;
-            if let Some(status) = polled {
-                return Ok(status);
+    /// Waits for git through the process's one reaper ([`Reaper`]): during a run every child
+    /// of stepguard is reaped by it, so a wait of our own would find none.
+    fn wait(&self, child: &Child, step: &str) -> Result<ExitStatus, CheckpointError> {
+        let (tx, rx) = mpsc::channel();
+        let _watch = Reaper::start(child.id(), tx, |status| status);
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        rx.recv_timeout(left).map_err(|_| {
+            kill_group(child);
+            CheckpointError::TimedOut {
+                after: self.bound,
+                step: step.to_owned(),
             }
-            if Instant::now() >= self.deadline {
-                kill_group(child);
-                return Err(CheckpointError::TimedOut {
-                    after: self.bound,
-                    step: step.to_owned(),
-                });
-            }
-            std::thread::sleep(POLL);
-        }
+        })
     }
 }
 
-/// Kills a git call and every process it started, and reaps it.
-fn kill_group(child: &mut Child) {
+/// Kills a git call and every process it started (its process group); the reaper reaps them.
+fn kill_group(child: &Child) {
     if let Some(pid) = rustix::process::Pid::from_raw(child.id() as i32) {
         let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
     }
-    let _ = child.kill();
-    let _ = child.wait();
 }
 
 /// Reads a pipe to its end on a thread of its own (a full pipe never stalls git).

@@ -355,6 +355,7 @@ fn show_lines(r: &RunRecord) -> Vec<String> {
         lines.push(format!("Model calls: {calls}"));
     }
     lines.extend(end_lines(r));
+    lines.extend(crate::checkpointing::show_lines(r));
     lines
 }
 
