@@ -143,7 +143,10 @@ fn the_ref_holds_the_work_tree_at_the_stop_and_restore_brings_it_back() {
     let tree = work_tree(&p);
     assert_eq!(
         git(&p, &["rev-parse", &format!("{reference}^{{tree}}")]),
-        tree
+        tree,
+        "the ref's files, then the work tree's:\n{}\n{}",
+        git(&p, &["ls-tree", "-r", &reference]),
+        git(&p, &["ls-tree", "-r", &tree])
     );
     assert_eq!(git(&p, &["rev-parse", &format!("{reference}^")]), head);
     assert_eq!(c["commit"], git(&p, &["rev-parse", &reference]).as_str());

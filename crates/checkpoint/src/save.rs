@@ -58,6 +58,18 @@ pub struct ChangedFile {
     pub change: Change,
 }
 
+/// Copies the user's index with its modification time: git trusts an entry's cached stat
+/// only when the entry is older than the index file ("racy git"), so a copy with a newer time
+/// would take a file changed in the same second, at the same size, for unchanged.
+fn copy_index(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::copy(from, to)?;
+    let modified = std::fs::metadata(from)?.modified()?;
+    std::fs::File::options()
+        .write(true)
+        .open(to)?
+        .set_modified(modified)
+}
+
 impl Repository {
     /// Writes the work tree as it is (tracked and untracked files, not ignored ones) as a tree
     /// object, through a temporary index that starts as a copy of the user's (so unchanged
@@ -70,7 +82,7 @@ impl Repository {
         })?;
         let index = scratch.path().join("index");
         if self.index.exists() {
-            std::fs::copy(&self.index, &index).map_err(|source| CheckpointError::Io {
+            copy_index(&self.index, &index).map_err(|source| CheckpointError::Io {
                 what: format!("copy the index {}", self.index.display()),
                 source,
             })?;

@@ -441,3 +441,36 @@ fn restore_puts_the_work_tree_back_and_list_shows_it() {
     );
     assert_eq!(listed[0].subject, "stepguard: run 12 stopped (max_steps)");
 }
+
+#[test]
+fn a_file_changed_in_the_same_second_at_the_same_size_is_seen() {
+    // The index's entry for `a` and the edit share their second and size: only the index
+    // file's own time tells git to compare contents ("racy git"), so the copy must keep it.
+    let (_dir, top) = repo();
+    std::fs::write(top.join("a"), "staged\n").expect("a");
+    git(&top, &["add", "a"]);
+    std::fs::write(top.join("a"), "edited\n").expect("a");
+    let index = std::fs::metadata(top.join(".git/index"))
+        .expect("index")
+        .modified()
+        .expect("time");
+    std::thread::sleep(Duration::from_millis(1100));
+    let saved = crate::save(
+        &top,
+        &Settings::default(),
+        "1",
+        &Start::default(),
+        "m",
+        deadline(),
+    )
+    .expect("saved");
+    assert_eq!(
+        git(&top, &["show", &format!("{}:a", saved.commit)]),
+        "edited"
+    );
+    let after = std::fs::metadata(top.join(".git/index"))
+        .expect("index")
+        .modified()
+        .expect("time");
+    assert_eq!(after, index, "the user's index is not rewritten");
+}
