@@ -75,10 +75,13 @@ fn agent(sb: &Sandbox, work: &str, succeed: bool) -> String {
     path.display().to_string()
 }
 
-/// What the run edits: `a` rewritten, `new/c` created, `b` deleted, an ignored log written.
+/// What the run edits: `a` rewritten, `new/c` created, `b` deleted, an ignored log written;
+/// after a second, as an agent's first edit comes after a model reply (the work tree at the
+/// start is read meanwhile).
 fn edits() -> String {
     format!(
-        "echo edited > a\n{} -p new\necho c > new/c\n{} b\necho noise > run.log",
+        "{} 1\necho edited > a\n{} -p new\necho c > new/c\n{} b\necho noise > run.log",
+        which("sleep"),
         which("mkdir"),
         which("rm")
     )

@@ -167,9 +167,13 @@ impl Repository {
     }
 
     /// The files that differ between the run's start and `tree`: against the start's whole
-    /// tree when it was taken, else its `HEAD`, else nothing.
+    /// tree when it was taken, else its `HEAD`, else `HEAD` now, else nothing.
     pub fn changed(&self, start: &Start, tree: &str) -> Result<Vec<ChangedFile>, CheckpointError> {
-        let base = match (&start.tree, &start.head) {
+        let head = match &start.head {
+            Some(head) => Some(head.clone()),
+            None => self.head()?,
+        };
+        let base = match (&start.tree, head) {
             (Some(t), _) => t.clone(),
             (None, Some(head)) => format!("{head}^{{tree}}"),
             (None, None) => EMPTY_TREE.to_owned(),

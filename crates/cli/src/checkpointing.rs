@@ -40,8 +40,8 @@ pub(crate) fn settings(args: &RunArgs, config: &LoadedConfig) -> Option<Settings
     })
 }
 
-/// The observer that takes the checkpoint: it reads the work tree at the start on a thread of
-/// its own, and saves it at the end of a run that did not succeed, before the history records
+/// The observer that takes the checkpoint: it reads the work tree as the run starts, on a
+/// thread of its own, and saves it at the end of a run that did not succeed, before the history records
 /// the run (so the record names the ref). Its time is added to the run's exit bound, so the
 /// record keeps its own share.
 pub(crate) struct Checkpointer {
@@ -54,12 +54,22 @@ pub(crate) struct Checkpointer {
 
 impl Checkpointer {
     /// Checkpoints `dir`; `history_id` is filled by the history recorder when it has a row.
+    /// Starts reading the work tree at once, on a thread of its own, so the read is well under
+    /// way (usually done) before the agent starts writing.
     pub(crate) fn new(dir: PathBuf, settings: Settings, history_id: Arc<OnceLock<i64>>) -> Self {
+        let (tx, rx) = mpsc::channel();
+        let (at, with) = (dir.clone(), settings.clone());
+        let spawned = std::thread::Builder::new()
+            .name("stepguard-checkpoint-start".into())
+            .spawn(move || {
+                let deadline = Instant::now() + with.bound;
+                let _ = tx.send(stepguard_checkpoint::start(&at, &with, deadline));
+            });
         Checkpointer {
             dir,
             settings,
             history_id,
-            start: None,
+            start: spawned.ok().map(|_| rx),
             key: String::new(),
         }
     }
@@ -80,15 +90,6 @@ impl RunObserver for Checkpointer {
             stamp.replace(['-', ':'], ""),
             std::process::id()
         );
-        let (tx, rx) = mpsc::channel();
-        let (dir, settings) = (self.dir.clone(), self.settings.clone());
-        let spawned = std::thread::Builder::new()
-            .name("stepguard-checkpoint-start".into())
-            .spawn(move || {
-                let deadline = Instant::now() + settings.bound;
-                let _ = tx.send(stepguard_checkpoint::start(&dir, &settings, deadline));
-            });
-        self.start = spawned.ok().map(|_| rx);
     }
 
     fn finished(&mut self, report: &mut RunReport) {
