@@ -823,7 +823,7 @@ fn history_export_lines_are_the_records_show_json_prints() {
         lines[1]
     );
     assert!(
-        lines[2].ends_with(r#""sub_agent_steps":null}"#),
+        lines[2].ends_with(r#""sub_agent_steps":null,"checkpoint":null}"#),
         "{}",
         lines[2]
     );

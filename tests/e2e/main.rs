@@ -9,6 +9,7 @@ mod agents;
 mod harness;
 
 mod architecture;
+mod checkpoints;
 mod claude;
 mod cli_edges;
 mod codex;

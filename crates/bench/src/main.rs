@@ -25,6 +25,8 @@
 //!   with concurrent writers, and runs admitted per second, on the local ledger.
 //! * `startup`: what a run costs before and around its agent: `stepguard run -p codex -- true`
 //!   against `true` alone, wall and CPU (every process started) per run.
+//! * `checkpoint`: stop-to-exit time of a run with `--checkpoint git` on a 10,000-file
+//!   repository, against the same run with `--checkpoint none`.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 use std::io::{BufRead as _, Write as _};
@@ -36,6 +38,7 @@ use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
 use stepguard_plugin_api::{CounterRequest, ProviderPlugin};
 
+mod checkpoint;
 mod corpus;
 mod gateway;
 mod history;
@@ -184,6 +187,19 @@ enum Bench {
         #[arg(long)]
         out: PathBuf,
     },
+    /// Stop-to-exit time with `--checkpoint git` on a repository of many files, against
+    /// `--checkpoint none` (alternating; the work tree reset between runs).
+    Checkpoint {
+        /// Timed runs of each mode (after 2 of warm-up).
+        #[arg(long, default_value_t = 20)]
+        runs: usize,
+        /// Files in the repository.
+        #[arg(long, default_value_t = 10_000)]
+        files: usize,
+        /// The stepguard binary (build it with `cargo build --release -p stepguard-cli`).
+        #[arg(long, default_value = "target/release/stepguard")]
+        stepguard: PathBuf,
+    },
     /// Start-up cost: `stepguard run -p codex -- true` against `true`, wall and CPU per run.
     Startup {
         /// Timed runs of each (after 5 of warm-up).
@@ -315,6 +331,11 @@ fn main() -> anyhow::Result<()> {
             stepguard,
             no_record,
         } => startup::run(&stepguard, runs, no_record),
+        Bench::Checkpoint {
+            runs,
+            files,
+            stepguard,
+        } => checkpoint::run(&stepguard, runs, files),
     }
 }
 

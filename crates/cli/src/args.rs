@@ -82,6 +82,9 @@ pub(crate) enum Command {
     /// Each pool of the config: spent and cap per limit, runs now in it, when the window frees
     /// what.
     Pools(PoolsArgs),
+    /// The checkpoints of the repository here (`run --checkpoint git`): list them, or put one's
+    /// work tree back.
+    Checkpoint(CheckpointArgs),
     /// Print a shell completion script on stdout (bash, zsh, fish, elvish, powershell).
     Completions(CompletionsArgs),
     /// Print the man page (roff) on stdout, or write one page per command into a directory.
@@ -100,11 +103,57 @@ impl Command {
             Command::Plugins(a) => a.json,
             Command::Prices(a) => a.json,
             Command::Pools(a) => a.json,
+            Command::Checkpoint(a) => {
+                matches!(&a.command, CheckpointCommand::List { json: true, .. })
+            }
             Command::Completions(_) | Command::Man(_) => false,
             Command::Validate(a) => a.json,
             Command::Run(_) | Command::Simulate(_) => false,
         }
     }
+}
+
+/// Whether a run that does not succeed saves its work tree (`--checkpoint`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum CheckpointKind {
+    /// A commit on `refs/stepguard/runs/ID` in the repository the run works in.
+    Git,
+    /// No checkpoint.
+    None,
+}
+
+/// Arguments of `stepguard checkpoint`.
+#[derive(Debug, Args)]
+pub(crate) struct CheckpointArgs {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: CheckpointCommand,
+}
+
+/// The subcommands of `stepguard checkpoint`.
+#[derive(Debug, Subcommand)]
+pub(crate) enum CheckpointCommand {
+    /// The repository's checkpoints, newest first: id, date, commit, how the run ended.
+    List {
+        /// The repository (default: the current directory).
+        #[arg(long, short = 'C', value_name = "DIR")]
+        dir: Option<PathBuf>,
+        /// Print a JSON array on stdout.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Put the work tree of run ID's checkpoint back: its files are written and tracked files
+    /// it does not hold are removed; HEAD, the index and the branches stay as they are.
+    Restore {
+        /// The run's id (`stepguard checkpoint list`), or its ref.
+        id: String,
+        /// The repository (default: the current directory).
+        #[arg(long, short = 'C', value_name = "DIR")]
+        dir: Option<PathBuf>,
+        /// Restore even over changes of the work tree that are in no commit.
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 /// What to do when the budget is exceeded.
@@ -231,6 +280,11 @@ pub(crate) struct RunArgs {
     /// Do not record the run in the history database.
     #[arg(long)]
     pub no_record: bool,
+    /// When the run does not succeed, save its work tree as a commit on
+    /// `refs/stepguard/runs/ID` without touching HEAD, the index or any branch (`git`), or not
+    /// (`none`) (default: `[run] checkpoint`, else none).
+    #[arg(long, value_enum, value_name = "KIND")]
+    pub checkpoint: Option<CheckpointKind>,
     /// Also join this pool (a `[pools.NAME]` of the config; repeatable), besides the pools
     /// whose `match` the run meets.
     #[arg(long = "pool", value_name = "NAME")]

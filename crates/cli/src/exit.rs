@@ -2,6 +2,7 @@
 
 use std::error::Error;
 
+use stepguard_checkpoint::CheckpointError;
 use stepguard_config::{ConfigError, InvalidValue, LimitError};
 use stepguard_core::ExitCode;
 use stepguard_core::slug::UnknownSlug;
@@ -61,6 +62,8 @@ pub(crate) enum Known<'a> {
     Telemetry(&'a TelemetryError),
     /// A failure slug that does not exist.
     Slug(&'a UnknownSlug),
+    /// A checkpoint that could not be listed or restored.
+    Checkpoint(&'a CheckpointError),
     /// A usage error found by stepguard itself.
     Usage(&'a UsageError),
     /// A file or a process.
@@ -116,6 +119,7 @@ impl<'a> Known<'a> {
             Count(CountError),
             Telemetry(TelemetryError),
             Slug(UnknownSlug),
+            Checkpoint(CheckpointError),
             Usage(UsageError),
             Io(std::io::Error),
         );
@@ -136,6 +140,7 @@ impl<'a> Known<'a> {
             Known::Ledger(_) => (ExitCode::Usage, "ledger"),
             Known::Scenario(_) | Known::Definition(_) => (ExitCode::Usage, "scenario"),
             Known::Config(_) => (ExitCode::Usage, "config"),
+            Known::Checkpoint(_) => (ExitCode::Usage, "checkpoint"),
             Known::Limit(_) | Known::Value(_) => (ExitCode::Usage, "budget"),
             Known::Count(CountError::Read { .. }) | Known::Io(_) => (ExitCode::Usage, "io"),
             Known::Price(PriceError::Read { .. }) => (ExitCode::Usage, "io"),

@@ -12,6 +12,7 @@
 #![warn(unreachable_pub)]
 
 mod args;
+mod checkpointing;
 mod commands;
 mod exit;
 mod history_location;
@@ -152,6 +153,7 @@ where
         Command::Simulate(a) => commands::simulate::run(a),
         Command::Prices(a) => commands::prices::run(a),
         Command::Pools(a) => commands::pools::run(&cli, a),
+        Command::Checkpoint(a) => commands::checkpoint::run(a),
         Command::Completions(a) => commands::completions::completions(a),
         Command::Man(a) => commands::completions::man(a),
     };

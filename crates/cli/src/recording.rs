@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use stepguard_core::RunRecord;
@@ -40,6 +41,8 @@ pub(crate) struct HistoryRecorder {
     last_steps: u64,
     /// The git repository of the run, a column to filter on.
     repository: Option<String>,
+    /// The row's id, as soon as the writer has one (a checkpoint is named by it).
+    row_id: Arc<OnceLock<RunId>>,
 }
 
 impl HistoryRecorder {
@@ -52,16 +55,23 @@ impl HistoryRecorder {
             last_write: None,
             last_steps: 0,
             repository,
+            row_id: Arc::default(),
         }
+    }
+
+    /// The row's id, filled as soon as the writer has written the `running` row.
+    pub(crate) fn row_id(&self) -> Arc<OnceLock<RunId>> {
+        Arc::clone(&self.row_id)
     }
 
     fn begin(&mut self, run: NewRun) {
         let Some(path) = self.path.take() else { return };
         let (tx, rx) = mpsc::channel::<Write>();
         let (done_tx, done) = mpsc::channel();
+        let row_id = Arc::clone(&self.row_id);
         let spawned = std::thread::Builder::new()
             .name("stepguard-history".into())
-            .spawn(move || write_history(&path, &rx, &done_tx));
+            .spawn(move || write_history(&path, &rx, &done_tx, &row_id));
         match spawned {
             Ok(_) => {
                 let _ = tx.send(Write::Begin(Box::new(run)));
@@ -74,7 +84,12 @@ impl HistoryRecorder {
 
 /// The writer thread: opens the database, writes the row, and answers the end with the row's
 /// id (or why there is none).
-fn write_history(path: &std::path::Path, jobs: &Receiver<Write>, done: &Sender<Finished>) {
+fn write_history(
+    path: &std::path::Path,
+    jobs: &Receiver<Write>,
+    done: &Sender<Finished>,
+    row_id: &OnceLock<RunId>,
+) {
     let mut row: Option<(Store, RunId)> = None;
     let mut failure: Option<String> = None;
     for job in jobs {
@@ -86,6 +101,7 @@ fn write_history(path: &std::path::Path, jobs: &Receiver<Write>, done: &Sender<F
                 }) {
                     Ok(opened) => {
                         tracing::debug!(db = %path.display(), id = opened.1, "recording the run");
+                        let _ = row_id.set(opened.1);
                         row = Some(opened);
                     }
                     Err(e) => failure = Some(format!("not recording this run: {e}")),

@@ -128,7 +128,14 @@ const POLICY_KEYS: &[&str] = &[
     "locked",
 ];
 const POLICY_PROVIDER_KEYS: &[&str] = &["max_steps_unit"];
-const RUN_KEYS: &[&str] = &["unrecognized_stream", "wrap_up", "notices"];
+const RUN_KEYS: &[&str] = &[
+    "unrecognized_stream",
+    "wrap_up",
+    "checkpoint",
+    "checkpoint_max_file_mb",
+    "checkpoint_timeout",
+    "notices",
+];
 const TELEMETRY_KEYS: &[&str] = &[
     "endpoint",
     "protocol",
@@ -582,6 +589,7 @@ fn overlay<'f>(files: impl DoubleEndedIterator<Item = &'f ParsedFile>) -> Config
         if m.notices.is_some() {
             model.notices.clone_from(&m.notices);
         }
+        overlay_checkpoint(&mut model.checkpoint, &m.checkpoint);
         for (key, value) in &m.telemetry {
             model.telemetry.insert(key.clone(), value.clone());
         }
@@ -947,8 +955,48 @@ impl Parser<'_> {
                     }
                     Err(e) => self.diag(Severity::Error, &path, e),
                 },
+                "checkpoint" | "checkpoint_max_file_mb" | "checkpoint_timeout" => {
+                    self.checkpoint_key(&path, key, v);
+                }
                 other => self.unknown_key(&path, other, RUN_KEYS),
             }
+        }
+    }
+
+    /// `[run] checkpoint = "git" | "none"`, `checkpoint_max_file_mb = N` (at least 1),
+    /// `checkpoint_timeout = "10s"` (a duration above zero).
+    fn checkpoint_key(&mut self, path: &str, key: &str, v: &toml::Value) {
+        let origin = self.origin(path);
+        let c = &mut self.out.model.checkpoint;
+        let bad = match key {
+            "checkpoint" => match v.as_str() {
+                Some(kind @ ("git" | "none")) => {
+                    c.kind = Some((kind.to_owned(), origin));
+                    None
+                }
+                Some(other) => Some(format!("expected \"git\" or \"none\", found \"{other}\"")),
+                None => Some(format!(
+                    "expected \"git\" or \"none\", found {}",
+                    type_name(v)
+                )),
+            },
+            "checkpoint_max_file_mb" => match v.as_integer().and_then(|n| u64::try_from(n).ok()) {
+                Some(mb) if mb >= 1 => {
+                    c.max_file_mb = Some((mb, origin));
+                    None
+                }
+                _ => Some("expected a whole number of MiB, at least 1 (e.g. 100)".to_owned()),
+            },
+            _ => match v.as_str().map(humantime::parse_duration) {
+                Some(Ok(d)) if !d.is_zero() => {
+                    c.timeout = Some((d, origin));
+                    None
+                }
+                _ => Some("expected a duration above zero such as \"10s\"".to_owned()),
+            },
+        };
+        if let Some(message) = bad {
+            self.diag(Severity::Error, path, message);
         }
     }
 
@@ -1283,6 +1331,19 @@ fn raw_value(value: &toml::Value) -> RawValue {
         toml::Value::Float(f) => RawValue::Float(*f),
         toml::Value::String(s) => RawValue::Text(s.clone()),
         other => RawValue::Other(type_name(other).to_owned()),
+    }
+}
+
+/// The checkpoint keys a file sets replace those of the files before it, one by one.
+fn overlay_checkpoint(into: &mut model::CheckpointConfig, from: &model::CheckpointConfig) {
+    if from.kind.is_some() {
+        into.kind.clone_from(&from.kind);
+    }
+    if from.max_file_mb.is_some() {
+        into.max_file_mb = from.max_file_mb.clone();
+    }
+    if from.timeout.is_some() {
+        into.timeout.clone_from(&from.timeout);
     }
 }
 

@@ -184,6 +184,9 @@ pub struct ConfigModel {
     /// `[run] notices`: the thresholds of the gateway's staged notices, or off
     /// ([`crate::notices`]).
     pub notices: Option<(crate::notices::NoticeSetting, Origin)>,
+    /// `[run] checkpoint`, `checkpoint_max_file_mb` and `checkpoint_timeout`: whether a run
+    /// that does not succeed saves its work tree as a git ref, and how.
+    pub checkpoint: CheckpointConfig,
     /// `[loops]` and the `loop_limit` keys of task types and profiles (resolved by
     /// `loop_settings::resolve`).
     pub loops: LoopConfig,
@@ -196,4 +199,15 @@ pub struct ConfigModel {
     /// `[ledger]`: the fleet ledger (`url`) and `on_ledger_error`, from the user's, the
     /// system's and the `STEPGUARD_POLICY` file only ([`crate::ledger`]).
     pub ledger: crate::ledger::LedgerConfig,
+}
+
+/// `[run] checkpoint`, `checkpoint_max_file_mb` and `checkpoint_timeout`, as the files say.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CheckpointConfig {
+    /// `"git"` or `"none"`.
+    pub kind: Option<(String, Origin)>,
+    /// Files over this many MiB are left out of a checkpoint.
+    pub max_file_mb: Option<(u64, Origin)>,
+    /// How long one checkpoint may take.
+    pub timeout: Option<(std::time::Duration, Origin)>,
 }

@@ -1183,3 +1183,44 @@ fn bad_ledger_values_are_errors_naming_the_key() {
         ["error: /u/stepguard.toml: ledger: expected a table, found integer"]
     );
 }
+
+#[test]
+fn run_table_reads_the_checkpoint_keys_and_refuses_bad_values() {
+    let f = parse(
+        "[run]\ncheckpoint = \"git\"\ncheckpoint_max_file_mb = 20\ncheckpoint_timeout = \"3s\"\n",
+    );
+    assert!(f.diagnostics.is_empty(), "{:?}", f.diagnostics);
+    let c = &f.model.checkpoint;
+    assert_eq!(c.kind.as_ref().map(|k| k.0.as_str()), Some("git"));
+    assert_eq!(
+        c.kind.as_ref().unwrap().1.to_string(),
+        "/p/stepguard.toml: run.checkpoint"
+    );
+    assert_eq!(c.max_file_mb.as_ref().map(|m| m.0), Some(20));
+    assert_eq!(
+        c.timeout.as_ref().map(|t| t.0),
+        Some(std::time::Duration::from_secs(3))
+    );
+    let bad = parse(
+        "[run]\ncheckpoint = \"svn\"\ncheckpoint_max_file_mb = 0\ncheckpoint_timeout = \"0s\"\ncheckpoints = 1\n",
+    );
+    let msgs = messages(&bad.diagnostics);
+    for (key, says) in [
+        (
+            "run.checkpoint:",
+            "expected \"git\" or \"none\", found \"svn\"",
+        ),
+        ("run.checkpoint_max_file_mb", "at least 1"),
+        ("run.checkpoint_timeout", "a duration above zero"),
+        ("checkpoints", "checkpoint"),
+    ] {
+        assert!(
+            msgs.iter().any(|m| m.contains(key) && m.contains(says)),
+            "{key}: {msgs:?}"
+        );
+    }
+    assert_eq!(
+        bad.model.checkpoint,
+        crate::model::CheckpointConfig::default()
+    );
+}

@@ -36,6 +36,7 @@
 #![forbid(unsafe_code)]
 
 pub mod budget;
+pub mod checkpoint;
 pub mod exit;
 pub mod ledger;
 pub mod loops;

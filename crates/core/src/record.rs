@@ -71,6 +71,10 @@ pub struct RunRecord {
     pub usage: Usage,
     /// Steps per sub-agent (never counted against the budget).
     pub sub_agent_steps: Option<BTreeMap<String, u64>>,
+    /// The checkpoint of the work tree at the stop (`--checkpoint git`): the ref, the files
+    /// changed since the run began, or why none was written; null when checkpoints were off or
+    /// the run succeeded.
+    pub checkpoint: Option<crate::checkpoint::Checkpoint>,
 }
 
 /// Which provider counted the run, with which unit, for which task.
@@ -539,6 +543,7 @@ impl RunRecord {
             counts: Counts::default(),
             usage: Usage::default(),
             sub_agent_steps: None,
+            checkpoint: None,
         }
     }
 
@@ -717,7 +722,7 @@ mod tests {
              notices,max_tokens,max_tokens_source,max_cost_usd,max_cost_usd_source,pools,ledger,sub_agent_tokens,\
              num_steps_computed,num_steps_reported,num_turns_computed,num_turns_reported,\
              noise_lines,unknown_events,oversized_lines,truncated_last_line,tokens,cost_usd,\
-             sub_agent_steps"
+             sub_agent_steps,checkpoint"
         );
         assert!(text.contains(r#""error_type":"max_steps""#), "{text}");
         assert!(text.contains(r#""terminated_by":"budget","containment":"process-walk""#));
@@ -730,6 +735,7 @@ mod tests {
         let json = serde_json::to_value(RunRecord::new("codex", Outcome::Success)).unwrap();
         let object = json.as_object().unwrap();
         assert_eq!(object.len(), 47);
+        assert!(object["checkpoint"].is_null());
         assert_eq!(object["schema_version"], RECORD_SCHEMA_VERSION);
         assert!(object["id"].is_null());
         assert_eq!(object["on_limit_decisions"], serde_json::json!([]));

@@ -381,6 +381,7 @@ fn show_lines(r: &RunRecord) -> Vec<String> {
     }
     lines.extend(r.gateway.notices.iter().flatten().map(notice_line));
     lines.extend(end_lines(r));
+    lines.extend(crate::checkpointing::show_lines(r));
     lines
 }
 

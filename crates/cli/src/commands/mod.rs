@@ -1,5 +1,6 @@
 //! One module per subcommand; each exposes `run(…) -> anyhow::Result<ExitCode>`.
 
+pub(crate) mod checkpoint;
 pub(crate) mod completions;
 pub(crate) mod config;
 pub(crate) mod count;

@@ -14,6 +14,7 @@ use stepguard_store::{NewRun, Store};
 use stepguard_telemetry::TelemetryObserver;
 
 use crate::args::{Cli, RunArgs};
+use crate::checkpointing::Checkpointer;
 use crate::plan::RunPlan;
 use crate::pools::{Membership, PoolRefused};
 use crate::recording::{HistoryRecorder, SummaryFile};
@@ -56,6 +57,8 @@ pub(crate) fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
     let mut spec = spec(plan, &status);
     let mut recorder = HistoryRecorder::new(history, repository);
     let mut summary = SummaryFile(summary_file);
+    let mut checkpointer = crate::checkpointing::settings(args, &session.config)
+        .map(|s| Checkpointer::new(cwd.clone(), s, recorder.row_id()));
     // OpenTelemetry, when asked for: the run's span is known before the agent starts, so the
     // agent's own traces nest under it (TRACEPARENT). It exports once, at the end, bounded.
     let mut telemetry = settings::telemetry(&session.config.model).map(TelemetryObserver::new);
@@ -63,7 +66,12 @@ pub(crate) fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<ExitCode> {
         let env = t.child_env().into_iter().map(|(k, v)| (k.into(), v.into()));
         spec.io.env.extend(env);
     }
-    let mut observers: Vec<&mut dyn RunObserver> = vec![&mut status, &mut recorder, &mut summary];
+    let mut observers: Vec<&mut dyn RunObserver> = vec![&mut status];
+    // Before the history: the record names the checkpoint's ref.
+    if let Some(c) = checkpointer.as_mut() {
+        observers.push(c);
+    }
+    observers.extend([&mut recorder as &mut dyn RunObserver, &mut summary]);
     // Last: it sees the record's history id, after the summary file is written.
     if let Some(t) = telemetry.as_mut() {
         observers.push(t);
@@ -214,5 +222,10 @@ fn report_outcome(report: &RunReport) -> ExitCode {
         .unwrap_or_default();
     let brief = super::history::loops_brief(loops);
     output::note(format!("{}{brief}", report.summary_line()));
+    match crate::checkpointing::told(&report.record) {
+        Some(Ok(how)) => output::note(how),
+        Some(Err(why)) => output::diag("warning", why),
+        None => {}
+    }
     report.exit_code
 }
