@@ -1493,7 +1493,11 @@ mod tests {
             serde_json::from_str(&serde_json::to_string(&with).unwrap()).unwrap();
         assert_eq!(back.session_id.as_deref(), Some("ses_1"));
         // Not serialised when unknown, so an older host sees what it always saw.
-        assert!(!serde_json::to_string(&CounterStats::default()).unwrap().contains("session_id"));
+        assert!(
+            !serde_json::to_string(&CounterStats::default())
+                .unwrap()
+                .contains("session_id")
+        );
     }
 
     #[test]

@@ -97,13 +97,15 @@ impl ResumeTemplate {
 
     /// Adds flags carried over alone.
     pub fn keep_flags(mut self, flags: &[&str]) -> Self {
-        self.keep_flags.extend(flags.iter().map(|s| (*s).to_owned()));
+        self.keep_flags
+            .extend(flags.iter().map(|s| (*s).to_owned()));
         self
     }
 
     /// Adds flags carried over with their value.
     pub fn keep_options(mut self, flags: &[&str]) -> Self {
-        self.keep_options.extend(flags.iter().map(|s| (*s).to_owned()));
+        self.keep_options
+            .extend(flags.iter().map(|s| (*s).to_owned()));
         self
     }
 
@@ -126,11 +128,10 @@ impl ResumeTemplate {
                 if let Some(value) = args.next() {
                     kept.extend([arg.clone(), value.clone()]);
                 }
-            } else if self
-                .keep_options
-                .iter()
-                .any(|f| arg.strip_prefix(f.as_str()).is_some_and(|r| r.starts_with('=')))
-            {
+            } else if self.keep_options.iter().any(|f| {
+                arg.strip_prefix(f.as_str())
+                    .is_some_and(|r| r.starts_with('='))
+            }) {
                 kept.push(arg.clone());
             }
         }
@@ -167,7 +168,10 @@ impl ResumeTemplate {
                     command.extend(kept.iter().cloned());
                     placed = true;
                 }
-                _ => command.push(arg.replace("{session}", session).replace("{prompt}", prompt)),
+                _ => command.push(
+                    arg.replace("{session}", session)
+                        .replace("{prompt}", prompt),
+                ),
             }
         }
         if !placed {
@@ -186,21 +190,42 @@ mod tests {
     }
 
     fn codex() -> ResumeTemplate {
-        ResumeTemplate::new(&["codex", "exec", "resume", "{flags}", "{session}", "{prompt}"])
-            .keep_flags(&["--json", "--skip-git-repo-check"])
-            .keep_options(&["-c", "--config", "-m", "--model"])
+        ResumeTemplate::new(&[
+            "codex",
+            "exec",
+            "resume",
+            "{flags}",
+            "{session}",
+            "{prompt}",
+        ])
+        .keep_flags(&["--json", "--skip-git-repo-check"])
+        .keep_options(&["-c", "--config", "-m", "--model"])
     }
 
     #[test]
     fn kept_flags_go_where_the_template_says_and_the_rest_stays_behind() {
         let original = strings(&[
-            "codex", "-c", "model=x", "exec", "--json", "--sandbox", "read-only", "--model=m",
+            "codex",
+            "-c",
+            "model=x",
+            "exec",
+            "--json",
+            "--sandbox",
+            "read-only",
+            "--model=m",
             "fix it",
         ]);
         assert_eq!(
             codex().command(&original, "0199-ab", "go on").unwrap(),
             strings(&[
-                "codex", "exec", "resume", "-c", "model=x", "--json", "--model=m", "0199-ab",
+                "codex",
+                "exec",
+                "resume",
+                "-c",
+                "model=x",
+                "--json",
+                "--model=m",
+                "0199-ab",
                 "go on"
             ])
         );
@@ -234,7 +259,12 @@ mod tests {
             "the run's command runs `npx`, not `codex`: only the provider's own CLI can be resumed"
         );
         let original = strings(&["codex", "exec"]);
-        for bad in ["", "--dangerously-bypass-approvals-and-sandbox", "a b", "a;b"] {
+        for bad in [
+            "",
+            "--dangerously-bypass-approvals-and-sandbox",
+            "a b",
+            "a;b",
+        ] {
             assert_eq!(
                 t.command(&original, bad, "p"),
                 Err(ResumeError::BadSession(bad.to_owned()))
