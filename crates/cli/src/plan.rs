@@ -371,6 +371,7 @@ fn meta(args: &RunArgs, selection: &Selection<'_>, limits: &Limits, cwd: &Path) 
         profile: limits.budget.profile.clone(),
         cwd: Some(cwd.display().to_string()),
         pools: None,
+        resumed_from: args.resumed_from,
     }
 }
 

@@ -91,6 +91,8 @@ pub struct RunMeta {
     pub cwd: Option<String>,
     /// The pools the run joined (shared budgets), for the record.
     pub pools: Option<Vec<String>>,
+    /// The history id of the run this one resumes (`stepguard resume`).
+    pub resumed_from: Option<i64>,
 }
 
 /// One agent run to supervise, built with [`RunSpec::builder`] (or [`RunSpec::new`] for the
