@@ -33,6 +33,7 @@ mod plugins;
 mod pool_calls;
 mod pools;
 mod record_schema;
+mod resume;
 mod run_cmd;
 mod secrets;
 mod simulate_cmd;

@@ -378,4 +378,42 @@ mod tests {
              --pool team -- claude -p x"
         );
     }
+
+    #[test]
+    fn what_cannot_be_resumed_is_refused_with_the_reason() {
+        let claude = stepguard_provider_claude::ClaudePlugin.manifest();
+        let mut run = record(4, Some(3));
+        run.invocation.command = Some(strings(&["claude", "-p", "x"]));
+        run.invocation.cwd = Some(std::env::temp_dir().display().to_string());
+        let refusal = |manifest: &Manifest, r: &RunRecord, a: &ResumeArgs| {
+            Resumed::plan(a, std::slice::from_ref(r), manifest)
+                .unwrap_err()
+                .to_string()
+        };
+        let plain = Manifest::new("claude", "1");
+        assert!(refusal(&plain, &run, &args(None, None)).contains("cannot resume a session"));
+        assert!(
+            refusal(&claude, &run, &args(None, None)).contains("run 9 has no session id to resume")
+        );
+        run.chain.session_id = Some("s-1".into());
+        let mut running = run.clone();
+        running.verdict.outcome = Outcome::Running;
+        assert!(refusal(&claude, &running, &args(None, None)).contains("is still running"));
+        let mut ok = run.clone();
+        ok.verdict.outcome = Outcome::Success;
+        assert!(
+            refusal(&claude, &ok, &args(None, None)).contains("succeeded: give `--prompt TEXT`")
+        );
+        let mut gone = run.clone();
+        gone.invocation.cwd = Some("/nonexistent/stepguard-resume".into());
+        assert!(refusal(&claude, &gone, &args(None, None)).contains("is gone"));
+        let mut dashed = args(None, None);
+        dashed.prompt = Some("--yolo".into());
+        assert!(refusal(&claude, &run, &dashed).contains("starts with `-`"));
+        // And what can be: the plan's command resumes the session.
+        let planned = Resumed::plan(&args(None, Some(2)), &[run], &claude).unwrap();
+        let tail = planned.run_argv.join(" ");
+        assert!(tail.ends_with("--resume s-1"), "{tail}");
+        assert!(tail.contains("--max-steps 2 "), "{tail}");
+    }
 }
