@@ -304,7 +304,14 @@ fn real_resume(cli: Cli, first_budget: &str) {
         show.contains(&format!("Chain totals: {steps} steps")),
         "{show}"
     );
-    eprintln!("{cli:?}: session {session} resumed; {steps} steps over the chain");
+    // The resumed command named the session the first run's stream gave.
+    let command: Vec<&str> = run["command"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(command.contains(&session.as_str()), "{cli:?}: {command:?}");
 }
 
 #[test]

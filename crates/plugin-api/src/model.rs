@@ -1487,8 +1487,10 @@ mod tests {
         // The stats' session id: absent before 1.8, kept when set.
         let stats: CounterStats = serde_json::from_str(r#"{"num_steps_computed":2}"#).unwrap();
         assert_eq!(stats.session_id, None);
-        let mut with = CounterStats::default();
-        with.session_id = Some("ses_1".into());
+        let with = CounterStats {
+            session_id: Some("ses_1".into()),
+            ..CounterStats::default()
+        };
         let back: CounterStats =
             serde_json::from_str(&serde_json::to_string(&with).unwrap()).unwrap();
         assert_eq!(back.session_id.as_deref(), Some("ses_1"));
