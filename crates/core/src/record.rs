@@ -667,7 +667,7 @@ mod tests {
     fn every_field_is_present_in_json_even_when_unknown() {
         let json = serde_json::to_value(RunRecord::new("codex", Outcome::Success)).unwrap();
         let object = json.as_object().unwrap();
-        assert_eq!(object.len(), 46);
+        assert_eq!(object.len(), 48);
         assert_eq!(object["schema_version"], RECORD_SCHEMA_VERSION);
         assert!(object["id"].is_null());
         assert_eq!(object["on_limit_decisions"], serde_json::json!([]));
