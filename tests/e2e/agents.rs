@@ -452,6 +452,46 @@ impl Agent {
         }
     }
 
+    /// `stepguard resume ARGS` in this agent's setting (its environment, directory and history
+    /// database), quiet, stdin from /dev/null, with the same safety timeout as a run.
+    pub fn resume(&self, args: &[&str]) -> AgentRun {
+        let mut cmd = Command::new(STEPGUARD);
+        cmd.env_clear()
+            .envs(self.env())
+            .current_dir(self.work())
+            .stdin(Stdio::null())
+            .arg("--db")
+            .arg(self.db());
+        if self.cli == Cli::OpenCode {
+            cmd.arg("--plugin-dir")
+                .arg(&crate::harness::plugin_dirs().opencode);
+        }
+        cmd.arg("resume")
+            .args(args)
+            .args(["--quiet", "--timeout", "150s"]);
+        let output = cmd.output().expect("spawn stepguard");
+        AgentRun {
+            run: output.into(),
+            ended: Instant::now(),
+        }
+    }
+
+    /// `stepguard show ID` as text.
+    pub fn show_text(&self, id: &str) -> String {
+        let out = Command::new(STEPGUARD)
+            .env_clear()
+            .env("HOME", self.home())
+            .arg("--db")
+            .arg(self.db())
+            .args(["show", id])
+            .current_dir(self.work())
+            .output()
+            .expect("spawn stepguard");
+        let run = Run::from(out);
+        assert_eq!(run.code, Some(0), "stepguard show {id}: {}", run.stderr);
+        run.stdout
+    }
+
     /// The newest run in the history database, as `stepguard show --json` prints it.
     pub fn last_record(&self) -> Value {
         let history = self.stepguard(&["history", "--json"]);

@@ -126,10 +126,11 @@ fn a_plugin_built_today_loads_in_a_host_of_the_frozen_api_unless_it_needs_newer(
     let (code, out) = host("fixture");
     assert_eq!(code, Some(0), "{out}");
     assert!(out.starts_with("fixture 1.0.0 steps 3"), "{out}");
-    // Reports tool results (protocol 1.6): the old host refuses it, naming the version.
+    // Declares how OpenCode resumes a session (protocol 1.8, beside 1.6's tool results): the
+    // old host refuses it, naming the version.
     let (code, out) = host("opencode");
     assert_eq!(code, Some(4), "{out}");
-    assert!(out.contains("protocol 1.6 required"), "{out}");
+    assert!(out.contains("protocol 1.8 required"), "{out}");
 }
 
 #[test]

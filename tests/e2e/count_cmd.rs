@@ -163,6 +163,7 @@ fn empty_file_counts_nothing() {
             "pools": null,
             "max_steps": null, "max_steps_source": null, "command": null, "cwd": null,
             "started_at": null, "ended_at": null, "duration_ms": null,
+            "session_id": null, "resumed_from": null,
             "num_steps_computed": 0, "num_steps_reported": null, "num_turns_reported": null,
             "num_turns_computed": 0, "outcome": "incomplete", "error_type": null, "message": null,
             "exit_code": null, "child_exit_code": null, "child_signal": null,

@@ -560,7 +560,7 @@ fn plugins_say_whether_each_provider_reports_tool_calls() {
     }
     let text = sb.run(&["plugins"]).stdout;
     assert!(
-        text.contains("codex 0.1.0 (protocol 1.7.0) from builtin\n")
+        text.contains("codex 0.1.0 (protocol 1.8.0) from builtin\n")
             && text.matches("  loop detection: yes\n").count() >= 3
             && text.contains("  wrap-up: yes (openai-responses model calls, via the gateway)\n")
             && text.contains("  unit request: model calls that offer tools"),

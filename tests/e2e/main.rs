@@ -36,6 +36,7 @@ mod pool_calls;
 mod pool_live;
 mod pools;
 mod record_schema;
+mod resume;
 mod run_cmd;
 mod secrets;
 mod simulate_cmd;

@@ -159,7 +159,7 @@ fn files_that_do_not_load_are_skipped_with_one_warning_each() {
             "fixture_abi2",
             "built for plugin ABI 2, this stepguard speaks 1; rebuild against stepguard-plugin-api 1.x",
         ),
-        ("fixture_new", "protocol 2.0 required, this host speaks 1.7"),
+        ("fixture_new", "protocol 2.0 required, this host speaks 1.8"),
     ] {
         let path = dirs.bad.join(format!("lib{file}.{ext}"));
         let line = format!(
@@ -240,7 +240,7 @@ fn a_command_needing_a_provider_that_failed_to_load_exits_4_with_the_same_messag
     let sb = Sandbox::new();
     let file = stream(&sb);
     for (provider, reason) in [
-        ("fixture-new", "protocol 2.0 required, this host speaks 1.7"),
+        ("fixture-new", "protocol 2.0 required, this host speaks 1.8"),
         (
             "fixture-abi2",
             "built for plugin ABI 2, this stepguard speaks 1",

@@ -61,6 +61,10 @@ pub(crate) enum Command {
     /// Run an agent CLI under a step budget: pass its output through, count steps, stop it.
     #[command(after_help = exit_codes_help(), after_long_help = exit_codes_help())]
     Run(RunArgs),
+    /// Resume a recorded run's session with the agent CLI's own resume, in the run's directory,
+    /// with its provider, flags and pools, under a new step budget.
+    #[command(after_help = exit_codes_help(), after_long_help = exit_codes_help())]
+    Resume(ResumeArgs),
     /// Count the steps of recorded provider streams.
     Count(CountArgs),
     /// List recorded runs, newest first.
@@ -108,7 +112,7 @@ impl Command {
             }
             Command::Completions(_) | Command::Man(_) => false,
             Command::Validate(a) => a.json,
-            Command::Run(_) | Command::Simulate(_) => false,
+            Command::Run(_) | Command::Resume(_) | Command::Simulate(_) => false,
         }
     }
 }
@@ -304,6 +308,37 @@ pub(crate) struct RunArgs {
         value_name = "COMMAND"
     )]
     pub command: Vec<String>,
+    /// The history id of the run this one resumes (set by `stepguard resume`, never a flag).
+    #[arg(skip)]
+    pub resumed_from: Option<i64>,
+}
+
+/// Arguments of `stepguard resume`.
+#[derive(Debug, Args)]
+pub(crate) struct ResumeArgs {
+    /// The run to resume (see `stepguard history`).
+    pub id: i64,
+    /// The step budget of the whole chain (the runs this one resumes and itself): the resumed
+    /// run gets what the chain has left.
+    #[arg(long, value_name = "N", conflicts_with = "more_steps")]
+    pub max_steps: Option<u32>,
+    /// The resumed run's own step budget (default: the resumed run's budget again).
+    #[arg(long, value_name = "N")]
+    pub more_steps: Option<u32>,
+    /// What the agent is told (default: its budget was reached; finish what is left). Needed
+    /// to resume a run that succeeded.
+    #[arg(long, value_name = "TEXT")]
+    pub prompt: Option<String>,
+    /// Stop the resumed agent after this long, as `run --timeout`.
+    #[arg(long, value_name = "DURATION", value_parser = parse_timeout)]
+    pub timeout: Option<Duration>,
+    /// No live status line.
+    #[arg(long, short = 'q')]
+    pub quiet: bool,
+    /// Print the `stepguard run` the resume makes (one argument a line) and exit, running
+    /// nothing.
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 /// Arguments of `stepguard history`.

@@ -75,6 +75,10 @@ pub(crate) enum Known<'a> {
 #[allow(dead_code)]
 pub(crate) const NEVER_AN_ERROR_OF_THE_CLI: &[(&str, &str)] = &[
     (
+        "ResumeError",
+        "`resume` turns a resume template's refusal into a UsageError naming the run (exit 2)",
+    ),
+    (
         "GatewayError",
         "the runner makes a gateway that cannot start a run that did not start (`spawn_failed`)",
     ),

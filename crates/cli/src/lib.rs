@@ -145,6 +145,7 @@ where
         Command::Config(a) => commands::config::run(&cli, a),
         Command::Validate(a) => commands::validate::run(&cli, config, a),
         Command::Run(a) => commands::run::run(&cli, a),
+        Command::Resume(a) => commands::resume::run(&cli, a),
         Command::Count(a) => commands::count::run(&cli, a),
         Command::History(a) => commands::history::history(&cli, a),
         Command::Show(a) => commands::history::show(&cli, a),

@@ -400,6 +400,7 @@ fn meta(args: &RunArgs, selection: &Selection<'_>, limits: &Limits, cwd: &Path) 
         cwd: Some(cwd.display().to_string()),
         pools: None,
         ledger: None,
+        resumed_from: args.resumed_from,
     }
 }
 

@@ -48,6 +48,9 @@ pub struct RunRecord {
     /// What ran, and when.
     #[serde(flatten)]
     pub invocation: Invocation,
+    /// The CLI's session, and the run this one resumes.
+    #[serde(flatten)]
+    pub chain: Chain,
     /// How the run ended, and who ended it.
     #[serde(flatten)]
     pub verdict: RecordedVerdict,
@@ -121,6 +124,19 @@ pub struct Invocation {
     pub ended_at: Option<String>,
     /// Wall-clock duration in milliseconds.
     pub duration_ms: Option<u64>,
+}
+
+/// The agent CLI's own session of a run, and the run it resumes (`stepguard resume`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct Chain {
+    /// The CLI's id of the session the stream belongs to (Claude's `session_id`, Codex's thread
+    /// id …), which `stepguard resume` resumes; null when the stream named none, the provider
+    /// does not report it, or the run was recorded before it was.
+    pub session_id: Option<String>,
+    /// The history id of the run this one resumes (`stepguard resume ID`); null for a run
+    /// started afresh.
+    pub resumed_from: Option<i64>,
 }
 
 /// How a run ended, as [`crate::verdict::classify`] judged it, and who ended it.
@@ -527,6 +543,7 @@ impl RunRecord {
             },
             step_budget: StepBudget::default(),
             invocation: Invocation::default(),
+            chain: Chain::default(),
             verdict: RecordedVerdict {
                 outcome,
                 error_type: None,
@@ -717,7 +734,7 @@ mod tests {
             keys.join(","),
             "schema_version,id,file,provider,plugin_version,plugin_source,unit,task_type,\
              profile,max_steps,max_steps_source,command,cwd,started_at,ended_at,duration_ms,\
-             outcome,error_type,message,exit_code,child_exit_code,child_signal,terminated_by,\
+             session_id,resumed_from,outcome,error_type,message,exit_code,child_exit_code,child_signal,terminated_by,\
              containment,breached_at_step,loops,on_limit_decisions,final_report,model_calls,\
              notices,max_tokens,max_tokens_source,max_cost_usd,max_cost_usd_source,pools,ledger,sub_agent_tokens,\
              num_steps_computed,num_steps_reported,num_turns_computed,num_turns_reported,\
@@ -734,7 +751,7 @@ mod tests {
     fn every_field_is_present_in_json_even_when_unknown() {
         let json = serde_json::to_value(RunRecord::new("codex", Outcome::Success)).unwrap();
         let object = json.as_object().unwrap();
-        assert_eq!(object.len(), 49);
+        assert_eq!(object.len(), 51);
         assert!(object["checkpoint"].is_null());
         assert!(object["ledger"].is_null());
         assert_eq!(object["schema_version"], RECORD_SCHEMA_VERSION);

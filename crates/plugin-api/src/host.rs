@@ -485,12 +485,13 @@ mod tests {
         assert_eq!(check_protocol(PROTOCOL_VERSION), Ok(()));
         assert_eq!(
             check_protocol("2.0.0").unwrap_err().to_string(),
-            "protocol 2.0 required, this host speaks 1.7"
+            "protocol 2.0 required, this host speaks 1.8"
         );
         assert_eq!(
-            check_protocol("1.8.0").unwrap_err().to_string(),
-            "protocol 1.8 required, this host speaks 1.7"
+            check_protocol("1.9.0").unwrap_err().to_string(),
+            "protocol 1.9 required, this host speaks 1.8"
         );
+        assert_eq!(check_protocol("1.8.0"), Ok(()));
         assert_eq!(check_protocol("1.7.0"), Ok(()));
         assert_eq!(check_protocol("1.6.0"), Ok(()));
         assert!(matches!(check_protocol("one"), Err(LoadError::Manifest(_))));

@@ -140,7 +140,9 @@
 //! CLI reads its API key, so that the gateway holds the real key and the agent a per-run one) and
 //! the counter request's `tool_calls_unused` ([`CounterRequest::without_tool_calls`]: the host
 //! takes no tool calls or results, so a counter need not find them and the adapter keeps none;
-//! hosts before 1.7 leave it out, which means they are taken). New fields get
+//! hosts before 1.7 leave it out, which means they are taken); 1.8 adds manifest `resume`
+//! ([`ResumeTemplate`]: how the CLI resumes a session, for `stepguard resume`) and stats
+//! `session_id` (the CLI's id of the session the stream belongs to). New fields get
 //! `#[serde(default)]`, nothing uses `deny_unknown_fields`, and fields are never removed or
 //! retyped within a protocol major version, so an older host reads a newer plugin's payloads
 //! and ignores what it does not know.
@@ -173,7 +175,8 @@
 //! ([`Manifest::min_protocol`]): 1.0, raised to 1.1 by a `native_limit`, to 1.2 by `expects` or
 //! `preflight`, to 1.3 by `tool_calls`, to 1.4 by a `model_endpoint` or a unit's `reply_cost`,
 //! to 1.5 by `reports_usage`, a `native_token_limit` or `native_cost_limit`, or a native limit
-//! placed after the program, to 1.6 by `tool_results`, whichever way those fields were set.
+//! placed after the program, to 1.6 by `tool_results`, to 1.7 by a model endpoint's
+//! `api_key_env` or `api_key_env_key`, to 1.8 by `resume`, whichever way those fields were set.
 //! What the manifest cannot show, raise yourself with [`Manifest::requires_protocol`], e.g. `.requires_protocol("1.1")` for a
 //! counter that fills [`CounterStats::sub_agent_steps`]. A host refuses a plugin only when the
 //! declared protocol is newer than the one it speaks; an older host ignores fields newer than
@@ -205,6 +208,7 @@ pub mod guest;
 #[cfg(feature = "host")]
 pub mod host;
 pub mod model;
+pub mod resume;
 
 pub use abi::{ChunkReport, HostCallbacks, LineReport, PluginModRef, ProviderBox};
 pub use guest::{ProviderPlugin, StepCounter, provider_box, testing};
@@ -213,6 +217,7 @@ pub use model::{
     NativeLimit, OptionInfo, PreflightRule, RESERVED_OPTIONS, TERMINAL_SLUGS, Terminal, Tokens,
     ToolCall, ToolResult, UnitInfo, is_terminal_slug, program_name, slug_for_error_text,
 };
+pub use resume::{ResumeError, ResumeTemplate, is_session_id};
 
 /// abi_stable's borrowed string, which appears in [`HostCallbacks`]' signature.
 pub mod abi_stable_rstr {
@@ -230,7 +235,7 @@ pub const REPOSITORY: &str = env!("CARGO_PKG_REPOSITORY");
 
 /// The newest version of the JSON protocol this API crate speaks: what a host built with it
 /// accepts. A plugin declares the oldest it needs instead ([`Manifest::min_protocol`]).
-pub const PROTOCOL_VERSION: &str = "1.7.0";
+pub const PROTOCOL_VERSION: &str = "1.8.0";
 
 /// The name of the plain `extern "C" fn() -> u32` symbol carrying the ABI generation.
 pub const ABI_GENERATION_SYMBOL: &str = "stepguard_plugin_abi_generation";

@@ -13,6 +13,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::resume::ResumeTemplate;
+
 /// What a provider plugin declares about itself.
 ///
 /// Built with [`Manifest::new`] and its builder methods. Its `protocol` is the *oldest* protocol
@@ -85,6 +87,11 @@ pub struct Manifest {
     /// no newer protocol.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_event_ms: Option<u64>,
+    /// How the provider's CLI resumes a session its stream named
+    /// ([`CounterStats::session_id`]), for `stepguard resume` (protocol 1.8); hosts before 1.8
+    /// ignore it, and a provider without it cannot be resumed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume: Option<ResumeTemplate>,
 }
 
 /// How soon a provider's first event must come when its manifest does not say
@@ -142,7 +149,14 @@ impl Manifest {
             native_token_limit: None,
             native_cost_limit: None,
             first_event_ms: None,
+            resume: None,
         }
+    }
+
+    /// Declares how the provider's CLI resumes a session (protocol 1.8).
+    pub fn resume(mut self, template: ResumeTemplate) -> Self {
+        self.resume = Some(template);
+        self
     }
 
     /// Declares how soon the provider's CLI prints its first event
@@ -272,7 +286,7 @@ impl Manifest {
     /// `tool_calls` 1.3; `model_endpoint` or a unit's `reply_cost` 1.4; `reports_usage`,
     /// `native_token_limit`, `native_cost_limit` or a native limit placed
     /// [after the program](NativeLimit::after_program) 1.5; `tool_results` 1.6; a model
-    /// endpoint's `api_key_env` or `api_key_env_key` 1.7).
+    /// endpoint's `api_key_env` or `api_key_env_key` 1.7; `resume` 1.8).
     ///
     /// This is the `protocol` the plugin sends to the host (the adapter fills it in when it
     /// serialises the manifest), so setting a field directly cannot understate it.
@@ -302,7 +316,9 @@ impl Manifest {
             .model_endpoint
             .as_ref()
             .is_some_and(|e| !e.api_key_env.is_empty() || e.api_key_env_key.is_some());
-        let minor = if keys {
+        let minor = if self.resume.is_some() {
+            8
+        } else if keys {
             7
         } else if self.tool_results {
             6
@@ -1099,6 +1115,11 @@ pub struct CounterStats {
     /// included in [`CounterStats::tokens`] (protocol 1.5).
     #[serde(default)]
     pub sub_agent_tokens: BTreeMap<String, Tokens>,
+    /// The CLI's own id of the session the stream belongs to (Claude's `session_id`, Codex's
+    /// thread id …), which its [`Manifest::resume`] template resumes (protocol 1.8); `None`
+    /// when the stream did not name one. Hosts before 1.8 ignore it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
 }
 
 /// Returns the failure slug an error text most likely means: `rate_limited` for HTTP 429, rate
@@ -1440,11 +1461,45 @@ mod tests {
             .reports_usage()
             .native_token_limit(NativeLimit::new(&[], &[]).after_program())
             .native_cost_limit(NativeLimit::new(&[], &[]))
-            .reports_tool_results();
-        // 1.7's `api_key_env` is a manifest feature (an older host would leave the real key with
-        // the agent); 1.7's other addition is a hint in the host's counter request.
-        assert_eq!(everything.min_protocol(), "1.7.0");
-        assert_eq!(crate::PROTOCOL_VERSION, "1.7.0");
+            .reports_tool_results()
+            .resume(ResumeTemplate::new(&["p", "--resume", "{session}"]));
+        // 1.8's `resume` is a manifest feature; its other addition, the stats' `session_id`,
+        // is ignored by older hosts.
+        assert_eq!(everything.min_protocol(), "1.8.0");
+        assert_eq!(crate::PROTOCOL_VERSION, "1.8.0");
+    }
+
+    #[test]
+    fn a_resume_template_needs_protocol_1_8_and_a_session_id_crosses_as_json() {
+        let plain = Manifest::new("p", "1").unit("u", "", true);
+        let resumable = plain
+            .clone()
+            .resume(ResumeTemplate::new(&["p", "--resume", "{session}"]));
+        assert_eq!(resumable.min_protocol(), "1.8.0");
+        assert_eq!(plain.min_protocol(), "1.0.0");
+        // A 1.7 plugin's manifest has no `resume`: no resume, and it still parses.
+        let old: Manifest =
+            serde_json::from_str(r#"{"name":"p","version":"1","protocol":"1.7.0","units":[]}"#)
+                .unwrap();
+        assert_eq!(old.resume, None);
+        let json = serde_json::to_value(&resumable).unwrap();
+        assert_eq!(json["resume"]["args"][2], "{session}");
+        // The stats' session id: absent before 1.8, kept when set.
+        let stats: CounterStats = serde_json::from_str(r#"{"num_steps_computed":2}"#).unwrap();
+        assert_eq!(stats.session_id, None);
+        let with = CounterStats {
+            session_id: Some("ses_1".into()),
+            ..CounterStats::default()
+        };
+        let back: CounterStats =
+            serde_json::from_str(&serde_json::to_string(&with).unwrap()).unwrap();
+        assert_eq!(back.session_id.as_deref(), Some("ses_1"));
+        // Not serialised when unknown, so an older host sees what it always saw.
+        assert!(
+            !serde_json::to_string(&CounterStats::default())
+                .unwrap()
+                .contains("session_id")
+        );
     }
 
     #[test]

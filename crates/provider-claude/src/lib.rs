@@ -59,8 +59,8 @@ use rustc_hash::FxHashMap as HashMap;
 use stepguard_jsonl::{IdMap, IdSet, RawValue, scan};
 use stepguard_plugin_api::{
     BaseUrlRule, CounterRequest, CounterStats, LineReport, Manifest, ModelEndpoint, NativeLimit,
-    PreflightRule, ProviderBox, ProviderPlugin, StepCounter, Terminal, Tokens, ToolCall,
-    ToolResult, fingerprint::output_text, slug_for_error_text,
+    PreflightRule, ProviderBox, ProviderPlugin, ResumeTemplate, StepCounter, Terminal, Tokens,
+    ToolCall, ToolResult, fingerprint::output_text, slug_for_error_text,
 };
 
 /// The Claude Code provider plugin.
@@ -135,6 +135,30 @@ impl ProviderPlugin for ClaudePlugin {
             ))
             .reports_tool_results()
             .reports_usage()
+            // `claude --resume ID` in print mode; `--max-turns` is left behind (the host adds
+            // the new budget's).
+            .resume(
+                ResumeTemplate::new(&["claude", "-p", "{prompt}", "--resume", "{session}", "{flags}"])
+                    .keep_flags(&[
+                        "--verbose",
+                        "--dangerously-skip-permissions",
+                        "--include-partial-messages",
+                    ])
+                    .keep_options(&[
+                        "--output-format",
+                        "--model",
+                        "--fallback-model",
+                        "--permission-mode",
+                        "--allowedTools",
+                        "--allowed-tools",
+                        "--disallowedTools",
+                        "--disallowed-tools",
+                        "--settings",
+                        "--mcp-config",
+                        "--append-system-prompt",
+                        "--add-dir",
+                    ]),
+            )
             // Its counters fill `CounterStats::sub_agent_steps` (protocol 1.1); its other
             // fields already need more, so this only says so.
             .requires_protocol("1.1")
@@ -198,6 +222,8 @@ pub struct ClaudeCounter {
     usage_seen: bool,
     /// Usage not yet taken by the host.
     pending_usage: Option<Tokens>,
+    /// The session id of the `system/init` line (`claude --resume` takes it).
+    session_id: Option<String>,
 }
 
 /// Token counts from an Anthropic `usage` object: input is uncached + cache read + cache
@@ -595,6 +621,17 @@ impl ClaudeCounter {
     }
 }
 
+impl ClaudeCounter {
+    /// Keeps the session id of the first `system` line that has one (`init`).
+    fn system(&mut self, line: &[u8]) {
+        if self.session_id.is_none()
+            && let Some([Some(id)]) = scan(line, ["session_id"])
+        {
+            self.session_id = id.as_str().map(|s| s.into_owned());
+        }
+    }
+}
+
 impl StepCounter for ClaudeCounter {
     fn feed(&mut self, line: &[u8]) -> Result<LineReport, String> {
         let mut report = LineReport::empty();
@@ -622,7 +659,7 @@ impl StepCounter for ClaudeCounter {
                 }
             }
             "stream_event" => self.stream_event(event, parent, &mut report),
-            "system" => {}
+            "system" => self.system(line),
             _ => {
                 self.unknown += 1;
                 report.flags |= LineReport::UNKNOWN_EVENT;
@@ -643,6 +680,7 @@ impl StepCounter for ClaudeCounter {
         stats.unknown_events = self.unknown;
         stats.sub_agent_steps = self.sub_agent_steps.clone();
         stats.sub_agent_tokens = self.sub_agent_tokens.clone();
+        stats.session_id = self.session_id.clone();
         stats
     }
 
@@ -1132,7 +1170,7 @@ mod tests {
     fn tool_calls_are_declared_and_taken_once() {
         let m = ClaudePlugin.manifest();
         assert!(m.tool_calls);
-        assert_eq!(m.min_protocol(), "1.7.0");
+        assert_eq!(m.min_protocol(), "1.8.0");
         assert!(m.tool_results);
         let mut counter = ClaudePlugin
             .open_counter(&CounterRequest::new("message"))
@@ -1412,5 +1450,52 @@ mod tests {
             "{found:?}"
         );
         assert_eq!(found.count, DEFAULT_LOOP_LIMIT);
+    }
+
+    #[test]
+    fn the_session_id_comes_from_the_init_line_and_the_manifest_resumes_it() {
+        for (file, id) in [
+            (
+                "real/claude/tools3.jsonl",
+                "8c23ee89-d9d5-41e5-8483-52efeb6b6d2a",
+            ),
+            (
+                "real/claude/maxturns2.jsonl",
+                "680614a0-7eae-4ea1-843b-6836083ab4b4",
+            ),
+        ] {
+            let (_, stats) = count_bytes(&fixture(file), "message");
+            assert_eq!(stats.session_id.as_deref(), Some(id), "{file}");
+        }
+        let (_, none) = count_bytes(b"{\"type\":\"system\",\"subtype\":\"init\"}\n", "message");
+        assert_eq!(none.session_id, None);
+        let resume = ClaudePlugin.manifest().resume.expect("claude resumes");
+        let original: Vec<String> = [
+            "claude",
+            "-p",
+            "fix",
+            "--output-format",
+            "stream-json",
+            "--verbose",
+            "--max-turns",
+            "3",
+            "--dangerously-skip-permissions",
+        ]
+        .map(String::from)
+        .into();
+        assert_eq!(
+            resume.command(&original, "s-1", "go on").unwrap(),
+            [
+                "claude",
+                "-p",
+                "go on",
+                "--resume",
+                "s-1",
+                "--output-format",
+                "stream-json",
+                "--verbose",
+                "--dangerously-skip-permissions"
+            ]
+        );
     }
 }

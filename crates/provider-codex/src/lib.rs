@@ -56,8 +56,8 @@ use serde_json::{Value, json};
 use stepguard_jsonl::{IdSet, RawValue, scan, scan_prefix};
 use stepguard_plugin_api::{
     BaseUrlRule, CounterRequest, CounterStats, LineReport, Manifest, ModelEndpoint, NativeLimit,
-    PreflightRule, ProviderBox, ProviderPlugin, StepCounter, Terminal, Tokens, ToolCall,
-    ToolResult, fingerprint::output_text, slug_for_error_text,
+    PreflightRule, ProviderBox, ProviderPlugin, ResumeTemplate, StepCounter, Terminal, Tokens,
+    ToolCall, ToolResult, fingerprint::output_text, slug_for_error_text,
 };
 
 /// The Codex provider plugin.
@@ -145,6 +145,19 @@ impl ProviderPlugin for CodexPlugin {
             )
             .reports_tool_results()
             .reports_usage()
+            // `codex exec resume [OPTIONS] ID PROMPT` takes the options kept here (0.169).
+            .resume(
+                ResumeTemplate::new(&["codex", "exec", "resume", "{flags}", "{session}", "{prompt}"])
+                    .keep_flags(&[
+                        "--json",
+                        "--experimental-json",
+                        "--skip-git-repo-check",
+                        "--dangerously-bypass-approvals-and-sandbox",
+                        "--ignore-user-config",
+                        "--ignore-rules",
+                    ])
+                    .keep_options(&["-c", "--config", "-m", "--model", "--enable", "--disable"]),
+            )
             // `thread.started` comes before the first model call: silence past this is a text
             // mode (a forgotten `--json` behind a wrapper), which prints nothing until it ends.
             .first_event_within(std::time::Duration::from_secs(FIRST_EVENT_SECS))
@@ -189,6 +202,8 @@ impl ProviderPlugin for CodexPlugin {
 #[derive(Debug)]
 pub struct CodexCounter {
     unit: Unit,
+    /// The thread id of `thread.started` (`codex exec resume` takes it).
+    thread_id: Option<String>,
     /// Items begun and not yet completed. A completed item's id is forgotten: Codex never
     /// reuses an id, so one that comes back is a new item and counts again, exactly as an id
     /// never seen (memory follows the items open, not the stream's length).
@@ -239,6 +254,7 @@ impl CodexCounter {
     fn new(unit: Unit, calls: bool) -> Self {
         CodexCounter {
             unit,
+            thread_id: None,
             open: IdSet::new(),
             steps: 0,
             turns: 0,
@@ -697,7 +713,12 @@ impl StepCounter for CodexCounter {
         match ty.and_then(|t| t.plain_str_bytes()) {
             Some(b"item.started") => self.item_event(line, item(), true, &mut report),
             Some(b"item.completed") => self.item_event(line, item(), false, &mut report),
-            Some(b"item.updated" | b"thread.started") => {}
+            Some(b"item.updated") => {}
+            Some(b"thread.started") => {
+                if let Some([Some(id)]) = scan(line, ["thread_id"]) {
+                    self.thread_id = id.as_str().map(|s| s.into_owned());
+                }
+            }
             Some(b"turn.started") => {
                 self.turns += 1;
                 report.turns += 1;
@@ -731,6 +752,7 @@ impl StepCounter for CodexCounter {
         stats.tokens = self.tokens;
         stats.noise_lines = self.noise;
         stats.unknown_events = self.unknown;
+        stats.session_id = self.thread_id.clone();
         stats
     }
 
@@ -1257,7 +1279,7 @@ mod tests {
     fn tool_calls_are_declared() {
         let m = CodexPlugin.manifest();
         assert!(m.tool_calls);
-        assert_eq!(m.min_protocol(), "1.7.0");
+        assert_eq!(m.min_protocol(), "1.8.0");
         assert!(m.tool_results);
     }
 
@@ -1466,5 +1488,51 @@ mod tests {
             "{found:?}"
         );
         assert_eq!(found.count, DEFAULT_LOOP_LIMIT);
+    }
+
+    #[test]
+    fn the_session_id_is_the_thread_id_and_the_manifest_resumes_it() {
+        for (file, id) in [
+            (
+                "real/codex/tools3.jsonl",
+                "01a2029f-c7ae-71c2-8908-53c15412e51c",
+            ),
+            (
+                "real/codex/error429.jsonl",
+                "01a2029f-f156-7410-9291-55bdaf664abf",
+            ),
+        ] {
+            let (_, stats) =
+                stepguard_plugin_api::testing::count(&CodexPlugin, "item", &fixture(file)).unwrap();
+            assert_eq!(stats.session_id.as_deref(), Some(id), "{file}");
+        }
+        let resume = CodexPlugin.manifest().resume.expect("codex resumes");
+        let original: Vec<String> = [
+            "codex",
+            "exec",
+            "--json",
+            "--skip-git-repo-check",
+            "-c",
+            "model_provider=mock",
+            "--sandbox",
+            "read-only",
+            "fix it",
+        ]
+        .map(String::from)
+        .into();
+        assert_eq!(
+            resume.command(&original, "0199", "go on").unwrap(),
+            [
+                "codex",
+                "exec",
+                "resume",
+                "--json",
+                "--skip-git-repo-check",
+                "-c",
+                "model_provider=mock",
+                "0199",
+                "go on"
+            ]
+        );
     }
 }

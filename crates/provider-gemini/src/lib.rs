@@ -36,8 +36,8 @@
 use stepguard_jsonl::{IdSet, RawValue, scan};
 use stepguard_plugin_api::{
     BaseUrlRule, CounterRequest, CounterStats, LineReport, Manifest, ModelEndpoint, PreflightRule,
-    ProviderBox, ProviderPlugin, StepCounter, Terminal, Tokens, ToolCall, ToolResult,
-    fingerprint::output_text, slug_for_error_text,
+    ProviderBox, ProviderPlugin, ResumeTemplate, StepCounter, Terminal, Tokens, ToolCall,
+    ToolResult, fingerprint::output_text, slug_for_error_text,
 };
 
 /// The Gemini CLI provider plugin.
@@ -80,6 +80,18 @@ impl ProviderPlugin for GeminiPlugin {
             ))
             .reports_tool_results()
             .reports_usage()
+            .resume(
+                ResumeTemplate::new(&["gemini", "--resume", "{session}", "-p", "{prompt}", "{flags}"])
+                    .keep_flags(&["--yolo", "-y", "--skip-trust"])
+                    .keep_options(&[
+                        "--output-format",
+                        "-o",
+                        "--model",
+                        "-m",
+                        "--approval-mode",
+                        "--include-directories",
+                    ]),
+            )
     }
 
     fn open_counter(&self, request: &CounterRequest) -> Result<Box<dyn StepCounter>, String> {
@@ -111,6 +123,8 @@ enum TurnState {
 #[derive(Debug, Default)]
 pub struct GeminiCounter {
     by_turn: bool,
+    /// The session id of the `init` event (`gemini --resume` takes it).
+    session_id: Option<String>,
     /// Whether the host takes tool calls and results: when not, they are not looked for.
     calls: bool,
     /// Calls begun whose result has not come. A call's id is forgotten at its result: Gemini
@@ -331,7 +345,11 @@ impl StepCounter for GeminiCounter {
             },
             "error" => self.error_event(severity, message),
             "result" => self.result(line, &mut report),
-            "init" => {}
+            "init" => {
+                if let Some([Some(id)]) = scan(line, ["session_id"]) {
+                    self.session_id = id.as_str().map(|s| s.into_owned());
+                }
+            }
             _ => {
                 self.unknown += 1;
                 report.flags |= LineReport::UNKNOWN_EVENT;
@@ -354,6 +372,7 @@ impl StepCounter for GeminiCounter {
         stats.tokens = self.tokens;
         stats.noise_lines = self.noise;
         stats.unknown_events = self.unknown;
+        stats.session_id = self.session_id.clone();
         stats
     }
 
@@ -749,7 +768,7 @@ mod tests {
     fn tool_calls_are_declared() {
         let m = GeminiPlugin.manifest();
         assert!(m.tool_calls);
-        assert_eq!(m.min_protocol(), "1.7.0");
+        assert_eq!(m.min_protocol(), "1.8.0");
         assert!(m.tool_results);
     }
 
@@ -867,5 +886,48 @@ mod tests {
             })
         });
         assert_eq!(late, None);
+    }
+
+    #[test]
+    fn the_session_id_comes_from_init_and_the_manifest_resumes_it() {
+        for (file, id) in [
+            (
+                "real/gemini/tools3.jsonl",
+                "fa5d95f5-f5c7-431a-87e3-a0c424c893a6",
+            ),
+            (
+                "real/gemini/maxturns2.jsonl",
+                "0ed033a8-36be-40c7-8588-dba80578b169",
+            ),
+        ] {
+            let (_, stats) =
+                stepguard_plugin_api::testing::count(&GeminiPlugin, "tool_use", &fixture(file))
+                    .unwrap();
+            assert_eq!(stats.session_id.as_deref(), Some(id), "{file}");
+        }
+        let resume = GeminiPlugin.manifest().resume.expect("gemini resumes");
+        let original: Vec<String> = [
+            "gemini",
+            "-p",
+            "fix",
+            "--output-format",
+            "stream-json",
+            "--yolo",
+        ]
+        .map(String::from)
+        .into();
+        assert_eq!(
+            resume.command(&original, "fa5d", "go on").unwrap(),
+            [
+                "gemini",
+                "--resume",
+                "fa5d",
+                "-p",
+                "go on",
+                "--output-format",
+                "stream-json",
+                "--yolo"
+            ]
+        );
     }
 }

@@ -93,6 +93,8 @@ pub struct RunMeta {
     pub pools: Option<Vec<String>>,
     /// The ledger those pools were kept in, for the record.
     pub ledger: Option<stepguard_core::PoolLedger>,
+    /// The history id of the run this one resumes (`stepguard resume`).
+    pub resumed_from: Option<i64>,
 }
 
 /// One agent run to supervise, built with [`RunSpec::builder`] (or [`RunSpec::new`] for the

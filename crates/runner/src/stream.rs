@@ -466,6 +466,8 @@ pub fn stream_record(meta: &RunMeta, stats: &RunStats, count: &StreamCount) -> R
     record.spend.ledger = meta.ledger;
     record.set_stats(stats);
     let counter = &count.stats;
+    record.chain.resumed_from = meta.resumed_from;
+    record.chain.session_id = counter.session_id.clone();
     let terminal = counter.terminal.as_ref();
     // A failure slug this stepguard does not know is recorded as `provider_error` (see
     // `run_stats`); say so once per stream, and keep the plugin's word in the record.

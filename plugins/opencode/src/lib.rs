@@ -33,8 +33,8 @@ use std::collections::HashSet;
 
 use stepguard_plugin_api::{
     BaseUrlRule, CounterRequest, CounterStats, LineReport, Manifest, ModelEndpoint, PreflightRule,
-    ProviderPlugin, StepCounter, Terminal, Tokens, ToolCall, ToolResult, fingerprint::output_text,
-    slug_for_error_text,
+    ProviderPlugin, ResumeTemplate, StepCounter, Terminal, Tokens, ToolCall, ToolResult,
+    fingerprint::output_text, slug_for_error_text,
 };
 
 /// The OpenCode provider plugin.
@@ -79,6 +79,11 @@ impl ProviderPlugin for OpenCodePlugin {
             )
             .reports_tool_results()
             .reports_usage()
+            .resume(
+                ResumeTemplate::new(&["opencode", "run", "--session", "{session}", "{flags}", "{prompt}"])
+                    .keep_flags(&["--auto", "--thinking", "--pure"])
+                    .keep_options(&["--format", "-m", "--model", "--agent", "--variant"]),
+            )
     }
 
     fn open_counter(&self, request: &CounterRequest) -> Result<Box<dyn StepCounter>, String> {
@@ -95,6 +100,8 @@ impl ProviderPlugin for OpenCodePlugin {
 #[derive(Debug, Default)]
 pub struct OpenCodeCounter {
     by_step: bool,
+    /// The session id its events carry (`opencode run --session` takes it).
+    session_id: Option<String>,
     /// Whether the host takes tool calls and results (protocol 1.7): when not, none are made.
     calls: bool,
     steps: HashSet<String>,
@@ -163,6 +170,9 @@ impl StepCounter for OpenCodeCounter {
             return Ok(LineReport::noise());
         };
         let part = &event["part"];
+        if self.session_id.is_none() {
+            self.session_id = event["sessionID"].as_str().map(str::to_owned);
+        }
         match event["type"].as_str().unwrap_or_default() {
             "step_start" => {
                 // A retried model call starts again under the same message: one step, not two.
@@ -236,6 +246,7 @@ impl StepCounter for OpenCodeCounter {
         stats.cost_usd = self.cost;
         stats.noise_lines = self.noise;
         stats.unknown_events = self.unknown;
+        stats.session_id = self.session_id.clone();
         stats
     }
 
@@ -494,7 +505,7 @@ mod tests {
     fn tool_calls_are_declared() {
         let m = OpenCodePlugin.manifest();
         assert!(m.tool_calls);
-        assert_eq!(m.min_protocol(), "1.6.0");
+        assert_eq!(m.min_protocol(), "1.8.0");
         assert!(m.tool_results);
     }
 
@@ -611,5 +622,36 @@ mod tests {
         assert_eq!(failed(exit1), Some(true));
         assert_eq!(failed(error), Some(true));
         assert_eq!(failed(running), None);
+    }
+
+    #[test]
+    fn the_session_id_comes_from_the_events_and_the_manifest_resumes_it() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures/real/opencode/tools3.jsonl");
+        let bytes = std::fs::read(&path).unwrap();
+        let (_, stats) =
+            stepguard_plugin_api::testing::count(&OpenCodePlugin, "step", &bytes).unwrap();
+        assert_eq!(
+            stats.session_id.as_deref(),
+            Some("ses_dfd5e7d4cffeyu4Wvqxv6a6IZX")
+        );
+        let resume = OpenCodePlugin.manifest().resume.expect("opencode resumes");
+        let original: Vec<String> = ["opencode", "run", "--format", "json", "-m", "mock/m", "fix"]
+            .map(String::from)
+            .into();
+        assert_eq!(
+            resume.command(&original, "ses_1", "go on").unwrap(),
+            [
+                "opencode",
+                "run",
+                "--session",
+                "ses_1",
+                "--format",
+                "json",
+                "-m",
+                "mock/m",
+                "go on"
+            ]
+        );
     }
 }

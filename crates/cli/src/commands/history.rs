@@ -93,11 +93,55 @@ fn headline(r: &RunRecord) -> String {
     let started = r.invocation.started_at.as_deref().unwrap_or("-");
     let when = started.get(..19).unwrap_or(started).replace('T', " ");
     let id = r.id.map_or_else(|| "-".to_owned(), |id| id.to_string());
+    let resumes = r
+        .chain
+        .resumed_from
+        .map_or_else(String::new, |from| format!(" (resumes #{from})"));
     format!(
-        "#{id} {when} {scope}: {}{}",
+        "#{id} {when} {scope}{resumes}: {}{}",
         r.summary_line(),
         loops_brief(r.supervision.loops.as_deref().unwrap_or_default())
     )
+}
+
+/// The chain's lines of `show` (nothing for a run that resumes none): its runs and its totals
+/// (steps, tokens as the token budget counts them, cost, time).
+pub(crate) fn chain_lines(chain: &[RunRecord]) -> Vec<String> {
+    if chain.len() < 2 {
+        return Vec::new();
+    }
+    let ids: Vec<String> = chain
+        .iter()
+        .map(|r| r.id.map_or_else(|| "#?".to_owned(), |id| format!("#{id}")))
+        .collect();
+    let steps: u64 = chain
+        .iter()
+        .filter_map(|r| r.counts.num_steps_computed)
+        .sum();
+    let tokens: Option<u64> = chain
+        .iter()
+        .filter_map(|r| r.usage.tokens.as_ref().map(total_tokens))
+        .reduce(u64::saturating_add);
+    let cost: Option<f64> = chain
+        .iter()
+        .filter_map(|r| r.usage.cost_usd)
+        .reduce(|a, b| a + b);
+    let ms: u64 = chain.iter().filter_map(|r| r.invocation.duration_ms).sum();
+    let mut totals = format!("{steps} steps");
+    if let Some(t) = tokens {
+        totals.push_str(&format!(", {t} tokens"));
+    }
+    if let Some(c) = cost {
+        totals.push_str(&format!(", {}", usd(c)));
+    }
+    totals.push_str(&format!(
+        ", {}",
+        stepguard_core::stats::format_duration_ms(ms)
+    ));
+    vec![
+        format!("Chain: {} ({} runs)", ids.join(" → "), chain.len()),
+        format!("Chain totals: {totals}"),
+    ]
 }
 
 /// Returns `, loop: TOOL ×N at step S` for each loop found (nothing when none was), the suffix
@@ -262,33 +306,62 @@ fn stopped(e: stepguard_telemetry::TelemetryError, sent: usize) -> anyhow::Error
     ))
 }
 
-/// Runs `stepguard show`.
-pub(crate) fn show(cli: &Cli, args: &ShowArgs) -> anyhow::Result<ExitCode> {
+/// Returns the history database and run `id` in it, or the error that names what is missing.
+pub(crate) fn stored_run(cli: &Cli, id: i64) -> anyhow::Result<(Store, RunRecord)> {
     let store = match open(cli)? {
         History::Found(store) => store,
         History::Empty(path) => {
             return Err(UsageError(format!(
-                "no run with id {}: nothing recorded yet (no history database at {})",
-                args.id,
+                "no run with id {id}: nothing recorded yet (no history database at {})",
                 path.display()
             ))
             .into());
         }
     };
-    let Some(r) = store.get(args.id)? else {
+    let Some(r) = store.get(id)? else {
         return Err(UsageError(format!(
-            "no run with id {} in {} (see `stepguard history`)",
-            args.id,
+            "no run with id {id} in {} (see `stepguard history`)",
             store.path()
         ))
         .into());
     };
+    Ok((store, r))
+}
+
+/// Returns the runs `run` resumes, oldest first, and `run` last (`resumed_from`, followed
+/// back; a broken or circular link ends the chain).
+pub(crate) fn chain(store: &Store, run: RunRecord) -> anyhow::Result<Vec<RunRecord>> {
+    let mut chain = vec![run];
+    let mut seen = std::collections::HashSet::new();
+    while let Some(from) = chain.last().and_then(|r| r.chain.resumed_from) {
+        if !seen.insert(from) {
+            break;
+        }
+        match store.get(from)? {
+            Some(r) => chain.push(r),
+            None => break,
+        }
+    }
+    chain.reverse();
+    Ok(chain)
+}
+
+/// Runs `stepguard show`.
+pub(crate) fn show(cli: &Cli, args: &ShowArgs) -> anyhow::Result<ExitCode> {
+    let (store, r) = stored_run(cli, args.id)?;
     if args.json {
         output::json(&r)?;
         return Ok(ExitCode::Success);
     }
     output::line(headline(&r))?;
-    for l in show_lines(&r) {
+    let mut lines = show_lines(&r);
+    if r.chain.resumed_from.is_some() {
+        lines.extend(chain_lines(&chain(&store, r.clone())?));
+    }
+    if let Some(session) = &r.chain.session_id {
+        lines.push(format!("Session: {session}"));
+    }
+    for l in lines {
         output::line(format!("  {l}"))?;
     }
     if let Some(report) = &r.gateway.final_report {

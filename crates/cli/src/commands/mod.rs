@@ -9,6 +9,7 @@ pub(crate) mod plugin_template;
 pub(crate) mod plugins;
 pub(crate) mod pools;
 pub(crate) mod prices;
+pub(crate) mod resume;
 pub(crate) mod run;
 pub(crate) mod simulate;
 pub(crate) mod validate;

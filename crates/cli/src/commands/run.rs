@@ -117,6 +117,7 @@ fn refuse(
     record.verdict.error_type = Some(refused.slug.into());
     record.verdict.message = Some(refused.message.clone());
     record.verdict.exit_code = Some(i32::from(code.code()));
+    record.chain.resumed_from = args.resumed_from;
     let now = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string();
     record.invocation.ended_at = Some(now.clone());
     let run = NewRun {
