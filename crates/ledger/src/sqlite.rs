@@ -314,7 +314,9 @@ impl Tx<'_> {
         let start = pool.window.start(now)?.map_or(i64::MIN, ms);
         let total = self
             .tx
-            .prepare_cached("SELECT cum_cost, cum_tokens, cum_steps FROM pool_totals WHERE pool = ?1")
+            .prepare_cached(
+                "SELECT cum_cost, cum_tokens, cum_steps FROM pool_totals WHERE pool = ?1",
+            )
             .and_then(|mut s| s.query_row([&pool.name], usage_row).optional())
             .map(Option::unwrap_or_default)
             .map_err(|e| self.err(e))?;
@@ -439,9 +441,15 @@ impl Tx<'_> {
         let last: Option<i64> = self
             .tx
             .prepare_cached("SELECT last_at FROM pool_totals WHERE pool = ?1 AND last_at >= ?2")
-            .and_then(|mut s| s.query_row(params![pool.name, start], |r| r.get(0)).optional())
+            .and_then(|mut s| {
+                s.query_row(params![pool.name, start], |r| r.get(0))
+                    .optional()
+            })
             .map_err(|e| self.err(e))?;
-        let last = last.map(|at| pool.window.frees(time(at))).transpose()?.flatten();
+        let last = last
+            .map(|at| pool.window.frees(time(at)))
+            .transpose()?
+            .flatten();
         let lease = now + self.ledger.lease;
         Ok(Some(last.map_or(lease, |l| l.max(lease))))
     }
@@ -488,7 +496,10 @@ impl Tx<'_> {
         };
         self.tx
             .prepare_cached(sql)
-            .and_then(|mut s| s.query_row(params![pool, start, target], |r| r.get(0)).optional())
+            .and_then(|mut s| {
+                s.query_row(params![pool, start, target], |r| r.get(0))
+                    .optional()
+            })
             .map_err(|e| self.err(e))
     }
 

@@ -357,10 +357,18 @@ fn a_version_1_ledger_migrates_with_its_spend() {
         .expect("rows");
     assert_eq!(
         rows,
-        vec![(1, 1, 100), (2, 2, 300), (3, 3, 600), (5, 4, 610), (4, 5, 650)]
+        vec![
+            (1, 1, 100),
+            (2, 2, 300),
+            (3, 3, 600),
+            (5, 4, 610),
+            (4, 5, 650)
+        ]
     );
     let version: i64 = conn
-        .query_row("SELECT version FROM stepguard_ledger_meta", [], |r| r.get(0))
+        .query_row("SELECT version FROM stepguard_ledger_meta", [], |r| {
+            r.get(0)
+        })
         .expect("version");
     assert_eq!(version, LEDGER_VERSION);
 }
