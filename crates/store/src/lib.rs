@@ -54,6 +54,7 @@
 #![forbid(unsafe_code)]
 
 mod export;
+mod pool_stats;
 pub mod spool;
 mod stats;
 mod v7;
@@ -67,6 +68,7 @@ use stepguard_core::record::{Invocation, Source, StepBudget};
 
 pub use stepguard_core::RunRecord;
 
+pub use pool_stats::PoolStats;
 pub use stats::{CostSpread, GroupStats, Spread, StatsReport, compute_stats, percentile};
 
 /// The query `mark_dead_runs` makes at every open: this host's `running` rows (index
