@@ -3,7 +3,8 @@
 //!
 //! A run was **ended by a pool** when its record says so:
 //! * refused at the start: slug `pool_exhausted` or `pool_busy`, with the message naming the
-//!   pool (`` pool `NAME` is spent`` / `` is full``), as the refusal writes it;
+//!   pool (`` pool `NAME` is spent`` / `` is full``), as the refusal writes it. A refused run
+//!   joined nothing, so its `pools` is null: it counts for the pool its message names;
 //! * stopped (or wrapped up) during the run: slug `max_steps`, `max_tokens` or `max_cost` with
 //!   that budget's source `pool NAME` (the pool's share was the budget it ran out of), as `show`
 //!   reads it.
@@ -51,14 +52,31 @@ enum Ending {
 }
 
 impl PoolRun<'_> {
+    /// The pool a refusal at the start names (`` pool `NAME` is … ``).
+    fn refused_by(&self) -> Option<&str> {
+        if !matches!(self.slug, Some("pool_exhausted" | "pool_busy")) {
+            return None;
+        }
+        let rest = self.message?.split_once("pool `")?.1;
+        rest.split_once("` ").map(|(name, _)| name)
+    }
+
+    /// The pools the run counts for: those it joined, and the one that refused it.
+    fn pools<'p>(&'p self, joined: &'p [String]) -> Vec<&'p str> {
+        let mut pools: Vec<&str> = joined.iter().map(String::as_str).collect();
+        if let Some(name) = self.refused_by().filter(|n| !pools.contains(n)) {
+            pools.push(name);
+        }
+        pools
+    }
+
     fn ending(&self, pool: &str) -> Option<Ending> {
         let named =
             |source: Option<&str>| source.and_then(|s| s.strip_prefix("pool ")) == Some(pool);
         match self.slug? {
-            "pool_exhausted" | "pool_busy" => self
-                .message
-                .filter(|m| m.contains(&format!("pool `{pool}` ")))
-                .map(|_| Ending::Refused),
+            "pool_exhausted" | "pool_busy" => {
+                (self.refused_by() == Some(pool)).then_some(Ending::Refused)
+            }
             "max_steps" => named(self.steps_source).then_some(Ending::OutOfShare),
             "max_tokens" => named(self.tokens_source).then_some(Ending::OutOfShare),
             "max_cost" => named(self.cost_source).then_some(Ending::OutOfShare),
@@ -127,7 +145,7 @@ pub(crate) fn of_records<'a>(records: impl Iterator<Item = &'a RunRecord>) -> Ve
             tokens: super::stats::total_tokens(r),
             cost_usd: r.usage.cost_usd,
         };
-        for pool in r.spend.pools.iter().flatten() {
+        for pool in run.pools(r.spend.pools.as_deref().unwrap_or_default()) {
             tally.add(pool, &run);
         }
     }
@@ -135,13 +153,13 @@ pub(crate) fn of_records<'a>(records: impl Iterator<Item = &'a RunRecord>) -> Ve
 }
 
 /// The pools' figures in the database: one pass over the finished runs that joined a pool (the
-/// records' `pools` array), holding one row at a time.
+/// records' `pools` array) or were refused by one, holding one row at a time.
 pub(crate) fn in_sql(
     conn: &Connection,
     provider: Option<&str>,
 ) -> rusqlite::Result<Vec<PoolStats>> {
     let mut stmt = conn.prepare(
-        "SELECT p.value,
+        "SELECT json_extract(r.record, '$.pools'),
                 json_extract(r.record, '$.error_type'), json_extract(r.record, '$.message'),
                 json_extract(r.record, '$.max_steps_source'),
                 json_extract(r.record, '$.max_tokens_source'),
@@ -149,28 +167,32 @@ pub(crate) fn in_sql(
                 json_extract(r.record, '$.tokens.input_tokens')
                     + json_extract(r.record, '$.tokens.output_tokens'),
                 json_extract(r.record, '$.cost_usd')
-         FROM runs AS r, json_each(r.record, '$.pools') AS p
+         FROM runs AS r
          WHERE r.outcome != 'running' AND (?1 IS NULL OR r.provider = ?1)
-           AND json_type(r.record, '$.pools') = 'array'",
+           AND (json_array_length(r.record, '$.pools') > 0
+                OR json_extract(r.record, '$.error_type') IN ('pool_exhausted', 'pool_busy'))",
     )?;
     let mut rows = stmt.query([provider])?;
     let mut tally = PoolTally::default();
     while let Some(row) = rows.next()? {
-        let pool: String = row.get(0)?;
+        let joined: Vec<String> = row
+            .get::<_, Option<String>>(0)?
+            .and_then(|text| serde_json::from_str(&text).ok())
+            .unwrap_or_default();
         let (slug, message): (Option<String>, Option<String>) = (row.get(1)?, row.get(2)?);
         let sources: [Option<String>; 3] = [row.get(3)?, row.get(4)?, row.get(5)?];
-        tally.add(
-            &pool,
-            &PoolRun {
-                slug: slug.as_deref(),
-                message: message.as_deref(),
-                steps_source: sources[0].as_deref(),
-                tokens_source: sources[1].as_deref(),
-                cost_source: sources[2].as_deref(),
-                tokens: super::stats::int(row.get_ref(6)?),
-                cost_usd: super::stats::real(row.get_ref(7)?),
-            },
-        );
+        let run = PoolRun {
+            slug: slug.as_deref(),
+            message: message.as_deref(),
+            steps_source: sources[0].as_deref(),
+            tokens_source: sources[1].as_deref(),
+            cost_source: sources[2].as_deref(),
+            tokens: super::stats::int(row.get_ref(6)?),
+            cost_usd: super::stats::real(row.get_ref(7)?),
+        };
+        for pool in run.pools(&joined) {
+            tally.add(pool, &run);
+        }
     }
     Ok(tally.done())
 }
