@@ -172,8 +172,8 @@ fn concurrent_runs_reserve_each_call_in_a_token_pool() {
 #[ignore = "runs the real agent CLIs: .ci/install-agent-clis, then --run-ignored all"]
 fn three_real_clis_wrap_up_when_their_shared_pool_is_spent() {
     const RUNS: u64 = 3;
-    // Room for about eight calls each; each call takes a moment, so the three CLIs (which start
-    // at different speeds) are all calling when the pool runs out.
+    // Room for about eight calls each; each call takes 1.5 s, so the three CLIs (which start at
+    // different speeds: Gemini CLI's start takes seconds) are all calling when the pool runs out.
     let cap = 24 * PER_CALL;
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("shared.db");
@@ -182,7 +182,7 @@ fn three_real_clis_wrap_up_when_their_shared_pool_is_spent() {
         .map(|cli| {
             let script = Script::tool_rounds(60)
                 .final_answer("Summary: stopped by the pool.")
-                .reply_delay(Duration::from_millis(400));
+                .reply_delay(Duration::from_millis(1_500));
             let agent = Agent::start(cli, script).share_db(db.clone());
             std::fs::write(
                 agent.work().join("stepguard.toml"),
@@ -228,6 +228,11 @@ fn three_real_clis_wrap_up_when_their_shared_pool_is_spent() {
             .collect();
         assert!(late.is_empty(), "requests after the run ended: {late:?}");
         let main = agent.server.main_requests();
+        assert!(
+            !main.is_empty(),
+            "{} made no model call before the pool was spent: it never ran in the pool",
+            agent.cli.name()
+        );
         match rec["terminated_by"].as_str() {
             Some("wrap_up") => {
                 wrapped += 1;
