@@ -54,6 +54,7 @@
 #![forbid(unsafe_code)]
 
 mod export;
+mod figure;
 mod pool_stats;
 pub mod spool;
 mod stats;

@@ -16,6 +16,8 @@ use serde::Serialize;
 
 use stepguard_core::{Outcome, RunRecord};
 
+use crate::figure::{int, real, total_tokens};
+
 /// Figures for one pool.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct PoolStats {
@@ -142,7 +144,7 @@ pub(crate) fn of_records<'a>(records: impl Iterator<Item = &'a RunRecord>) -> Ve
             steps_source: r.step_budget.max_steps_source.as_deref(),
             tokens_source: r.spend.max_tokens_source.as_deref(),
             cost_source: r.spend.max_cost_usd_source.as_deref(),
-            tokens: super::stats::total_tokens(r),
+            tokens: total_tokens(r),
             cost_usd: r.usage.cost_usd,
         };
         for pool in run.pools(r.spend.pools.as_deref().unwrap_or_default()) {
@@ -187,8 +189,8 @@ pub(crate) fn in_sql(
             steps_source: sources[0].as_deref(),
             tokens_source: sources[1].as_deref(),
             cost_source: sources[2].as_deref(),
-            tokens: super::stats::int(row.get_ref(6)?),
-            cost_usd: super::stats::real(row.get_ref(7)?),
+            tokens: int(row.get_ref(6)?),
+            cost_usd: real(row.get_ref(7)?),
         };
         for pool in run.pools(&joined) {
             tally.add(pool, &run);

@@ -18,6 +18,7 @@ use serde::Serialize;
 
 use stepguard_core::{Outcome, RunRecord};
 
+use crate::figure::{int, real, total_tokens};
 use crate::pool_stats::{self, PoolStats};
 
 /// Returns the `p`th percentile (0–100) of sorted values by the nearest-rank method: the value at
@@ -207,13 +208,6 @@ impl GroupStats {
     }
 }
 
-/// Returns a run's tokens as `--max-tokens` counts them: input + output.
-pub(crate) fn total_tokens(r: &RunRecord) -> Option<i64> {
-    r.usage
-        .tokens
-        .map(|t| i64::try_from(t.input_tokens.saturating_add(t.output_tokens)).unwrap_or(i64::MAX))
-}
-
 /// Figures for every group.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct StatsReport {
@@ -359,25 +353,6 @@ pub(crate) fn sorted_sql(metric_sql: &str) -> String {
         "SELECT provider, task_type, outcome = 'success', {metric_sql} FROM temp.stats_figures
          WHERE {metric_sql} IS NOT NULL ORDER BY provider, task_type, {metric_sql}"
     )
-}
-
-/// A value read as SQLite gives it: an integer past `i64::MAX` (a sum that overflowed) comes
-/// back real and counts as `i64::MAX`, as [`total_tokens`] saturates.
-pub(crate) fn int(v: ValueRef<'_>) -> Option<i64> {
-    match v {
-        ValueRef::Integer(i) => Some(i),
-        ValueRef::Real(f) if f >= i64::MAX as f64 => Some(i64::MAX),
-        ValueRef::Real(f) => Some(f as i64),
-        _ => None,
-    }
-}
-
-pub(crate) fn real(v: ValueRef<'_>) -> Option<f64> {
-    match v {
-        ValueRef::Integer(i) => Some(i as f64),
-        ValueRef::Real(f) => Some(f).filter(|f| f.is_finite()),
-        _ => None,
-    }
 }
 
 /// What one walk over sorted values keeps: the count, the sum, and the values at the ranks.
