@@ -108,6 +108,8 @@ pub struct Agent {
     default_config: bool,
     /// The model Codex is asked for (`-c model=…`); `None`: Codex's own default.
     codex_model: Option<&'static str>,
+    /// A history database shared with other agents (and so their pools); `None`: its own.
+    shared_db: Option<PathBuf>,
 }
 
 /// What one supervised run did, and when it ended.
@@ -193,6 +195,7 @@ impl Agent {
             bin,
             default_config,
             codex_model: Some("gpt-5.5"),
+            shared_db: None,
         };
         std::fs::create_dir_all(agent.work()).unwrap();
         agent.write_config();
@@ -217,7 +220,16 @@ impl Agent {
 
     /// The history database of this agent's runs.
     pub fn db(&self) -> PathBuf {
-        self.dir.path().join("history.db")
+        self.shared_db
+            .clone()
+            .unwrap_or_else(|| self.dir.path().join("history.db"))
+    }
+
+    /// Records this agent's runs in `db`, which other agents may share: runs of several CLIs
+    /// then share the pools kept there (the local ledger is the history database).
+    pub fn share_db(mut self, db: PathBuf) -> Agent {
+        self.shared_db = Some(db);
+        self
     }
 
     fn write(&self, path: PathBuf, contents: &str) {
@@ -516,7 +528,9 @@ impl Agent {
         rows
     }
 
-    fn stepguard(&self, args: &[&str]) -> Value {
+    /// `stepguard ARGS --json`-style commands on this agent's history, from its directory (so its
+    /// config files apply); their JSON, asserting exit 0.
+    pub fn stepguard(&self, args: &[&str]) -> Value {
         let mut cmd = Command::new(STEPGUARD);
         cmd.env_clear()
             .env("HOME", self.home())

@@ -1,13 +1,15 @@
 //! Pools kept per model call (#28): with `--wrap-up`, every main model call of a run reserves
 //! its estimate in the run's pools before it is forwarded and settles to its real usage after,
-//! so concurrent runs cannot each spend the share they started with.
+//! so concurrent runs cannot each spend the share they started with: a stand-in agent, and three
+//! real CLIs in one pool.
 
 use std::process::{Child, Stdio};
 use std::time::Duration;
 
 use serde_json::Value;
-use stepguard_modelserver::{INPUT_TOKENS, ModelServer, OUTPUT_TOKENS, Script};
+use stepguard_modelserver::{INPUT_TOKENS, ModelServer, OUTPUT_TOKENS, Reply, Script};
 
+use crate::agents::{Agent, AgentRun, Cli};
 use crate::harness::{Sandbox, fixture};
 
 /// Tokens of one model call as the server reports them.
@@ -153,4 +155,128 @@ fn concurrent_runs_reserve_each_call_in_a_token_pool() {
         );
         assert_eq!(r["pools"], Value::from(vec!["calls"]), "{r}");
     }
+}
+
+/// A token pool spent while three real CLIs (Claude Code, Codex, Gemini CLI) run in it at once,
+/// each through its own gateway to its own scripted model server, all recording in one history
+/// database (the local ledger): every run ends by itself as `max_tokens`, exit 3, with the pool
+/// in its record; none is killed mid-call (the CLI exits with a code, no signal, and no request
+/// reaches a server after its run ended). A run the pool wrapped up made its last call
+/// tool-less, with the notice naming the pool, and the model server answered it; a run whose
+/// next call the pool could no longer pay (another run took what was left between its calls)
+/// got the gateway's own answer, so every call its server saw was an ordinary one. The pool
+/// records at least what its last call left and at most its cap plus, per run, one first call
+/// (reserved at one token) and the calls without tools (charged at the end), as
+/// docs/pools.md bounds it.
+#[test]
+#[ignore = "runs the real agent CLIs: .ci/install-agent-clis, then --run-ignored all"]
+fn three_real_clis_wrap_up_when_their_shared_pool_is_spent() {
+    const RUNS: u64 = 3;
+    // Room for about eight calls each; each call takes 1.5 s, so the three CLIs (which start at
+    // different speeds: Gemini CLI's start takes seconds) are all calling when the pool runs out.
+    let cap = 24 * PER_CALL;
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("shared.db");
+    let agents: Vec<Agent> = [Cli::Claude, Cli::Codex, Cli::Gemini]
+        .into_iter()
+        .map(|cli| {
+            let script = Script::tool_rounds(60)
+                .final_answer("Summary: stopped by the pool.")
+                .reply_delay(Duration::from_millis(1_500));
+            let agent = Agent::start(cli, script).share_db(db.clone());
+            std::fs::write(
+                agent.work().join("stepguard.toml"),
+                format!("[pools.shared]\nmax_tokens = {cap}\nwindow = \"none\"\nmatch = \"all\"\n"),
+            )
+            .unwrap();
+            agent
+        })
+        .collect();
+    let runs: Vec<AgentRun> = std::thread::scope(|s| {
+        let running: Vec<_> = agents
+            .iter()
+            .map(|a| s.spawn(move || a.run(&["--wrap-up", "--max-steps", "100"])))
+            .collect();
+        running.into_iter().map(|r| r.join().unwrap()).collect()
+    });
+    let rows = agents[0].history_rows();
+    assert_eq!(
+        rows.len() as u64,
+        RUNS,
+        "every run has its record: {rows:?}"
+    );
+    let (mut wrapped, mut side) = (0, 0u64);
+    for (agent, run) in agents.iter().zip(&runs) {
+        run.assert_exit(3);
+        let rec = rows
+            .iter()
+            .find(|r| r["provider"] == agent.cli.name())
+            .unwrap_or_else(|| panic!("no record of {}: {rows:?}", agent.cli.name()));
+        assert_eq!(rec["error_type"], "max_tokens", "{rec}");
+        assert_eq!(rec["pools"], Value::from(vec!["shared"]), "{rec}");
+        assert!(
+            rec["child_exit_code"].is_i64(),
+            "the CLI exited by itself: {rec}"
+        );
+        assert_eq!(rec["child_signal"], Value::Null, "killed: {rec}");
+        let late: Vec<_> = agent
+            .server
+            .requests()
+            .into_iter()
+            .filter(|r| r.received > run.ended)
+            .map(|r| (r.seq, r.target))
+            .collect();
+        assert!(late.is_empty(), "requests after the run ended: {late:?}");
+        let main = agent.server.main_requests();
+        assert!(
+            !main.is_empty(),
+            "{} made no model call before the pool was spent: it never ran in the pool",
+            agent.cli.name()
+        );
+        match rec["terminated_by"].as_str() {
+            Some("wrap_up") => {
+                wrapped += 1;
+                let last = main.last().expect("a main request reached the server");
+                assert!(
+                    last.tools_disabled,
+                    "{}: the last call kept its tools",
+                    agent.cli.name()
+                );
+                assert_eq!(last.notices, 1, "one notice on the last call");
+                assert!(
+                    matches!(last.reply, Reply::ToolsDisabled { .. } | Reply::Final),
+                    "the server answered the wrap-up in text: {:?}",
+                    last.reply
+                );
+            }
+            Some("tokens") => assert!(
+                main.iter().all(|r| !r.tools_disabled),
+                "answered by the gateway, yet a call went out tool-less: {rec}"
+            ),
+            other => panic!("{}: terminated_by {other:?}: {rec}", agent.cli.name()),
+        }
+        side += agent
+            .server
+            .requests()
+            .iter()
+            .filter(|r| r.api.is_some() && !r.offers_tools())
+            .count() as u64;
+        eprintln!(
+            "{}: {} main calls, ended by {}",
+            agent.cli.name(),
+            main.len(),
+            rec["terminated_by"]
+        );
+    }
+    assert!(wrapped >= 1, "no run was wrapped up by the pool");
+    let status = agents[0].stepguard(&["pools", "--json"]);
+    let spent = status[0]["limits"][0]["spent"].as_f64().unwrap() as u64;
+    let bound = cap + RUNS * (PER_CALL - 1) + side * PER_CALL;
+    eprintln!(
+        "the pool recorded {spent} of {cap} tokens (bound {bound}, {side} calls without tools)"
+    );
+    assert!(
+        (cap - PER_CALL..=bound).contains(&spent),
+        "the pool recorded {spent} tokens; cap {cap}, bound {bound}"
+    );
 }

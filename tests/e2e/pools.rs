@@ -109,6 +109,38 @@ fn a_spent_pool_refuses_at_the_start_naming_the_pool() {
     assert_eq!(status[0]["limits"][0]["spent"], 1440.0);
     assert_eq!(status[0]["limits"][0]["left"], 0.0);
     assert_eq!(status[0]["running"], 0);
+    // `stats` per pool: five runs, three ended by it (the third out of its share, the last two
+    // refused at the start), the 1440 tokens the first three spent.
+    let stats = sb.run(&["stats", "--json"]);
+    assert_eq!(stats.code, Some(0), "{}", stats.stderr);
+    let pools = stats.json()["pools"].clone();
+    assert_eq!(pools.as_array().map(Vec::len), Some(1), "{pools}");
+    let daily = &pools[0];
+    assert_eq!(
+        (
+            &daily["pool"],
+            &daily["runs"],
+            &daily["ended_by_pool"],
+            &daily["refused_at_start"],
+            &daily["tokens"]
+        ),
+        (
+            &Value::from("daily"),
+            &Value::from(5),
+            &Value::from(3),
+            &Value::from(2),
+            &Value::from(1440)
+        ),
+        "{daily}"
+    );
+    let text = sb.run(&["stats"]);
+    assert!(
+        text.stdout.contains(
+            "\npool daily: 5 runs, 3 ended by the pool (2 refused at the start), spent 1440 tokens, $"
+        ),
+        "{}",
+        text.stdout
+    );
 }
 
 /// 50 `stepguard run`s at once against a pool of 10 runs: exactly 10 start, the 40 others are

@@ -15,8 +15,12 @@ pub(crate) type Factory = dyn Fn() -> anyhow::Result<Box<dyn Ledger>> + Send + S
 
 /// A pool large enough that no reservation of the benchmark is refused.
 fn pool() -> PoolSpec {
+    named_pool("bench")
+}
+
+fn named_pool(name: &str) -> PoolSpec {
     PoolSpec {
-        name: "bench".into(),
+        name: name.into(),
         limits: PoolLimits {
             max_tokens: Some(u64::MAX / 2),
             max_cost_micros: Some(u64::MAX / 2),
@@ -34,8 +38,18 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 
 /// `calls` reserve + settle pairs by one run; their latencies in microseconds.
 fn reserve_settle(ledger: &dyn Ledger, run: &str, calls: usize) -> anyhow::Result<Vec<f64>> {
+    reserve_settle_in(ledger, &pool(), run, calls)
+}
+
+/// `calls` reserve + settle pairs by one run in `pool`; their latencies in microseconds.
+fn reserve_settle_in(
+    ledger: &dyn Ledger,
+    pool: &PoolSpec,
+    run: &str,
+    calls: usize,
+) -> anyhow::Result<Vec<f64>> {
     let run = RunKey::new(run);
-    ledger.join(&run, &[pool()], SystemTime::now())?;
+    ledger.join(&run, std::slice::from_ref(pool), SystemTime::now())?;
     let mut times = Vec::with_capacity(calls);
     for seq in 0..calls as u64 {
         let key = ChargeKey {
@@ -131,8 +145,62 @@ pub(crate) fn measure(
     Ok(())
 }
 
-/// The local ledger in a fresh database at `db` (removed afterwards).
-pub(crate) fn run(db: &Path, calls: usize, writers: usize) -> anyhow::Result<()> {
+/// Puts `charges` one-token charges of an hour ago into the pool `name`'s window, straight into
+/// its table (as many runs would have left them), numbered with running totals when the ledger
+/// keeps them (version 2 of its tables).
+fn preload(db: &Path, name: &str, charges: u64) -> anyhow::Result<()> {
+    let ledger = SqliteLedger::open(db)?;
+    let run = RunKey::new(format!("{name}/preload"));
+    ledger.join(&run, &[named_pool(name)], SystemTime::now())?;
+    ledger.leave(&run, SystemTime::now())?;
+    drop(ledger);
+    let mut conn = rusqlite::Connection::open(db)?;
+    let tx = conn.transaction()?;
+    let hour_ago = i64::try_from(
+        (SystemTime::now() - Duration::from_secs(3600))
+            .duration_since(SystemTime::UNIX_EPOCH)?
+            .as_millis(),
+    )?;
+    tx.execute(
+        "WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < ?3)
+         INSERT INTO pool_spend (pool, run, seq, state, at, lease_until, cost_micros, tokens, steps)
+         SELECT ?1, ?2, n, 'charged', ?4 + n / 1000, ?4, 0, 1, 0 FROM g",
+        rusqlite::params![name, run.as_str(), i64::try_from(charges)?, hour_ago],
+    )?;
+    let totals: i64 = tx.query_row(
+        "SELECT COUNT(*) FROM sqlite_master WHERE name = 'pool_totals'",
+        [],
+        |r| r.get(0),
+    )?;
+    if totals > 0 {
+        tx.execute(
+            "UPDATE pool_spend SET charge_no = seq, cum_cost = 0, cum_tokens = seq, cum_steps = 0
+             WHERE pool = ?1 AND run = ?2",
+            rusqlite::params![name, run.as_str()],
+        )?;
+        tx.execute(
+            "INSERT INTO pool_totals (pool, charges, cum_cost, cum_tokens, cum_steps, last_at)
+             VALUES (?1, ?2, 0, ?2, 0, ?3)",
+            rusqlite::params![
+                name,
+                i64::try_from(charges)?,
+                hour_ago + i64::try_from(charges / 1000)?
+            ],
+        )?;
+    }
+    tx.commit()?;
+    conn.execute_batch("ANALYZE")?;
+    Ok(())
+}
+
+/// The local ledger in a fresh database at `db` (removed afterwards); with `preload`, also one
+/// writer on a pool that already holds that many charges in its window.
+pub(crate) fn run(
+    db: &Path,
+    calls: usize,
+    writers: usize,
+    preload_charges: u64,
+) -> anyhow::Result<()> {
     for suffix in ["", "-wal", "-shm"] {
         let _ = std::fs::remove_file(format!("{}{suffix}", db.display()));
     }
@@ -147,7 +215,24 @@ pub(crate) fn run(db: &Path, calls: usize, writers: usize) -> anyhow::Result<()>
         factory,
         calls,
         writers,
-    );
+    )
+    .and_then(|()| {
+        if preload_charges == 0 {
+            return Ok(());
+        }
+        preload(db, "bench-full", preload_charges)?;
+        let times = reserve_settle_in(
+            &SqliteLedger::open(db)?,
+            &named_pool("bench-full"),
+            "full",
+            calls,
+        )?;
+        report(
+            &format!("  reserve + settle, 1 writer, {preload_charges} charges in the window"),
+            times,
+        );
+        Ok(())
+    });
     for suffix in ["", "-wal", "-shm"] {
         let _ = std::fs::remove_file(format!("{}{suffix}", db.display()));
     }

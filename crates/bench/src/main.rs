@@ -176,6 +176,9 @@ enum Bench {
         /// The database (created afresh, removed afterwards).
         #[arg(long, default_value = "target/bench/ledger.db")]
         db: PathBuf,
+        /// Also measure one writer on a pool with this many charges already in its window.
+        #[arg(long, default_value_t = 0)]
+        preload: u64,
     },
     /// Generates a history database of real record shapes (providers, outcomes, slugs, task
     /// types, months of start times), in one transaction.
@@ -308,7 +311,12 @@ fn main() -> anyhow::Result<()> {
         Bench::Gateway { requests } => gateway::run(requests),
         Bench::Prices { calls } => prices::run(calls),
         Bench::Loops => loops::run(),
-        Bench::Ledger { calls, writers, db } => ledger::run(&db, calls, writers.max(1)),
+        Bench::Ledger {
+            calls,
+            writers,
+            db,
+            preload,
+        } => ledger::run(&db, calls, writers.max(1), preload),
         Bench::HistoryDb { runs, out } => history::generate(runs, &out),
         Bench::History {
             db,

@@ -56,3 +56,9 @@ fn leases_expire() {
 fn spent_pools_refuse_joins() {
     with_ledger(common::spent_pools_refuse_joins);
 }
+
+#[test]
+#[ignore = "needs PostgreSQL's server binaries (initdb, pg_ctl): run with --run-ignored all, as .ci/run does"]
+fn rolling_windows_age_out() {
+    with_ledger(common::rolling_windows_age_out);
+}

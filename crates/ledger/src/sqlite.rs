@@ -10,7 +10,18 @@
 //! * `pool_members`: one row per run and pool, with the pool's caps and window as the run
 //!   declared them, when it joined (runs started), its lease (`lease_until`) and when it left;
 //! * `pool_spend`: one row per pool and idempotency key (`run`, `seq`): a reservation (counted
-//!   while its lease lives) or a charge (counted while its time is in the window).
+//!   while its lease lives) or a charge (counted while its time is in the window). Charges are
+//!   numbered per pool in time order (`charge_no`) and carry the pool's running totals after them
+//!   (`cum_cost`, `cum_tokens`, `cum_steps`);
+//! * `pool_totals`: per pool, the running totals of everything it was ever charged and the time
+//!   of its last charge. What a window holds is the totals less the running totals of the last
+//!   charge before the window starts: two index lookups however many charges the window holds,
+//!   and still exact as spend ages out (the PostgreSQL ledger keeps the same). A charge's time is
+//!   never before its pool's last charge (a writer whose clock is behind takes the last time), so
+//!   charge order is time order.
+//!
+//! Version 1 had no running totals; opening it adds them (numbering the charges it holds in time
+//! order) in the same transaction that moves `stepguard_ledger_meta` to version 2.
 //!
 //! Times are milliseconds since the Unix epoch.
 
@@ -27,7 +38,7 @@ use crate::{
 };
 
 /// The version of the ledger's tables this build writes.
-pub const LEDGER_VERSION: i64 = 1;
+pub const LEDGER_VERSION: i64 = MIGRATIONS.len() as i64;
 
 const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -65,6 +76,40 @@ CREATE TABLE IF NOT EXISTS pool_spend (
 CREATE INDEX IF NOT EXISTS pool_spend_by_time ON pool_spend (pool, at);
 CREATE INDEX IF NOT EXISTS pool_spend_by_run ON pool_spend (run, seq);
 ";
+
+/// Version 2: running totals per pool, and on each charge (numbered in time order) the totals
+/// after it; the charges a version 1 file holds are numbered and totalled in place.
+const SCHEMA_V2: &str = "
+CREATE TABLE pool_totals (
+    pool TEXT PRIMARY KEY,
+    charges INTEGER NOT NULL DEFAULT 0,
+    cum_cost INTEGER NOT NULL DEFAULT 0,
+    cum_tokens INTEGER NOT NULL DEFAULT 0,
+    cum_steps INTEGER NOT NULL DEFAULT 0,
+    last_at INTEGER NOT NULL
+);
+ALTER TABLE pool_spend ADD COLUMN charge_no INTEGER;
+ALTER TABLE pool_spend ADD COLUMN cum_cost INTEGER;
+ALTER TABLE pool_spend ADD COLUMN cum_tokens INTEGER;
+ALTER TABLE pool_spend ADD COLUMN cum_steps INTEGER;
+WITH c AS (
+    SELECT rowid AS id, ROW_NUMBER() OVER w AS n, SUM(cost_micros) OVER w AS cc,
+           SUM(tokens) OVER w AS ct, SUM(steps) OVER w AS cs
+    FROM pool_spend WHERE state = 'charged'
+    WINDOW w AS (PARTITION BY pool ORDER BY at, run, seq ROWS UNBOUNDED PRECEDING)
+)
+UPDATE pool_spend SET charge_no = c.n, cum_cost = c.cc, cum_tokens = c.ct, cum_steps = c.cs
+FROM c WHERE pool_spend.rowid = c.id;
+INSERT INTO pool_totals (pool, charges, cum_cost, cum_tokens, cum_steps, last_at)
+    SELECT pool, COUNT(*), SUM(cost_micros), SUM(tokens), SUM(steps), MAX(at)
+    FROM pool_spend WHERE state = 'charged' GROUP BY pool;
+DROP INDEX IF EXISTS pool_spend_by_time;
+CREATE INDEX pool_spend_charges ON pool_spend (pool, at, charge_no) WHERE state = 'charged';
+CREATE INDEX pool_spend_reserved ON pool_spend (pool, lease_until) WHERE state = 'reserved';
+";
+
+/// The steps, in order; index + 1 is the version each brings the tables to.
+const MIGRATIONS: &[&str] = &[SCHEMA_V1, SCHEMA_V2];
 
 /// The local ledger on one SQLite file.
 #[derive(Debug)]
@@ -158,8 +203,9 @@ impl From<rusqlite::Error> for Migrate {
     }
 }
 
-/// Creates the ledger's tables when missing, in one immediate transaction that re-reads the
-/// version (concurrent first opens do not race); refuses tables of a newer version.
+/// Creates the ledger's tables when missing, or brings older ones to this version, in one
+/// immediate transaction that re-reads the version (concurrent first opens do not race); refuses
+/// tables of a newer version.
 fn migrate(conn: &mut Connection, path: &Path) -> Result<(), Migrate> {
     // Tables already at this version: nothing to write, so no write lock to wait for (every
     // `stepguard run` with pools opens the ledger).
@@ -181,23 +227,22 @@ fn migrate(conn: &mut Connection, path: &Path) -> Result<(), Migrate> {
             r.get(0)
         })
         .optional()?;
-    match found {
-        Some(v) if v > LEDGER_VERSION => {
-            return Err(Migrate::Newer(LedgerError::Newer {
-                ledger: path.display().to_string(),
-                found: v,
-                supported: LEDGER_VERSION,
-            }));
-        }
-        Some(_) => {}
-        None => {
-            tx.execute_batch(SCHEMA_V1)?;
-            tx.execute(
-                "INSERT INTO stepguard_ledger_meta (version) VALUES (?1)",
-                [LEDGER_VERSION],
-            )?;
-        }
+    let mut version = found.unwrap_or(0);
+    if version > LEDGER_VERSION {
+        return Err(Migrate::Newer(LedgerError::Newer {
+            ledger: path.display().to_string(),
+            found: version,
+            supported: LEDGER_VERSION,
+        }));
     }
+    if found.is_none() {
+        tx.execute("INSERT INTO stepguard_ledger_meta (version) VALUES (0)", [])?;
+    }
+    while version < LEDGER_VERSION {
+        tx.execute_batch(MIGRATIONS[usize::try_from(version).unwrap_or(0)])?;
+        version += 1;
+    }
+    tx.execute("UPDATE stepguard_ledger_meta SET version = ?1", [version])?;
     Ok(tx.commit()?)
 }
 
@@ -263,47 +308,62 @@ impl Tx<'_> {
         rows.collect::<Result<Vec<_>, _>>().map_err(|e| self.err(e))
     }
 
+    /// What a pool spent in its window: its running totals less those of the last charge before
+    /// the window, the live reservations in it, and (when capped) the runs that joined in it.
     fn spent(&self, pool: &PoolSpec, now: SystemTime) -> Result<Spent, LedgerError> {
         let start = pool.window.start(now)?.map_or(i64::MIN, ms);
-        let now = ms(now);
-        let mut stmt = self
+        let total = self
             .tx
             .prepare_cached(
-                "SELECT
-                   COALESCE(SUM(CASE WHEN state = 'charged' THEN cost_micros END), 0),
-                   COALESCE(SUM(CASE WHEN state = 'charged' THEN tokens END), 0),
-                   COALESCE(SUM(CASE WHEN state = 'charged' THEN steps END), 0),
-                   COALESCE(SUM(CASE WHEN state = 'reserved' THEN cost_micros END), 0),
-                   COALESCE(SUM(CASE WHEN state = 'reserved' THEN tokens END), 0),
-                   COALESCE(SUM(CASE WHEN state = 'reserved' THEN steps END), 0)
-                 FROM pool_spend
-                 WHERE pool = ?1 AND at >= ?2 AND (state = 'charged' OR lease_until > ?3)",
+                "SELECT cum_cost, cum_tokens, cum_steps FROM pool_totals WHERE pool = ?1",
             )
+            .and_then(|mut s| s.query_row([&pool.name], usage_row).optional())
+            .map(Option::unwrap_or_default)
             .map_err(|e| self.err(e))?;
-        let mut spent = stmt
-            .query_row(params![pool.name, start, now], |r| {
-                let u = |a: i64, b: i64, c: i64| Usage {
-                    cost_micros: from_sql(a),
-                    tokens: from_sql(b),
-                    steps: from_sql(c),
-                };
-                Ok(Spent {
-                    charged: u(r.get(0)?, r.get(1)?, r.get(2)?),
-                    reserved: u(r.get(3)?, r.get(4)?, r.get(5)?),
-                    runs: 0,
-                })
-            })
-            .map_err(|e| self.err(e))?;
-        spent.runs = self
+        let before = self.charged_before(&pool.name, start)?;
+        let reserved = self
             .tx
-            .query_row(
-                "SELECT COUNT(*) FROM pool_members WHERE pool = ?1 AND joined_at >= ?2",
-                params![pool.name, start],
-                |r| r.get::<_, i64>(0),
+            .prepare_cached(
+                "SELECT COALESCE(SUM(cost_micros), 0), COALESCE(SUM(tokens), 0),
+                        COALESCE(SUM(steps), 0)
+                 FROM pool_spend
+                 WHERE pool = ?1 AND state = 'reserved' AND lease_until > ?3 AND at >= ?2",
             )
-            .map(from_sql)
+            .and_then(|mut s| s.query_row(params![pool.name, start, ms(now)], usage_row))
             .map_err(|e| self.err(e))?;
-        Ok(spent)
+        let runs = match pool.limits.max_runs {
+            None => 0,
+            Some(_) => self
+                .tx
+                .prepare_cached(
+                    "SELECT COUNT(*) FROM pool_members WHERE pool = ?1 AND joined_at >= ?2",
+                )
+                .and_then(|mut s| s.query_row(params![pool.name, start], |r| r.get::<_, i64>(0)))
+                .map(from_sql)
+                .map_err(|e| self.err(e))?,
+        };
+        Ok(Spent {
+            charged: Usage {
+                cost_micros: total.cost_micros.saturating_sub(before.cost_micros),
+                tokens: total.tokens.saturating_sub(before.tokens),
+                steps: total.steps.saturating_sub(before.steps),
+            },
+            reserved,
+            runs,
+        })
+    }
+
+    /// The running totals of a pool's last charge before `start` (zero when there is none).
+    fn charged_before(&self, pool: &str, start: i64) -> Result<Usage, LedgerError> {
+        self.tx
+            .prepare_cached(
+                "SELECT cum_cost, cum_tokens, cum_steps FROM pool_spend
+                 WHERE pool = ?1 AND state = 'charged' AND at < ?2
+                 ORDER BY at DESC, charge_no DESC LIMIT 1",
+            )
+            .and_then(|mut s| s.query_row(params![pool, start], usage_row).optional())
+            .map(Option::unwrap_or_default)
+            .map_err(|e| self.err(e))
     }
 
     fn running(&self, pool: &str, now: SystemTime) -> Result<Vec<RunKey>, LedgerError> {
@@ -357,7 +417,8 @@ impl Tx<'_> {
         Ok(None)
     }
 
-    /// When the window will have freed `need` of a measure: the oldest charges age out first.
+    /// When the window will have freed `need` of a measure: the oldest charges age out first;
+    /// what reservations hold frees within a lease.
     fn frees_at(
         &self,
         pool: &PoolSpec,
@@ -369,36 +430,77 @@ impl Tx<'_> {
             return pool.window.frees(now);
         };
         let start = pool.window.start(now)?.map_or(i64::MIN, ms);
-        let sql = match m {
-            Measure::Runs => {
-                "SELECT joined_at, 1 FROM pool_members WHERE pool = ?1 AND joined_at >= ?2 ORDER BY joined_at"
-            }
-            Measure::Cost => {
-                "SELECT at, cost_micros FROM pool_spend WHERE pool = ?1 AND at >= ?2 AND state = 'charged' ORDER BY at"
-            }
-            Measure::Tokens => {
-                "SELECT at, tokens FROM pool_spend WHERE pool = ?1 AND at >= ?2 AND state = 'charged' ORDER BY at"
-            }
-            Measure::Steps => {
-                "SELECT at, steps FROM pool_spend WHERE pool = ?1 AND at >= ?2 AND state = 'charged' ORDER BY at"
-            }
+        let found = match m {
+            Measure::Runs => self.nth_join(&pool.name, start, need)?,
+            _ => self.charge_reaching(&pool.name, start, m, need)?,
         };
-        let mut stmt = self.tx.prepare_cached(sql).map_err(|e| self.err(e))?;
-        let mut rows = stmt
-            .query(params![pool.name, start])
-            .map_err(|e| self.err(e))?;
-        let (mut freed, mut last) = (0u64, None);
-        while let Some(row) = rows.next().map_err(|e| self.err(e))? {
-            let at: i64 = row.get(0).map_err(|e| self.err(e))?;
-            freed = freed.saturating_add(from_sql(row.get(1).map_err(|e| self.err(e))?));
-            last = pool.window.frees(time(at))?;
-            if freed >= need {
-                return Ok(last);
-            }
+        if let Some(at) = found {
+            return pool.window.frees(time(at));
         }
         // What is left is held by reservations: they settle or expire within a lease.
+        let last: Option<i64> = self
+            .tx
+            .prepare_cached("SELECT last_at FROM pool_totals WHERE pool = ?1 AND last_at >= ?2")
+            .and_then(|mut s| {
+                s.query_row(params![pool.name, start], |r| r.get(0))
+                    .optional()
+            })
+            .map_err(|e| self.err(e))?;
+        let last = last
+            .map(|at| pool.window.frees(time(at)))
+            .transpose()?
+            .flatten();
         let lease = now + self.ledger.lease;
         Ok(Some(last.map_or(lease, |l| l.max(lease))))
+    }
+
+    /// When the `need`-th run that joined in the window joined.
+    fn nth_join(&self, pool: &str, start: i64, need: u64) -> Result<Option<i64>, LedgerError> {
+        self.tx
+            .prepare_cached(
+                "SELECT joined_at FROM pool_members WHERE pool = ?1 AND joined_at >= ?2
+                 ORDER BY joined_at LIMIT 1 OFFSET ?3",
+            )
+            .and_then(|mut s| {
+                s.query_row(params![pool, start, to_sql(need.saturating_sub(1))], |r| {
+                    r.get(0)
+                })
+                .optional()
+            })
+            .map_err(|e| self.err(e))
+    }
+
+    /// When the charge was made after which the window's charges of `m` reach `need`.
+    fn charge_reaching(
+        &self,
+        pool: &str,
+        start: i64,
+        m: Measure,
+        need: u64,
+    ) -> Result<Option<i64>, LedgerError> {
+        let base = m.of(&self.charged_before(pool, start)?);
+        let target = to_sql(base.saturating_add(need));
+        let sql = match m {
+            Measure::Cost => {
+                "SELECT at FROM pool_spend WHERE pool = ?1 AND state = 'charged' AND at >= ?2
+                 AND cum_cost >= ?3 ORDER BY at, charge_no LIMIT 1"
+            }
+            Measure::Tokens => {
+                "SELECT at FROM pool_spend WHERE pool = ?1 AND state = 'charged' AND at >= ?2
+                 AND cum_tokens >= ?3 ORDER BY at, charge_no LIMIT 1"
+            }
+            _ => {
+                "SELECT at FROM pool_spend WHERE pool = ?1 AND state = 'charged' AND at >= ?2
+                 AND cum_steps >= ?3 ORDER BY at, charge_no LIMIT 1"
+            }
+        };
+        self.tx
+            .prepare_cached(sql)
+            .and_then(|mut s| {
+                s.query_row(params![pool, start, target], |r| r.get(0))
+                    .optional()
+            })
+            .map_err(|e| self.err(e))
     }
 
     fn share(&self, pool: &PoolSpec, now: SystemTime) -> Result<Share, LedgerError> {
@@ -446,10 +548,10 @@ impl Tx<'_> {
             .map_err(|e| self.err(e))
     }
 
-    fn insert_spend(
+    /// Holds `usage` for the key in every pool of the run, for a lease.
+    fn insert_reserved(
         &self,
         key: &ChargeKey,
-        state: &str,
         usage: Usage,
         now: SystemTime,
     ) -> Result<(), LedgerError> {
@@ -458,13 +560,12 @@ impl Tx<'_> {
             .tx
             .prepare_cached(
                 "INSERT INTO pool_spend (pool, run, seq, state, at, lease_until, cost_micros, tokens, steps)
-                 SELECT pool, run, ?2, ?3, ?4, ?5, ?6, ?7, ?8 FROM pool_members WHERE run = ?1",
+                 SELECT pool, run, ?2, 'reserved', ?3, ?4, ?5, ?6, ?7 FROM pool_members WHERE run = ?1",
             )
             .map_err(|e| self.err(e))?;
         stmt.execute(params![
             key.run.as_str(),
             to_sql(key.seq),
-            state,
             ms(now),
             lease_until,
             to_sql(usage.cost_micros),
@@ -473,6 +574,116 @@ impl Tx<'_> {
         ])
         .map_err(|e| self.err(e))?;
         Ok(())
+    }
+
+    /// Charges `usage` for the key in every pool of the run, or (`settle`) turns the key's open
+    /// reservations into that charge: each pool's running totals grow, and the charge takes the
+    /// next number, the totals after it and a time not before the pool's last charge.
+    fn insert_charged(
+        &self,
+        key: &ChargeKey,
+        usage: Usage,
+        now: SystemTime,
+        settle: bool,
+    ) -> Result<(), LedgerError> {
+        let pools = if settle {
+            self.names(
+                "SELECT pool FROM pool_spend WHERE run = ?1 AND seq = ?2 AND state = 'reserved' ORDER BY pool",
+                params![key.run.as_str(), to_sql(key.seq)],
+            )?
+        } else {
+            self.names(
+                "SELECT pool FROM pool_members WHERE run = ?1 ORDER BY pool",
+                params![key.run.as_str()],
+            )?
+        };
+        for pool in pools {
+            let (charge_no, cum, at) = self.add_to_totals(&pool, usage, now)?;
+            let write = if settle {
+                "UPDATE pool_spend SET state = 'charged', at = ?4, lease_until = ?5,
+                     cost_micros = ?6, tokens = ?7, steps = ?8, charge_no = ?9, cum_cost = ?10,
+                     cum_tokens = ?11, cum_steps = ?12
+                 WHERE pool = ?1 AND run = ?2 AND seq = ?3"
+            } else {
+                "INSERT INTO pool_spend (pool, run, seq, state, at, lease_until, cost_micros,
+                     tokens, steps, charge_no, cum_cost, cum_tokens, cum_steps)
+                 VALUES (?1, ?2, ?3, 'charged', ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)"
+            };
+            self.tx
+                .prepare_cached(write)
+                .and_then(|mut s| {
+                    s.execute(params![
+                        pool,
+                        key.run.as_str(),
+                        to_sql(key.seq),
+                        at,
+                        ms(now + self.ledger.lease),
+                        to_sql(usage.cost_micros),
+                        to_sql(usage.tokens),
+                        to_sql(usage.steps),
+                        charge_no,
+                        to_sql(cum.cost_micros),
+                        to_sql(cum.tokens),
+                        to_sql(cum.steps)
+                    ])
+                })
+                .map_err(|e| self.err(e))?;
+        }
+        Ok(())
+    }
+
+    /// The first column of every row `sql` returns.
+    fn names(&self, sql: &str, params: impl rusqlite::Params) -> Result<Vec<String>, LedgerError> {
+        self.tx
+            .prepare_cached(sql)
+            .and_then(|mut s| {
+                s.query_map(params, |r| r.get::<_, String>(0))?
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .map_err(|e| self.err(e))
+    }
+
+    /// Adds a charge to a pool's running totals: its number, the totals after it and its time.
+    fn add_to_totals(
+        &self,
+        pool: &str,
+        usage: Usage,
+        now: SystemTime,
+    ) -> Result<(i64, Usage, i64), LedgerError> {
+        self.tx
+            .prepare_cached(
+                "INSERT INTO pool_totals (pool, charges, cum_cost, cum_tokens, cum_steps, last_at)
+                 VALUES (?1, 1, ?2, ?3, ?4, ?5)
+                 ON CONFLICT (pool) DO UPDATE SET charges = charges + 1,
+                     cum_cost = cum_cost + excluded.cum_cost,
+                     cum_tokens = cum_tokens + excluded.cum_tokens,
+                     cum_steps = cum_steps + excluded.cum_steps,
+                     last_at = MAX(last_at, excluded.last_at)
+                 RETURNING charges, cum_cost, cum_tokens, cum_steps, last_at",
+            )
+            .and_then(|mut s| {
+                s.query_row(
+                    params![
+                        pool,
+                        to_sql(usage.cost_micros),
+                        to_sql(usage.tokens),
+                        to_sql(usage.steps),
+                        ms(now)
+                    ],
+                    |r| {
+                        Ok((
+                            r.get(0)?,
+                            Usage {
+                                cost_micros: from_sql(r.get(1)?),
+                                tokens: from_sql(r.get(2)?),
+                                steps: from_sql(r.get(3)?),
+                            },
+                            r.get(4)?,
+                        ))
+                    },
+                )
+            })
+            .map_err(|e| self.err(e))
     }
 
     fn insert_member(
@@ -540,6 +751,15 @@ impl Tx<'_> {
             .map_err(|e| self.err(e))?;
         Ok(())
     }
+}
+
+/// Cost, tokens and steps in a row's first three columns.
+fn usage_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Usage> {
+    Ok(Usage {
+        cost_micros: from_sql(r.get(0)?),
+        tokens: from_sql(r.get(1)?),
+        steps: from_sql(r.get(2)?),
+    })
 }
 
 fn spec_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<PoolSpec> {
@@ -650,7 +870,7 @@ impl Ledger for SqliteLedger {
                         return Ok(Grant::Refused(refusal));
                     }
                 }
-                tx.insert_spend(key, "reserved", estimate, now)?;
+                tx.insert_reserved(key, estimate, now)?;
             }
             pools
                 .iter()
@@ -668,24 +888,9 @@ impl Ledger for SqliteLedger {
     ) -> Result<Vec<Share>, LedgerError> {
         self.write(|tx| {
             match tx.key_known(key)?.as_deref() {
-                Some("reserved") => {
-                    tx.tx
-                        .execute(
-                            "UPDATE pool_spend SET state = 'charged', at = ?3, cost_micros = ?4, tokens = ?5, steps = ?6
-                             WHERE run = ?1 AND seq = ?2",
-                            params![
-                                key.run.as_str(),
-                                to_sql(key.seq),
-                                ms(now),
-                                to_sql(actual.cost_micros),
-                                to_sql(actual.tokens),
-                                to_sql(actual.steps)
-                            ],
-                        )
-                        .map_err(|e| tx.err(e))?;
-                }
+                Some("reserved") => tx.insert_charged(key, actual, now, true)?,
                 Some(_) => {}
-                None => tx.insert_spend(key, "charged", actual, now)?,
+                None => tx.insert_charged(key, actual, now, false)?,
             }
             tx.shares(&key.run, now)
         })
@@ -704,7 +909,7 @@ impl Ledger for SqliteLedger {
                 });
             }
             if tx.key_known(key)?.is_none() {
-                tx.insert_spend(key, "charged", actual, now)?;
+                tx.insert_charged(key, actual, now, false)?;
             }
             tx.shares(&key.run, now)
         })

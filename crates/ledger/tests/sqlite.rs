@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use common::*;
-use stepguard_ledger::sqlite::SqliteLedger;
+use stepguard_ledger::sqlite::{LEDGER_VERSION, SqliteLedger};
 use stepguard_ledger::{Grant, Ledger, LedgerError, RunKey, Usage};
 
 fn ledger(dir: &tempfile::TempDir) -> SqliteLedger {
@@ -38,6 +38,12 @@ fn a_charge_needs_a_membership() {
 fn leases_free_slots_and_reservations_not_spend() {
     let dir = tempfile::tempdir().expect("tempdir");
     leases_expire(&ledger(&dir));
+}
+
+#[test]
+fn rolling_windows_stay_exact_as_spend_ages_out() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    rolling_windows_age_out(&ledger(&dir));
 }
 
 #[test]
@@ -203,7 +209,7 @@ fn a_newer_ledger_is_refused_untouched() {
     match SqliteLedger::open(&db) {
         Err(LedgerError::Newer {
             found: 99,
-            supported: 1,
+            supported: LEDGER_VERSION,
             ..
         }) => {}
         other => panic!("expected a refusal of version 99, got {other:?}"),
@@ -262,4 +268,118 @@ fn a_calendar_day_frees_at_midnight() {
         .expect("reserve"),
         Grant::Granted(_)
     ));
+}
+
+/// The ledger's tables as version 1 wrote them (no running totals), with a pool of one member
+/// and charges at three times, one reservation, and a second pool with no charges.
+fn write_version_1(db: &Path) {
+    let conn = rusqlite::Connection::open(db).expect("sqlite");
+    conn.execute_batch(
+        "CREATE TABLE stepguard_ledger_meta (version INTEGER NOT NULL);
+         INSERT INTO stepguard_ledger_meta VALUES (1);
+         CREATE TABLE pool_members (run TEXT NOT NULL, pool TEXT NOT NULL, max_cost_micros INTEGER,
+             max_tokens INTEGER, max_steps INTEGER, max_runs INTEGER, max_concurrent_runs INTEGER,
+             window_kind TEXT NOT NULL CHECK (window_kind IN ('rolling', 'day', 'week', 'none')),
+             window_ms INTEGER, window_tz TEXT, joined_at INTEGER NOT NULL,
+             lease_until INTEGER NOT NULL, left_at INTEGER, PRIMARY KEY (run, pool));
+         CREATE INDEX pool_members_by_pool ON pool_members (pool, lease_until);
+         CREATE INDEX pool_members_joined ON pool_members (pool, joined_at);
+         CREATE TABLE pool_spend (pool TEXT NOT NULL, run TEXT NOT NULL, seq INTEGER NOT NULL,
+             state TEXT NOT NULL CHECK (state IN ('reserved', 'charged')), at INTEGER NOT NULL,
+             lease_until INTEGER NOT NULL, cost_micros INTEGER NOT NULL, tokens INTEGER NOT NULL,
+             steps INTEGER NOT NULL, PRIMARY KEY (pool, run, seq));
+         CREATE INDEX pool_spend_by_time ON pool_spend (pool, at);
+         CREATE INDEX pool_spend_by_run ON pool_spend (run, seq);",
+    )
+    .expect("version 1 tables");
+    let t = |mins: i64| {
+        let base = t0()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .expect("after the epoch")
+            .as_millis() as i64;
+        base + mins * 60_000
+    };
+    for pool in ["old", "idle"] {
+        conn.execute(
+            "INSERT INTO pool_members VALUES ('r', ?1, NULL, 1000, NULL, NULL, NULL, 'rolling',
+                 3600000, NULL, ?2, ?3, NULL)",
+            rusqlite::params![pool, t(0), t(100)],
+        )
+        .expect("member");
+    }
+    // Inserted out of time order: the migration numbers them by time.
+    for (seq, state, mins, tokens) in [
+        (2, "charged", 30, 200),
+        (1, "charged", 0, 100),
+        (3, "charged", 50, 300),
+        (4, "reserved", 55, 50),
+    ] {
+        conn.execute(
+            "INSERT INTO pool_spend VALUES ('old', 'r', ?1, ?2, ?3, ?4, 0, ?5, 1)",
+            rusqlite::params![seq, state, t(mins), t(100), tokens],
+        )
+        .expect("spend");
+    }
+}
+
+#[test]
+fn a_version_1_ledger_migrates_with_its_spend() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("history.db");
+    write_version_1(&db);
+    let ledger = SqliteLedger::open(&db).expect("migrate");
+    let old = tokens_pool_in("old", 1_000);
+    let minutes = |m: u64| t0() + Duration::from_secs(m * 60);
+    // At +56 min all three charges (600) are in the hour, and the reservation (lease to +100).
+    assert_eq!(tokens_charged(&ledger, &old, minutes(56)), (600, 50));
+    // At +61 min the first charge (100) has aged out; at +91 the second (200) too.
+    assert_eq!(tokens_charged(&ledger, &old, minutes(61)), (500, 50));
+    assert_eq!(tokens_charged(&ledger, &old, minutes(91)), (300, 50));
+    // New charges continue the numbering and the totals.
+    ledger
+        .charge(&key("r", 5), Usage::tokens(10), minutes(92))
+        .expect("charge");
+    assert_eq!(tokens_charged(&ledger, &old, minutes(92)), (310, 50));
+    let idle = tokens_pool_in("idle", 1_000);
+    assert_eq!(tokens_charged(&ledger, &idle, minutes(92)), (10, 0));
+    // Settling the migrated reservation charges it (its pool's running totals too).
+    ledger
+        .settle(&key("r", 4), Usage::tokens(40), minutes(93))
+        .expect("settle");
+    assert_eq!(tokens_charged(&ledger, &old, minutes(93)), (350, 0));
+    let conn = rusqlite::Connection::open(&db).expect("sqlite");
+    let rows: Vec<(i64, i64, i64)> = conn
+        .prepare("SELECT seq, charge_no, cum_tokens FROM pool_spend WHERE pool = 'old' ORDER BY charge_no")
+        .expect("prepare")
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .expect("query")
+        .collect::<Result<_, _>>()
+        .expect("rows");
+    assert_eq!(
+        rows,
+        vec![
+            (1, 1, 100),
+            (2, 2, 300),
+            (3, 3, 600),
+            (5, 4, 610),
+            (4, 5, 650)
+        ]
+    );
+    let version: i64 = conn
+        .query_row("SELECT version FROM stepguard_ledger_meta", [], |r| {
+            r.get(0)
+        })
+        .expect("version");
+    assert_eq!(version, LEDGER_VERSION);
+}
+
+fn tokens_pool_in(name: &str, cap: u64) -> stepguard_ledger::PoolSpec {
+    pool(
+        name,
+        stepguard_ledger::PoolLimits {
+            max_tokens: Some(cap),
+            ..Default::default()
+        },
+        stepguard_ledger::Window::Rolling(HOUR),
+    )
 }

@@ -54,6 +54,8 @@
 #![forbid(unsafe_code)]
 
 mod export;
+mod figure;
+mod pool_stats;
 pub mod spool;
 mod stats;
 mod v7;
@@ -67,6 +69,7 @@ use stepguard_core::record::{Invocation, Source, StepBudget};
 
 pub use stepguard_core::RunRecord;
 
+pub use pool_stats::PoolStats;
 pub use stats::{
     AfterNotice, CostSpread, GroupStats, Spread, StatsReport, compute_stats, percentile,
 };

@@ -1,5 +1,6 @@
 //! Figures over stored runs: success rates, failure slugs, the spread of steps, tokens and cost
-//! per run, and the budgets that would have covered the successful runs.
+//! per run, and the budgets that would have covered the successful runs; per pool, the
+//! runs that joined it, how many it ended and what they spent ([`PoolStats`]).
 //!
 //! Every suggestion follows one rule: the budget that would have covered 95% of the group's
 //! successful runs is their 95th percentile (nearest rank) of what the budget limits. Steps and
@@ -16,6 +17,9 @@ use rusqlite::types::ValueRef;
 use serde::Serialize;
 
 use stepguard_core::{Outcome, RunRecord};
+
+use crate::figure::{int, real, total_tokens};
+use crate::pool_stats::{self, PoolStats};
 
 /// Returns the `p`th percentile (0–100) of sorted values by the nearest-rank method: the value at
 /// rank ⌈p/100 · n⌉ (1-based). `None` for no values.
@@ -248,18 +252,13 @@ impl GroupStats {
     }
 }
 
-/// Returns a run's tokens as `--max-tokens` counts them: input + output.
-fn total_tokens(r: &RunRecord) -> Option<i64> {
-    r.usage
-        .tokens
-        .map(|t| i64::try_from(t.input_tokens.saturating_add(t.output_tokens)).unwrap_or(i64::MAX))
-}
-
 /// Figures for every group.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct StatsReport {
     /// One entry per (provider, task type), sorted.
     pub groups: Vec<GroupStats>,
+    /// One entry per pool the runs joined, by name (none when no run joined a pool).
+    pub pools: Vec<PoolStats>,
 }
 
 /// Computes the figures over `records` (running rows are left out).
@@ -334,7 +333,10 @@ pub fn compute_stats(records: &[RunRecord]) -> StatsReport {
             }
         })
         .collect();
-    StatsReport { groups }
+    StatsReport {
+        groups,
+        pools: pool_stats::of_records(records.iter()),
+    }
 }
 
 /// A figure of a run: a column of the `stats_figures` table [`in_sql`] fills from the records,
@@ -401,25 +403,6 @@ pub(crate) fn sorted_sql(metric_sql: &str) -> String {
         "SELECT provider, task_type, outcome = 'success', {metric_sql} FROM temp.stats_figures
          WHERE {metric_sql} IS NOT NULL ORDER BY provider, task_type, {metric_sql}"
     )
-}
-
-/// A value read as SQLite gives it: an integer past `i64::MAX` (a sum that overflowed) comes
-/// back real and counts as `i64::MAX`, as [`total_tokens`] saturates.
-fn int(v: ValueRef<'_>) -> Option<i64> {
-    match v {
-        ValueRef::Integer(i) => Some(i),
-        ValueRef::Real(f) if f >= i64::MAX as f64 => Some(i64::MAX),
-        ValueRef::Real(f) => Some(f as i64),
-        _ => None,
-    }
-}
-
-fn real(v: ValueRef<'_>) -> Option<f64> {
-    match v {
-        ValueRef::Integer(i) => Some(i as f64),
-        ValueRef::Real(f) => Some(f).filter(|f| f.is_finite()),
-        _ => None,
-    }
 }
 
 /// What one walk over sorted values keeps: the count, the sum, and the values at the ranks.
@@ -658,5 +641,6 @@ pub(crate) fn in_sql(conn: &Connection, provider: Option<&str>) -> rusqlite::Res
             }
         })
         .collect();
-    Ok(StatsReport { groups })
+    let pools = pool_stats::in_sql(&snapshot, provider)?;
+    Ok(StatsReport { groups, pools })
 }

@@ -1539,9 +1539,112 @@ fn varied_records(n: u64) -> Vec<RunRecord> {
                 }]),
             };
             r.invocation.started_at = Some(format!("2026-11-{:02}T00:00:00.000Z", 1 + i % 28));
+            r.spend.pools = match i % 5 {
+                0 => None,
+                1 => Some(vec!["daily".into()]),
+                2 => Some(vec!["daily".into(), "team".into()]),
+                3 => Some(vec![]),
+                _ => Some(vec!["team".into()]),
+            };
+            if i % 10 == 2 {
+                r.spend.max_tokens_source = Some("pool daily".into());
+            }
             r
         })
         .collect()
+}
+
+fn in_pools(pools: &[&str], slug: Option<FailureSlug>, tokens: u64, cost: f64) -> RunRecord {
+    let outcome = if slug.is_some() {
+        Outcome::Failed
+    } else {
+        Outcome::Success
+    };
+    let mut r = finished(outcome, slug, Some(3), None);
+    r.source.provider = "codex".into();
+    r.spend.pools = Some(pools.iter().map(|p| (*p).to_owned()).collect());
+    r.usage.tokens = Some(TokenUsage {
+        input_tokens: tokens,
+        output_tokens: 1,
+        ..TokenUsage::default()
+    });
+    r.usage.cost_usd = Some(cost);
+    r
+}
+
+/// `stats` per pool: the runs that joined it, those it ended (refused at the start, naming it;
+/// out of the share that was their budget) and their spend; runs without pools, a budget of
+/// the run's own, a refusal by another pool and running rows do not count for it.
+#[test]
+fn stats_count_runs_endings_and_spend_per_pool() {
+    let (_dir, path) = db();
+    let mut store = Store::open(&path).unwrap();
+    let mut out_of_daily = in_pools(&["daily", "team"], Some(FailureSlug::MaxTokens), 99, 0.25);
+    out_of_daily.spend.max_tokens_source = Some("pool daily".into());
+    // A refused run joined nothing: its pools are null, its message names the pool.
+    let mut refused = in_pools(&[], Some(FailureSlug::PoolExhausted), 0, 0.0);
+    refused.spend.pools = None;
+    refused.usage.tokens = None;
+    refused.usage.cost_usd = None;
+    refused.verdict.message =
+        Some("pool `team` is spent: 10.00 of 10.00 (max_cost_usd); it frees at 12:00".into());
+    let mut out_of_team = in_pools(&["team"], Some(FailureSlug::MaxCost), 9, 1.5);
+    out_of_team.spend.max_cost_usd_source = Some("pool team".into());
+    let mut own_budget = in_pools(&["team"], Some(FailureSlug::MaxTokens), 19, 0.5);
+    own_budget.spend.max_tokens_source = Some("--max-tokens".into());
+    let mut running = in_pools(&["daily"], None, 1_000, 9.0);
+    running.verdict.outcome = Outcome::Running;
+    let records = vec![
+        in_pools(&["daily"], None, 49, 0.125),
+        out_of_daily,
+        refused,
+        out_of_team,
+        own_budget,
+        running,
+        in_pools(&[], None, 5, 1.0),
+        finished(Outcome::Success, None, Some(1), None),
+    ];
+    assert_eq!(
+        store.insert_records(records.clone()).unwrap(),
+        records.len()
+    );
+    let report = store.stats(None).unwrap();
+    let by_name = |name: &str| {
+        report
+            .pools
+            .iter()
+            .find(|p| p.pool == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("no pool {name} in {:?}", report.pools))
+    };
+    assert_eq!(report.pools.len(), 2, "{:?}", report.pools);
+    assert_eq!(
+        by_name("daily"),
+        PoolStats {
+            pool: "daily".into(),
+            runs: 2,
+            ended_by_pool: 1,
+            refused_at_start: 0,
+            tokens: 50 + 100,
+            cost_usd: 0.375,
+        }
+    );
+    assert_eq!(
+        by_name("team"),
+        PoolStats {
+            pool: "team".into(),
+            runs: 4,
+            ended_by_pool: 2,
+            refused_at_start: 1,
+            tokens: 100 + 10 + 20,
+            cost_usd: 2.25,
+        }
+    );
+    assert_eq!(
+        report,
+        compute_stats(&store.list(&Filter::default()).unwrap())
+    );
+    assert!(store.stats(Some("claude")).unwrap().pools.is_empty());
 }
 
 /// `stats` computed in the database gives the very figures the records give in memory, for
@@ -1550,13 +1653,26 @@ fn varied_records(n: u64) -> Vec<RunRecord> {
 fn stats_in_sql_match_the_figures_computed_in_memory() {
     let (_dir, path) = db();
     let mut store = Store::open(&path).unwrap();
-    assert_eq!(store.stats(None).unwrap(), StatsReport { groups: vec![] });
+    assert_eq!(
+        store.stats(None).unwrap(),
+        StatsReport {
+            groups: vec![],
+            pools: vec![]
+        }
+    );
     assert_eq!(store.insert_records(varied_records(500)).unwrap(), 500);
     let all = store.list(&Filter::default()).unwrap();
     assert_eq!(all.len(), 500);
     let want = compute_stats(&all);
     assert_eq!(want.groups.len(), 6);
     assert_eq!(store.stats(None).unwrap(), want);
+    assert_eq!(want.pools.len(), 2, "{:?}", want.pools);
+    assert!(want.pools.iter().all(|p| p.runs > 0));
+    assert!(
+        want.pools
+            .iter()
+            .any(|p| p.pool == "daily" && p.ended_by_pool > 0)
+    );
     let codex = store
         .list(&Filter {
             provider: Some("codex".into()),

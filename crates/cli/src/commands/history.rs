@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use stepguard_core::loops::{LoopFound, LoopKind};
 use stepguard_core::money::usd;
 use stepguard_core::{ExitCode, FailureSlug, LedgerKind, PoolLedger, RecordedSlug, TokenUsage};
-use stepguard_store::{Filter, Order, RunRecord, StatsReport, Store};
+use stepguard_store::{Filter, Order, PoolStats, RunRecord, StatsReport, Store};
 
 use crate::args::{Cli, HistoryAction, HistoryArgs, ShowArgs, StatsArgs};
 use crate::exit::UsageError;
@@ -674,7 +674,13 @@ fn after_notice_line(a: &stepguard_store::AfterNotice) -> Option<String> {
 pub(crate) fn stats(cli: &Cli, args: &StatsArgs) -> anyhow::Result<ExitCode> {
     let (report, empty_db) = match open(cli)? {
         History::Found(store) => (store.stats(args.provider.as_deref())?, None),
-        History::Empty(path) => (StatsReport { groups: Vec::new() }, Some(path)),
+        History::Empty(path) => (
+            StatsReport {
+                groups: Vec::new(),
+                pools: Vec::new(),
+            },
+            Some(path),
+        ),
     };
     if args.json {
         output::json(&report)?;
@@ -739,7 +745,25 @@ pub(crate) fn stats(cli: &Cli, args: &StatsArgs) -> anyhow::Result<ExitCode> {
             output::line(format!("  suggestion: {s}"))?;
         }
     }
+    for p in &report.pools {
+        output::line(pool_stats_line(p))?;
+    }
     Ok(ExitCode::Success)
+}
+
+/// One pool's line of `stats`: its runs, those it ended (refused at the start, or out of its
+/// share), and what they spent.
+fn pool_stats_line(p: &PoolStats) -> String {
+    format!(
+        "pool {}: {} run{}, {} ended by the pool ({} refused at the start), spent {} tokens, ${:.4}",
+        p.pool,
+        p.runs,
+        if p.runs == 1 { "" } else { "s" },
+        p.ended_by_pool,
+        p.refused_at_start,
+        p.tokens,
+        p.cost_usd
+    )
 }
 
 #[cfg(test)]

@@ -318,3 +318,76 @@ pub fn spent_pools_refuse_joins(ledger: &dyn Ledger) {
         other => panic!("a third run started: {other:?}"),
     }
 }
+
+/// A rolling window counts exactly the charges in it as they age out (the ledgers keep running
+/// totals, so this is what the totals must still give), tells when the oldest frees, and takes a
+/// charge from a writer whose clock is behind at the pool's last charge time.
+pub fn rolling_windows_age_out(ledger: &dyn Ledger) {
+    let p = pool(
+        "hourly",
+        PoolLimits {
+            max_tokens: Some(1_000),
+            max_steps: Some(10),
+            ..PoolLimits::default()
+        },
+        Window::Rolling(HOUR),
+    );
+    let minutes = |m: u64| t0() + Duration::from_secs(m * 60);
+    admitted(
+        ledger
+            .join(&RunKey::new("w"), std::slice::from_ref(&p), t0())
+            .expect("join"),
+    );
+    for (seq, at, tokens) in [(1, 0, 100), (2, 20, 200), (3, 40, 300)] {
+        ledger
+            .charge(
+                &key("w", seq),
+                Usage {
+                    tokens,
+                    steps: 1,
+                    cost_micros: 0,
+                },
+                minutes(at),
+            )
+            .expect("charge");
+    }
+    assert_eq!(tokens_charged(ledger, &p, minutes(59)), (600, 0));
+    assert_eq!(tokens_charged(ledger, &p, minutes(61)), (500, 0));
+    assert_eq!(tokens_charged(ledger, &p, minutes(81)), (300, 0));
+    assert_eq!(tokens_charged(ledger, &p, minutes(101)), (0, 0));
+    // 450 more at +61 needs 50 to age out of the 500 in the window: the charge at +20 frees it.
+    match ledger
+        .reserve(&key("w", 4), Usage::tokens(550), minutes(61))
+        .expect("reserve")
+    {
+        Grant::Refused(e) => {
+            assert_eq!((e.spent, e.cap, e.asked), (500, 1_000, 550));
+            assert_eq!(e.frees_at, Some(minutes(80)));
+        }
+        g => panic!("granted past the cap: {g:?}"),
+    }
+    // 50 more needs the +20 and +40 charges gone: +100.
+    match ledger
+        .reserve(&key("w", 4), Usage::tokens(1_000), minutes(61))
+        .expect("reserve")
+    {
+        Grant::Refused(e) => assert_eq!(e.frees_at, Some(minutes(100))),
+        g => panic!("granted past the cap: {g:?}"),
+    }
+    // A writer whose clock says +30 (behind the last charge, at +40) is charged at +40, so the
+    // window still holds it until +100.
+    ledger
+        .charge(&key("w", 5), Usage::tokens(50), minutes(30))
+        .expect("charge");
+    assert_eq!(tokens_charged(ledger, &p, minutes(95)), (350, 0));
+    assert_eq!(tokens_charged(ledger, &p, minutes(101)), (0, 0));
+    let status = ledger
+        .status(std::slice::from_ref(&p), minutes(61))
+        .expect("status");
+    let steps = status[0]
+        .measures
+        .iter()
+        .find(|m| m.measure == Measure::Steps)
+        .expect("a step cap");
+    assert_eq!((steps.charged, steps.frees_at), (2, Some(minutes(80))));
+}
