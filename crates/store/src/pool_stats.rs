@@ -6,8 +6,9 @@
 //!   pool (`` pool `NAME` is spent`` / `` is full``), as the refusal writes it. A refused run
 //!   joined nothing, so its `pools` is null: it counts for the pool its message names;
 //! * stopped (or wrapped up) during the run: slug `max_steps`, `max_tokens` or `max_cost` with
-//!   that budget's source `pool NAME` (the pool's share was the budget it ran out of), as `show`
-//!   reads it.
+//!   that budget's source `pool NAME` (the pool's share was the budget it ran out of), or with
+//!   a message saying `` pool `NAME` is spent `` (other runs spent it while the run went on, and
+//!   its live keeper stopped or wrapped it up), as `show` reads it.
 
 use std::collections::BTreeMap;
 
@@ -72,6 +73,13 @@ impl PoolRun<'_> {
         pools
     }
 
+    /// Whether other runs spent `pool` while this one ran, ending it (its message says so, as
+    /// the run's live keeper writes it and `show` reads it).
+    fn spent_by_others(&self, pool: &str) -> bool {
+        self.message
+            .is_some_and(|m| m.contains(&format!("pool `{pool}` is spent")))
+    }
+
     fn ending(&self, pool: &str) -> Option<Ending> {
         let named =
             |source: Option<&str>| source.and_then(|s| s.strip_prefix("pool ")) == Some(pool);
@@ -79,9 +87,12 @@ impl PoolRun<'_> {
             "pool_exhausted" | "pool_busy" => {
                 (self.refused_by() == Some(pool)).then_some(Ending::Refused)
             }
-            "max_steps" => named(self.steps_source).then_some(Ending::OutOfShare),
-            "max_tokens" => named(self.tokens_source).then_some(Ending::OutOfShare),
-            "max_cost" => named(self.cost_source).then_some(Ending::OutOfShare),
+            "max_steps" => (named(self.steps_source) || self.spent_by_others(pool))
+                .then_some(Ending::OutOfShare),
+            "max_tokens" => (named(self.tokens_source) || self.spent_by_others(pool))
+                .then_some(Ending::OutOfShare),
+            "max_cost" => (named(self.cost_source) || self.spent_by_others(pool))
+                .then_some(Ending::OutOfShare),
             _ => None,
         }
     }

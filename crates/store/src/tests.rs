@@ -1594,7 +1594,16 @@ fn stats_count_runs_endings_and_spend_per_pool() {
     own_budget.spend.max_tokens_source = Some("--max-tokens".into());
     let mut running = in_pools(&["daily"], None, 1_000, 9.0);
     running.verdict.outcome = Outcome::Running;
+    // Stopped when other runs spent the pool it was in (the live keeper's message).
+    let mut spent_by_others = in_pools(&["daily"], Some(FailureSlug::MaxTokens), 29, 0.0);
+    spent_by_others.spend.max_tokens_source = Some("--max-tokens".into());
+    spent_by_others.verdict.message = Some(
+        "pool `daily` is spent: nothing is left of its max_tokens, spent by the runs in it; \
+         stopped"
+            .into(),
+    );
     let records = vec![
+        spent_by_others,
         in_pools(&["daily"], None, 49, 0.125),
         out_of_daily,
         refused,
@@ -1622,10 +1631,10 @@ fn stats_count_runs_endings_and_spend_per_pool() {
         by_name("daily"),
         PoolStats {
             pool: "daily".into(),
-            runs: 2,
-            ended_by_pool: 1,
+            runs: 3,
+            ended_by_pool: 2,
             refused_at_start: 0,
-            tokens: 50 + 100,
+            tokens: 50 + 100 + 30,
             cost_usd: 0.375,
         }
     );
