@@ -160,7 +160,7 @@ fn empty_file_counts_nothing() {
             "schema_version": 1, "id": null,
             "file": fixture("edge/empty.jsonl"), "provider": "gemini", "unit": "tool_use",
             "plugin_version": "0.1.0", "plugin_source": "builtin", "task_type": null, "profile": null,
-            "pools": null,
+            "pools": null, "ledger": null, "checkpoint": null,
             "max_steps": null, "max_steps_source": null, "command": null, "cwd": null,
             "started_at": null, "ended_at": null, "duration_ms": null,
             "session_id": null, "resumed_from": null,
