@@ -107,9 +107,9 @@ fn a_run_against_a_database_locked_for_10s_is_spooled_and_imported_by_the_next_c
     assert_eq!(again.as_array().unwrap().len(), 2);
 }
 
-/// 50 runs at once against a database of 20,000 runs, write-locked for their first 6 s, lose
-/// none: every run exits 0 and leaves exactly one successful row, whether written directly or
-/// through the spool.
+/// 50 runs at once against a database of 20,000 runs, write-locked for their first 6 s (and
+/// until one of them spooled), lose none: every run exits 0 and leaves exactly one successful
+/// row, whether written directly or through the spool.
 #[test]
 fn fifty_concurrent_runs_on_a_large_database_lose_no_record() {
     let sb = Sandbox::new();
@@ -145,13 +145,19 @@ fn fifty_concurrent_runs_on_a_large_database_lose_no_record() {
         "ok.sh",
         &format!("cat {}", fixture("real/codex/tools3.jsonl")),
     );
-    // A backup holds the write lock for the first 6 s: runs that end meanwhile spool, the rest
-    // write directly.
+    // A backup holds the write lock for at least the first 6 s, and until a run has ended
+    // meanwhile (however loaded the machine, at most 60 s): runs that end meanwhile spool, the
+    // rest write directly.
     let lock = rusqlite::Connection::open(&db).unwrap();
     lock.execute_batch("BEGIN EXCLUSIVE; DELETE FROM runs WHERE id = 1;")
         .unwrap();
+    let held = db.clone();
     let release = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_secs(6));
+        let until = Instant::now() + Duration::from_secs(60);
+        while spooled(&held).is_empty() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(50));
+        }
         lock.execute_batch("ROLLBACK").unwrap();
     });
     let children: Vec<_> = (0..50)

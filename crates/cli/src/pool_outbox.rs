@@ -60,14 +60,15 @@ pub(crate) fn keep(
 }
 
 /// Charges every pending charge owed to `ledger` and removes its file, and lets its run leave
-/// the pools; returns how many were charged. One the ledger refuses stays for the next time;
+/// the pools; returns how many runs had charges taken (a run may have kept more than one: an end
+/// charge and a live charge whose answer never came). One the ledger refuses stays for the next time;
 /// files owed to another ledger (another [`Ledger::describe`]) are left alone.
 pub(crate) fn replay(history: &Path, ledger: &dyn Ledger) -> usize {
     let name = ledger.describe();
     let Ok(entries) = std::fs::read_dir(dir(history)) else {
         return 0;
     };
-    let mut charged = 0;
+    let mut charged = std::collections::BTreeSet::new();
     for path in entries.flatten().map(|e| e.path()) {
         if path.extension().is_none_or(|x| x != "json") {
             continue;
@@ -97,12 +98,12 @@ pub(crate) fn replay(history: &Path, ledger: &dyn Ledger) -> usize {
         match done {
             Ok(()) => {
                 let _ = std::fs::remove_file(&path);
-                charged += 1;
+                charged.insert(key.run.as_str().to_owned());
             }
             Err(e) => tracing::debug!(file = %path.display(), "pending pool charge kept: {e}"),
         }
     }
-    charged
+    charged.len()
 }
 
 #[cfg(test)]
