@@ -105,15 +105,13 @@ impl Sandbox {
     /// The history id of the run whose `--summary-file` record is `record`. A run whose
     /// database did not answer within its exit bound (a loaded disk) spools its record, says
     /// so, and carries no id; the next command imports it, so the id is then the newest row's.
-    pub fn recorded_id(&self, record: &serde_json::Value, run: &Run) -> String {
+    pub fn recorded_id(&self, record: &serde_json::Value, stderr: &str) -> String {
         if let Some(id) = record["id"].as_i64() {
             return id.to_string();
         }
         assert!(
-            run.stderr
-                .contains("the next stepguard to open the database adds it"),
-            "a record without an id must say where it is kept: {}",
-            run.stderr
+            stderr.contains("the next stepguard to open the database adds it"),
+            "a record without an id must say where it is kept: {stderr}"
         );
         let newest = self.run(&["history", "--json", "--last", "1"]).json();
         newest[0]["id"]

@@ -347,7 +347,7 @@ fn a_looping_agent_is_stopped_recorded_shown_and_counted_in_stats() {
     assert!((1..=3).contains(&first_step), "{found}");
     assert!(found.get("period").is_none(), "{found}");
 
-    let id = sb.recorded_id(&record, &run);
+    let id = sb.recorded_id(&record, &run.stderr);
     let history = sb.run(&["history"]);
     assert!(
         history.stdout.contains("failed: loop_detected")

@@ -162,7 +162,8 @@ fn a_run_whose_pool_another_run_spent_is_stopped_and_every_token_is_charged_once
     );
     assert!(spent >= 3000, "the pool is spent: {spent}");
 
-    let show = sb.run(&["show", &slow_rec["id"].to_string()]);
+    let id = sb.recorded_id(&slow_rec, &stderr);
+    let show = sb.run(&["show", &id]);
     assert!(
         show.stdout
             .contains("Pools: shared; ended by pool shared (spent by the runs in it)"),

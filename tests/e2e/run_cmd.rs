@@ -478,7 +478,7 @@ fn plugin_error_mid_run_stops_the_agent_with_exit_4() {
             .is_some_and(|m| m.contains("plugin panicked: fixture panics on purpose")),
         "{s}"
     );
-    let id = sb.recorded_id(&s, &run);
+    let id = sb.recorded_id(&s, &run.stderr);
     let show = sb.run(&["show", &id]);
     assert!(
         show.stdout

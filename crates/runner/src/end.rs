@@ -59,6 +59,7 @@ pub(crate) fn wind_down(
     let control = engine.control;
     Ending {
         loops_seen: engine.loops_seen,
+        tokens_seen: engine.tokens_seen,
         started_at,
         duration: start.elapsed(),
         pid: Some(pgid),

@@ -30,6 +30,9 @@ pub(crate) struct Ending {
     pub steps_seen: u64,
     /// The loops the reader had reported (the only account left when it was abandoned).
     pub loops_seen: Option<Vec<stepguard_core::loops::LoopFound>>,
+    /// The stream's usage the reader had reported (the only account left when it was
+    /// abandoned; reported only while a token or cost budget reads the stream).
+    pub tokens_seen: Option<stepguard_plugin_api::Tokens>,
     /// The containment mechanism used.
     pub containment: Option<&'static str>,
     /// What the record's message should say about the ending, when the engine knows best (a
@@ -87,6 +90,7 @@ impl Ending {
             spawn_error: Some(error),
             steps_seen: 0,
             loops_seen: None,
+            tokens_seen: None,
             containment: None,
             why: None,
             gateway: None,
@@ -254,7 +258,11 @@ impl Counted {
             // The reader was abandoned (a stuck plugin, a pipe held open): what it counted.
             None => (
                 StreamCount {
-                    stats: CounterStats::default(),
+                    stats: {
+                        let mut stats = CounterStats::default();
+                        stats.tokens = ending.tokens_seen.take();
+                        stats
+                    },
                     oversized_lines: 0,
                     truncated_last_line: false,
                     recognition: Default::default(),
@@ -458,7 +466,7 @@ mod tests {
     use super::{Counted, Ending};
 
     /// A reader abandoned after it reported a loop (a plugin stuck in the drain, a loaded
-    /// machine): the record still holds the loop the engine was told of, and the steps.
+    /// machine): the record still holds the loop the engine was told of, the steps and the usage.
     #[test]
     fn an_abandoned_reader_leaves_its_loops_and_steps_in_the_record() {
         let mut ending = Ending::not_started(
@@ -477,8 +485,13 @@ mod tests {
             first_step: 1,
         };
         ending.loops_seen = Some(vec![found.clone()]);
+        ending.tokens_seen = Some(stepguard_plugin_api::Tokens::new(900, 100));
         let counted = Counted::take(&mut ending);
         assert_eq!(counted.count.loops, Some(vec![found]));
+        assert_eq!(
+            counted.count.stats.tokens,
+            Some(stepguard_plugin_api::Tokens::new(900, 100))
+        );
         assert_eq!(counted.steps, Some(3));
     }
 }

@@ -82,6 +82,9 @@ pub(crate) struct Engine<'t> {
     /// The loops the reader reported, in order (`None` when loops are not looked for): the
     /// record's account of them when the reader itself is abandoned.
     pub loops_seen: Option<Vec<LoopFound>>,
+    /// The stream's usage as the reader reported it (`None` until it reported some): the
+    /// record's tokens when the reader itself is abandoned.
+    pub tokens_seen: Option<stepguard_plugin_api::Tokens>,
     /// Whether an outside limit (a pool others spent) was reached and acted on.
     outside: bool,
     last_tick: Instant,
@@ -126,6 +129,7 @@ impl<'t> Engine<'t> {
             stream_cost_usd: None,
             stream_unpriced: false,
             loops_seen: l.looks_for_loops.then(Vec::new),
+            tokens_seen: None,
             outside: false,
             last_tick: l.start,
         }
@@ -287,6 +291,15 @@ impl<'t> Engine<'t> {
 
     /// The stream reported usage: kept against the token and cost budgets.
     fn on_stream_usage(&mut self, delta: &stepguard_plugin_api::Tokens) {
+        let seen = self.tokens_seen.get_or_insert_with(Default::default);
+        seen.input_tokens += delta.input_tokens;
+        seen.output_tokens += delta.output_tokens;
+        if let Some(cached) = delta.cached_input_tokens {
+            *seen.cached_input_tokens.get_or_insert(0) += cached;
+        }
+        if let Some(reasoning) = delta.reasoning_output_tokens {
+            *seen.reasoning_output_tokens.get_or_insert(0) += reasoning;
+        }
         let delta = CallUsage {
             input: delta.input_tokens,
             cached_input: delta.cached_input_tokens.unwrap_or(0),
