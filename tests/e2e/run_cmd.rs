@@ -122,14 +122,15 @@ fn budget_exceeded_stops_the_tree_at_the_breaching_line() {
             "--max-steps",
             "5",
             "--grace",
-            "2s",
+            "30s",
             "--",
             &agent,
         ],
     );
     assert_eq!(run.code, Some(3), "{}", run.stderr);
+    // Well under the grace, however loaded the machine.
     assert!(
-        started.elapsed() < Duration::from_secs(2),
+        started.elapsed() < Duration::from_secs(15),
         "the group honoured SIGTERM: no need to wait for the grace"
     );
     let s = summary(&sb);

@@ -70,7 +70,8 @@ fn normalise_human(text: &str) -> String {
     out
 }
 
-/// `2026-01-02` → `[date]`, `10:11:12` → `[time]`, `70ms` / `70ms,` → `[ms]`.
+/// `2026-01-02` → `[date]`, `10:11:12` → `[time]`, a run's duration `70ms` / `70ms,` (or, on a
+/// loaded machine, `2.1s` / `2.1s,`) → `[ms]`.
 fn volatile_word(word: &str) -> String {
     let shape: String = word
         .chars()
@@ -80,9 +81,18 @@ fn volatile_word(word: &str) -> String {
         "9999-99-99" => "[date]".into(),
         "99:99:99" => "[time]".into(),
         _ => {
-            let digits = shape.trim_start_matches('9');
-            if digits.len() < shape.len() && (digits == "ms" || digits == "ms,") {
-                format!("[ms]{}", &digits[2..])
+            let (body, comma) = match shape.strip_suffix(',') {
+                Some(body) => (body, ","),
+                None => (shape.as_str(), ""),
+            };
+            let number = body
+                .strip_suffix("ms")
+                .or_else(|| body.strip_suffix('s'))
+                .unwrap_or_default();
+            let (whole, fraction) = number.split_once('.').unwrap_or((number, "9"));
+            let is_number = |part: &str| !part.is_empty() && part.chars().all(|c| c == '9');
+            if is_number(whole) && is_number(fraction) {
+                format!("[ms]{comma}")
             } else {
                 word.to_owned()
             }
@@ -236,6 +246,10 @@ fn normalising_blanks_only_the_volatile_values() {
             "#1 2026-11-25 10:29:28 codex/item: Steps: 4 | failed | 70ms, loop\n  Duration: 70ms\n"
         ),
         "#1 [date] [time] codex/item: Steps: 4 | failed | [ms], loop\n  Duration: [volatile]\n"
+    );
+    assert_eq!(
+        normalise_human("#2 2026-11-25 10:29:28 codex/item: | 2.1s, loop | 12s | tokens: 4s\n"),
+        "#2 [date] [time] codex/item: | [ms], loop | [ms] | tokens: [ms]\n"
     );
     let pretty = "{\n  \"duration_ms\": 7,\n  \"containment\": \"cgroup\"\n}";
     assert_eq!(
