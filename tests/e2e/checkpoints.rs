@@ -137,7 +137,7 @@ fn the_ref_holds_the_work_tree_at_the_stop_and_restore_brings_it_back() {
     );
     assert_eq!(run.code, Some(3), "{}", run.stderr);
     assert_eq!(record["error_type"], "max_steps");
-    let id = sb.recorded_id(&record, &run);
+    let id = sb.recorded_id(&record, &run.stderr);
     let reference = format!("refs/stepguard/runs/{id}");
     let c = &record["checkpoint"];
     assert_eq!(c["ref"], reference.as_str(), "{c}");

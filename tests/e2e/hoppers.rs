@@ -10,13 +10,17 @@ use std::time::{Duration, Instant};
 use crate::harness::Sandbox;
 
 /// A hopper: the agent's tool returns at once; the hopper ignores SIGTERM and forks and exits
-/// forever. `own-group` first joins stepguard's process group (found up its parents);
-/// `new-session` makes a new session in every generation.
+/// until its stop file (`argv[3]`) exists, or for 60 s at most. `own-group` first joins
+/// stepguard's process group (found up its parents); `new-session` makes a new session in every
+/// generation. A hopper that nothing stopped cannot be caught from outside (each generation
+/// lives for a fork; on a host whose init does not reap, its dead pile up as zombies), so the
+/// tests end it with its stop file, whatever they found.
 const HOPPER: &str = r#"
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
 static int stepguard_pgid(void) {
     int pid = getppid();
@@ -43,7 +47,9 @@ int main(int argc, char **argv) {
     if (own_group && setpgid(0, group) != 0) { perror("setpgid"); return 1; }
     signal(SIGTERM, SIG_IGN);
     FILE *f = fopen(argv[2], "w"); fprintf(f, "%d\n", getpid()); fclose(f);
+    time_t end = time(NULL) + 60;
     for (;;) {
+        if (access(argv[3], F_OK) == 0 || time(NULL) > end) _exit(0);
         if (fork() != 0) _exit(0);
         if (!own_group) setsid();
     }
@@ -87,8 +93,15 @@ fn named(name: &str) -> Vec<u32> {
         .collect()
 }
 
-/// Kills whatever named `name` survived (the test must not leave a hopper behind).
-fn clean_up(name: &str) {
+/// The file that ends every hopper of the sandbox.
+fn stop_file(sb: &Sandbox) -> PathBuf {
+    sb.root().join("hoppers.stop")
+}
+
+/// Ends the sandbox's hoppers (their stop file) and kills whatever named `name` survived (the
+/// test must not leave a hopper behind).
+fn clean_up(sb: &Sandbox, name: &str) {
+    std::fs::write(stop_file(sb), "").unwrap();
     let until = Instant::now() + Duration::from_secs(5);
     let mut quiet = 0;
     while quiet < 200 && Instant::now() < until {
@@ -105,6 +118,7 @@ fn clean_up(name: &str) {
             );
         }
     }
+    assert!(named(name).is_empty(), "a {name} hopper outlived its test");
 }
 
 /// Runs, under a budget of 2 on the process walk, an agent that starts the hopper and breaches;
@@ -119,9 +133,10 @@ fn breach_with_hopper(sb: &Sandbox, hopper: &Path, kind: &str) -> (Option<i32>, 
         })
         .collect();
     let body = format!(
-        "#!/bin/sh\n{} {kind} {} || exit 9\nsleep 0.3\n{}\nsleep 30\n",
+        "#!/bin/sh\n{} {kind} {} {} || exit 9\nsleep 0.3\n{}\nsleep 30\n",
         hopper.display(),
         pidfile.display(),
+        stop_file(sb).display(),
         items.join("\n")
     );
     let agent = sb.write(&format!("{kind}.sh"), body);
@@ -173,7 +188,7 @@ fn hopper_is_stopped(kind: &str, name: &str) {
         std::thread::sleep(Duration::from_millis(10));
         !named(name).is_empty()
     });
-    clean_up(name);
+    clean_up(&sb, name);
     assert!(
         !pids.trim().is_empty(),
         "{kind}: the hopper never started; {stderr}"
@@ -203,9 +218,10 @@ fn a_hopper_making_a_new_session_every_generation_is_stopped() {
 fn kill_stepguard_with_hopper(sb: &Sandbox, hopper: &Path, kind: &str) -> String {
     let pidfile = sb.root().join(format!("{kind}-killed.pid"));
     let body = format!(
-        "#!/bin/sh\n{} {kind} {} || exit 9\necho '{{\"type\":\"thread.started\",\"thread_id\":\"t\"}}'\nsleep 30\n",
+        "#!/bin/sh\n{} {kind} {} {} || exit 9\necho '{{\"type\":\"thread.started\",\"thread_id\":\"t\"}}'\nsleep 30\n",
         hopper.display(),
         pidfile.display(),
+        stop_file(sb).display(),
     );
     let agent = sb.write(&format!("{kind}-killed.sh"), body);
     std::fs::set_permissions(&agent, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
@@ -259,7 +275,7 @@ fn the_guardian_of_a_sigkilled_stepguard_stops_a_hopper_in_its_group() {
         std::thread::sleep(Duration::from_millis(10));
         !named("sghop-gkill").is_empty()
     });
-    clean_up("sghop-gkill");
+    clean_up(&sb, "sghop-gkill");
     assert!(
         !started.trim().is_empty(),
         "the hopper never started; {stderr}"
@@ -280,7 +296,7 @@ fn the_guardian_of_a_sigkilled_stepguard_says_a_new_session_hopper_is_not_confir
     let stderr = kill_stepguard_with_hopper(&sb, &hopper, "new-session");
     let started =
         std::fs::read_to_string(sb.root().join("new-session-killed.pid")).unwrap_or_default();
-    clean_up("sghop-skill");
+    clean_up(&sb, "sghop-skill");
     assert!(
         !started.trim().is_empty(),
         "the hopper never started; {stderr}"

@@ -152,7 +152,7 @@ fn the_upstream_sees_a_notice_exactly_at_each_threshold_and_the_record_lists_the
     );
     assert_eq!(rec["notices"][0]["text"], notices[5].as_deref().unwrap());
     // `show` lists them; `stats` counts the run as one that hit its limit after a notice.
-    let id = sb.recorded_id(&rec, &run);
+    let id = sb.recorded_id(&rec, &run.stderr);
     let show = sb.run(&["show", &id]);
     assert!(
         show.stdout.contains(
