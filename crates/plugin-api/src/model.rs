@@ -1126,17 +1126,25 @@ pub struct CounterStats {
 /// limits and exhausted quotas, else `provider_error`.
 pub fn slug_for_error_text(text: &str) -> &'static str {
     let lower = text.to_ascii_lowercase();
-    let rate_limited = [
-        "429",
-        "rate limit",
-        "rate_limit",
-        "ratelimit",
-        "too many requests",
-        "quota",
-        "resource_exhausted",
-    ]
-    .iter()
-    .any(|needle| lower.contains(needle));
+    // `429` as a number of its own: not a port (`127.0.0.1:42927`), an id or a count.
+    let status_429 = lower.match_indices("429").any(|(at, _)| {
+        let digit_at = |i: Option<usize>| {
+            i.and_then(|i| lower.as_bytes().get(i))
+                .is_some_and(u8::is_ascii_digit)
+        };
+        !digit_at(at.checked_sub(1)) && !digit_at(Some(at + 3))
+    });
+    let rate_limited = status_429
+        || [
+            "rate limit",
+            "rate_limit",
+            "ratelimit",
+            "too many requests",
+            "quota",
+            "resource_exhausted",
+        ]
+        .iter()
+        .any(|needle| lower.contains(needle));
     if rate_limited {
         "rate_limited"
     } else {
@@ -1334,6 +1342,19 @@ mod tests {
         );
         assert_eq!(
             slug_for_error_text("stream disconnected before completion"),
+            "provider_error"
+        );
+        // A 500 whose text names a gateway on port 42927 (seen with the real Claude Code).
+        assert_eq!(
+            slug_for_error_text(
+                "API Error: 500 Internal server error. check your inference gateway (127.0.0.1:42927)."
+            ),
+            "provider_error"
+        );
+        assert_eq!(slug_for_error_text("HTTP 429"), "rate_limited");
+        assert_eq!(slug_for_error_text("status=429, retrying"), "rate_limited");
+        assert_eq!(
+            slug_for_error_text("request 14290 failed"),
             "provider_error"
         );
     }
