@@ -153,13 +153,28 @@ fn fifty_concurrent_runs_start_exactly_what_the_pool_allows() {
         "[pools.ten]\nmax_runs = 10\nwindow = \"none\"\nmatch = { provider = \"codex\" }\n",
     );
     let ok = agent(&sb, "ok.sh", 0);
+    // The ledger's tables made first: this test is about admission, not 50 first opens at once
+    // (in one full loaded run 4 of 50 exited 2 here; the stderr of any such run is now shown).
+    let made = sb.run(&["pools"]);
+    assert_eq!(made.code, Some(0), "{}", made.stderr);
     let children: Vec<Child> = (0..50)
         .map(|_| spawn_run(&sb, &["run", "-q", "-p", "codex", "--", &ok], &[]))
         .collect();
-    let mut codes: Vec<i32> = children
+    let outs: Vec<(i32, String)> = children
         .into_iter()
-        .map(|c| c.wait_with_output().unwrap().status.code().unwrap())
+        .map(|c| {
+            let out = c.wait_with_output().unwrap();
+            let err = String::from_utf8_lossy(&out.stderr).into_owned();
+            (out.status.code().unwrap(), err)
+        })
         .collect();
+    let odd: Vec<&String> = outs
+        .iter()
+        .filter(|(c, _)| *c != 0 && *c != 3)
+        .map(|(_, e)| e)
+        .collect();
+    assert!(odd.is_empty(), "{odd:?}");
+    let mut codes: Vec<i32> = outs.iter().map(|(c, _)| *c).collect();
     codes.sort_unstable();
     assert_eq!(codes.iter().filter(|&&c| c == 0).count(), 10, "{codes:?}");
     assert_eq!(codes.iter().filter(|&&c| c == 3).count(), 40, "{codes:?}");
