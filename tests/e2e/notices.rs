@@ -9,29 +9,7 @@ use serde_json::Value;
 use stepguard_modelserver::{ModelServer, RecordedRequest, Script};
 
 use crate::harness::{Run, Sandbox, fixture};
-
-/// A stand-in agent that calls the model through the gateway with tools, one call after the
-/// other, until a reply has no tool call (the last, tool-less call) or 40 calls are made, then
-/// prints a Claude stream as a finished run would.
-const CALL_LOOP: &str = r#"
-import json, os, sys, urllib.request
-url = os.environ["ANTHROPIC_BASE_URL"].rstrip("/") + "/v1/messages"
-body = json.dumps({"model": "claude-sonnet-4-5", "max_tokens": 8,
-        "messages": [{"role": "user", "content": "go"}],
-        "tools": [{"name": "Bash", "input_schema": {"type": "object"}}]}).encode()
-for _ in range(40):
-    req = urllib.request.Request(url, data=body, headers={
-        "content-type": "application/json", "x-api-key": "test", "anthropic-version": "2023-06-01"})
-    try:
-        reply = json.loads(urllib.request.urlopen(req, timeout=30).read())
-    except Exception as e:
-        print(e, file=sys.stderr)
-        break
-    if not any(b.get("type") == "tool_use" for b in reply.get("content", [])):
-        break
-with open(sys.argv[1]) as f:
-    sys.stdout.write(f.read())
-"#;
+use crate::pool_calls::CALL_LOOP;
 
 /// Whether the stand-in agent can run here (it needs python3).
 fn python() -> bool {

@@ -15,16 +15,22 @@ use crate::harness::{Sandbox, fixture};
 /// Tokens of one model call as the server reports them.
 const PER_CALL: u64 = INPUT_TOKENS + OUTPUT_TOKENS;
 
-/// A stand-in agent that calls the model through the gateway with tools, one call after the
-/// other, until a reply has no tool call (the last, tool-less call, or the gateway's own
-/// answer) or 40 calls are made, then prints a Claude stream as a finished run would.
-const CALL_LOOP: &str = r#"
-import json, os, sys, urllib.request
+/// A stand-in agent calling the model through the gateway with tools, one call after the other,
+/// until a reply has no tool call (the last, tool-less call, or the gateway's own answer) or 40
+/// calls are made, then printing the Claude stream `argv[1]` as a finished run would. Its
+/// messages say `argv[2]` (`go` when not given); before each call after the first it waits for
+/// the file `argv[3]` when one is named. Shared by the gateway tests (pools, notices).
+pub(crate) const CALL_LOOP: &str = r#"
+import json, os, sys, time, urllib.request
 url = os.environ["ANTHROPIC_BASE_URL"].rstrip("/") + "/v1/messages"
+content = sys.argv[2] if len(sys.argv) > 2 else "go"
 body = json.dumps({"model": "claude-sonnet-4-5", "max_tokens": 8,
-        "messages": [{"role": "user", "content": "go"}],
+        "messages": [{"role": "user", "content": content}],
         "tools": [{"name": "Bash", "input_schema": {"type": "object"}}]}).encode()
-for _ in range(40):
+for i in range(40):
+    if i > 0 and len(sys.argv) > 3:
+        while not os.path.exists(sys.argv[3]):
+            time.sleep(0.05)
     req = urllib.request.Request(url, data=body, headers={
         "content-type": "application/json", "x-api-key": "test", "anthropic-version": "2023-06-01"})
     try:
@@ -40,7 +46,7 @@ with open(sys.argv[1]) as f:
 
 /// A real Claude stream with its usage and cost taken out: the run's spend is what went
 /// through the gateway.
-fn stream_without_usage(sb: &Sandbox) -> String {
+pub(crate) fn stream_without_usage(sb: &Sandbox) -> String {
     fn strip(v: &mut Value) {
         match v {
             Value::Object(m) => {

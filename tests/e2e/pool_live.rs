@@ -10,6 +10,7 @@ use serde_json::Value;
 use stepguard_modelserver::{INPUT_TOKENS, ModelServer, OUTPUT_TOKENS, Script};
 
 use crate::harness::{Sandbox, fixture};
+use crate::pool_calls::{CALL_LOOP, stream_without_usage};
 
 /// How often the runs of these tests read their pools.
 const WATCH: (&str, &str) = ("STEPGUARD_POOL_WATCH", "200ms");
@@ -174,60 +175,6 @@ fn a_run_whose_pool_another_run_spent_is_stopped_and_every_token_is_charged_once
 
 /// Tokens of one model call as the server reports them.
 const PER_CALL: u64 = INPUT_TOKENS + OUTPUT_TOKENS;
-
-/// A stand-in agent calling the model through the gateway with tools, its messages marked with
-/// `argv[2]`, until a reply has no tool call or 40 calls are made; before each call after the
-/// first it waits for the file `argv[3]` when one is named. Then it prints a Claude stream.
-const CALL_LOOP: &str = r#"
-import json, os, sys, time, urllib.request
-url = os.environ["ANTHROPIC_BASE_URL"].rstrip("/") + "/v1/messages"
-body = json.dumps({"model": "claude-sonnet-4-5", "max_tokens": 8,
-        "messages": [{"role": "user", "content": sys.argv[2]}],
-        "tools": [{"name": "Bash", "input_schema": {"type": "object"}}]}).encode()
-for i in range(40):
-    if i > 0 and len(sys.argv) > 3:
-        while not os.path.exists(sys.argv[3]):
-            time.sleep(0.05)
-    req = urllib.request.Request(url, data=body, headers={
-        "content-type": "application/json", "x-api-key": "test", "anthropic-version": "2023-06-01"})
-    try:
-        reply = json.loads(urllib.request.urlopen(req, timeout=30).read())
-    except Exception as e:
-        print(e, file=sys.stderr)
-        break
-    if not any(b.get("type") == "tool_use" for b in reply.get("content", [])):
-        break
-with open(sys.argv[1]) as f:
-    sys.stdout.write(f.read())
-"#;
-
-/// A real Claude stream with its usage and cost taken out: the run's spend is what went
-/// through the gateway.
-fn stream_without_usage(sb: &Sandbox) -> String {
-    fn strip(v: &mut Value) {
-        match v {
-            Value::Object(m) => {
-                for key in ["usage", "modelUsage", "total_cost_usd"] {
-                    m.remove(key);
-                }
-                m.values_mut().for_each(strip);
-            }
-            Value::Array(a) => a.iter_mut().for_each(strip),
-            _ => {}
-        }
-    }
-    let text = std::fs::read_to_string(fixture("streams/claude/success_multi_tool.jsonl")).unwrap();
-    let lines: Vec<String> = text
-        .lines()
-        .map(|l| {
-            let mut v: Value = serde_json::from_str(l).unwrap();
-            strip(&mut v);
-            v.to_string()
-        })
-        .collect();
-    let path = sb.write("stream.jsonl", lines.join("\n") + "\n");
-    path.display().to_string()
-}
 
 /// With `--wrap-up`: a long run in a pool of three calls makes its first call, then another
 /// run spends the rest of the pool. The first is told by its watch; its next call goes out as
